@@ -1,0 +1,42 @@
+"""fxquant: quantization as a compiler pass.
+
+``quantize`` (torch.export → plan → rewrite) returns an ExportedProgram with ``fxquant::`` ops;
+``report`` says what happened to each layer; ``aot_compile`` lowers and packages it with
+AOTInductor; ``torch.compile(model, backend="fxquant")`` does the same in process.
+Importing fxquant registers the ``fxquant::`` ops, which loading a saved ``.pt2`` needs.
+"""
+
+from fxquant import ops  # noqa: F401  (registers the fxquant:: ops)
+from fxquant.api import aot_compile, quantize
+from fxquant.config import (
+    RECIPES,
+    Float8Block,
+    Float8Dynamic,
+    Float8WeightOnly,
+    Int4WeightOnly,
+    Int8DynamicActivation,
+    Int8WeightOnly,
+    QuantConfig,
+    Scheme,
+    from_recipe_name,
+)
+from fxquant.report import Report, report
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "RECIPES",
+    "Float8Block",
+    "Float8Dynamic",
+    "Float8WeightOnly",
+    "Int4WeightOnly",
+    "Int8DynamicActivation",
+    "Int8WeightOnly",
+    "QuantConfig",
+    "Report",
+    "Scheme",
+    "aot_compile",
+    "from_recipe_name",
+    "quantize",
+    "report",
+]

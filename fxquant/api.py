@@ -1,0 +1,112 @@
+"""The entry points: ``quantize`` (model or program → quantized program) and ``aot_compile``.
+
+``quantize`` is the top of the data flow: it captures an ``nn.Module`` with ``torch.export``
+(or takes an ``ExportedProgram``), runs the plan and rewrite passes and returns a *new* program
+with ``fxquant::`` ops; the caller's model and program are left as they were. ``aot_compile``
+lowers such a program for a device and packages it with AOTInductor.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.export import ExportedProgram
+
+from fxquant.config import QuantConfig, Scheme
+from fxquant.passes.lower import lower
+from fxquant.passes.rewrite import ProgramEditor, rewrite
+
+__all__ = ["aot_compile", "quantize"]
+
+
+def quantize(
+    model: torch.nn.Module | ExportedProgram,
+    config: QuantConfig | Scheme | str,
+    *,
+    example_inputs: tuple | None = None,
+    example_kwargs: dict[str, Any] | None = None,
+    dynamic_shapes: Any = None,
+    progress: bool = False,
+) -> ExportedProgram:
+    """Quantize every linear-like layer the config assigns a scheme.
+
+    Args:
+        model: an ``nn.Module`` (captured here with ``torch.export.export``) or an
+            ``ExportedProgram``.
+        config: a ``QuantConfig``, a single scheme (applied to every layer but ``lm_head``) or a
+            recipe name such as ``"int8wo"``.
+        example_inputs, example_kwargs, dynamic_shapes: passed to ``torch.export.export`` when
+            ``model`` is a module (``example_inputs`` is then required).
+        progress: show a progress bar while weights are quantized.
+
+    Returns:
+        A new ``ExportedProgram`` whose chosen layers call ``fxquant::`` ops on quantized
+        constants; ``fxquant.report(ep)`` says what happened to each layer.
+    """
+    config = QuantConfig.coerce(config)
+    if isinstance(model, ExportedProgram):
+        if example_inputs is not None or dynamic_shapes is not None:
+            raise ValueError(
+                "example_inputs/dynamic_shapes are only used to export an nn.Module; "
+                "this is already an ExportedProgram"
+            )
+        ep = model
+    elif isinstance(model, torch.nn.Module):
+        if example_inputs is None:
+            raise ValueError(
+                "quantize(model, ...) of an nn.Module needs example_inputs=(...) to export it "
+                "(or pass an ExportedProgram)"
+            )
+        if not isinstance(example_inputs, tuple):
+            raise ValueError(
+                f"example_inputs must be a tuple of the model's positional inputs, "
+                f"got {type(example_inputs).__name__}"
+            )
+        ep = torch.export.export(
+            model, example_inputs, kwargs=example_kwargs, dynamic_shapes=dynamic_shapes
+        )
+    else:
+        raise ValueError(
+            f"quantize() takes an nn.Module or a torch.export.ExportedProgram, "
+            f"got {type(model).__name__}"
+        )
+    editor = ProgramEditor(ep)
+    rewrite(editor, config, progress=progress)
+    return editor.finish()
+
+
+def aot_compile(
+    ep: ExportedProgram,
+    package_path: str | os.PathLike,
+    *,
+    device: str = "cpu",
+    inductor_configs: dict[str, Any] | None = None,
+) -> Callable:
+    """Lower ``ep`` for ``device`` and package it with AOTInductor; return the loaded package.
+
+    The package holds only aten ops and compiled kernels: it loads with
+    ``torch._inductor.aoti_load_package(path)`` in a process that never imports fxquant, and
+    keeps the program's dynamic dimensions dynamic. The file is written next to its final path
+    and renamed into place, so a failed compile never leaves a half-written package.
+    """
+    package_path = Path(package_path)
+    if package_path.suffix != ".pt2":
+        raise ValueError(f"package_path={str(package_path)!r} must end in .pt2 (AOTInductor)")
+    lowered = lower(ep, device=device)
+    package_path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".pt2", dir=package_path.parent)
+    os.close(fd)
+    try:
+        torch._inductor.aoti_compile_and_package(
+            lowered, package_path=tmp, inductor_configs=inductor_configs or {}
+        )
+        os.replace(tmp, package_path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return torch._inductor.aoti_load_package(str(package_path))

@@ -1,0 +1,379 @@
+"""Quantization configs: what the user asks for, as data.
+
+This is the first stop of the data flow: a ``QuantConfig`` (or a single scheme, or a recipe name)
+goes into ``fxquant.quantize``; the planning pass (``fxquant.passes.plan``) reads it to choose a
+scheme per linear-like node, and its JSON form is stored in the quantized program so a ``.pt2``
+says how it was made.
+
+Every scheme is a frozen, keyword-only dataclass validated in ``__post_init__``: a bad value
+raises ``ValueError`` naming the field, the value and what is allowed. Schemes register
+themselves by class name so configs round-trip through dicts/JSON.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+__all__ = [
+    "Float8Block",
+    "Float8Dynamic",
+    "Float8WeightOnly",
+    "Int4WeightOnly",
+    "Int8DynamicActivation",
+    "Int8WeightOnly",
+    "QuantConfig",
+    "RECIPES",
+    "Scheme",
+    "from_recipe_name",
+    "name_matches",
+    "scheme_from_dict",
+]
+
+_SCHEMES: dict[str, type[Scheme]] = {}
+
+
+def _register(cls: type[Scheme]) -> type[Scheme]:
+    _SCHEMES[cls.__name__] = cls
+    return cls
+
+
+def _check_choice(cls_name: str, field_name: str, value: Any, allowed: tuple) -> None:
+    if value not in allowed:
+        raise ValueError(
+            f"{cls_name}.{field_name}={value!r} is not supported; allowed: "
+            + ", ".join(repr(a) for a in allowed)
+        )
+
+
+class Scheme:
+    """Base of all schemes. ``name`` is the one name a scheme has in all three layers: the op
+    ``fxquant::<name>_linear``, the rewrite handler in ``fxquant.passes`` and (for CUDA) the Triton
+    kernel file ``fxquant/kernels/<name>.py``."""
+
+    name: ClassVar[str]
+    # True when the activation is quantized too (so the GEMM itself runs in low precision).
+    quantizes_activation: ClassVar[bool] = False
+
+    def unsupported_reason(self, *, out_features: int, in_features: int) -> str | None:
+        """Why a weight of shape [out_features, in_features] cannot take this scheme, or None."""
+        return None
+
+    def padded_in_features(self, in_features: int) -> int:
+        """K after the padding this scheme applies to the weight (zeros, which change nothing)."""
+        return in_features
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": type(self).__name__, **dataclasses.asdict(self)}
+
+    def __str__(self) -> str:
+        args = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self))
+        return f"{type(self).__name__}({args})"
+
+
+@_register
+@dataclass(frozen=True, kw_only=True)
+class Int8WeightOnly(Scheme):
+    """int8 symmetric weights, one scale per output channel; activations stay in float.
+
+    Recipe ``int8wo``. Halves (bf16) or quarters (fp32) the weight bytes; decode is memory bound,
+    so this is the safest speed-up with almost no accuracy cost.
+    """
+
+    name: ClassVar[str] = "int8_weight_only"
+
+
+@_register
+@dataclass(frozen=True, kw_only=True)
+class Int4WeightOnly(Scheme):
+    """int4 weights in groups of ``group_size`` along K; activations stay in float.
+
+    Args:
+        group_size: elements of K sharing one scale (and zero point): 32, 64, 128 or 256. K that
+            is not a multiple is zero-padded up to one (the report says so); the zero columns
+            quantize exactly to zero, so the result is unchanged.
+        symmetric: ``False`` (default) stores a zero point per group, w = (q - z) * s with q, z in
+            [0, 15]; ``True`` uses q in [-8, 7] and s = amax / 7 (z = 8 in the stored form).
+    """
+
+    name: ClassVar[str] = "int4_weight_only"
+    group_size: int = 128
+    symmetric: bool = False
+
+    def __post_init__(self) -> None:
+        _check_choice("Int4WeightOnly", "group_size", self.group_size, (32, 64, 128, 256))
+        _check_choice("Int4WeightOnly", "symmetric", self.symmetric, (True, False))
+
+    def padded_in_features(self, in_features: int) -> int:
+        g = self.group_size
+        return -(-in_features // g) * g
+
+
+@_register
+@dataclass(frozen=True, kw_only=True)
+class Int8DynamicActivation(Scheme):
+    """int8 weights per output channel × int8 activations per token, quantized at run time.
+
+    Recipe ``w8a8``. The activation scale is amax(|x|) / 127 over each token's features.
+    """
+
+    name: ClassVar[str] = "int8_dynamic"
+    quantizes_activation: ClassVar[bool] = True
+
+
+@_register
+@dataclass(frozen=True, kw_only=True)
+class Float8WeightOnly(Scheme):
+    """float8 e4m3 weights, one scale (amax / 448) per output channel; activations in float.
+
+    Recipe ``fp8wo``.
+    """
+
+    name: ClassVar[str] = "float8_weight_only"
+
+
+@_register
+@dataclass(frozen=True, kw_only=True)
+class Float8Dynamic(Scheme):
+    """float8 e4m3 weights and activations, the activation scale computed at run time.
+
+    Args:
+        granularity: ``"row"``: weights per output channel, activations per token (recipe
+            ``fp8-row``, FbgemmFp8Config's layout); ``"tensor"``: one scale for each (``fp8-tensor``).
+        activation_scale_ub: upper bound on the activation amax before the scale is taken, so one
+            outlier token cannot flatten the rest; FbgemmFp8Config uses 1200. ``None``: no bound.
+    """
+
+    name: ClassVar[str] = "float8_dynamic"
+    quantizes_activation: ClassVar[bool] = True
+    granularity: str = "row"
+    activation_scale_ub: float | None = None
+
+    def __post_init__(self) -> None:
+        _check_choice("Float8Dynamic", "granularity", self.granularity, ("row", "tensor"))
+        ub = self.activation_scale_ub
+        if ub is not None and (
+            isinstance(ub, bool) or not isinstance(ub, (int, float)) or not ub > 0
+        ):
+            raise ValueError(
+                f"Float8Dynamic.activation_scale_ub={ub!r} is not supported; "
+                "allowed: None or a positive number (FbgemmFp8Config uses 1200.0)"
+            )
+        if ub is not None:
+            object.__setattr__(self, "activation_scale_ub", float(ub))
+
+
+@_register
+@dataclass(frozen=True, kw_only=True)
+class Float8Block(Scheme):
+    """float8 e4m3 with DeepSeek-V3-style block scales: weights in ``block_size``² tiles,
+    activations in 1×``block_size`` groups per token, quantized at run time.
+
+    Recipe ``fp8-block``. Shapes that are not a multiple of the block keep a smaller last block
+    (its scale is taken over the elements that exist), so no padding is needed.
+    """
+
+    name: ClassVar[str] = "float8_block"
+    quantizes_activation: ClassVar[bool] = True
+    block_size: int = 128
+
+    def __post_init__(self) -> None:
+        _check_choice("Float8Block", "block_size", self.block_size, (32, 64, 128, 256))
+
+
+def scheme_from_dict(d: Mapping[str, Any] | None) -> Scheme | None:
+    """Inverse of ``Scheme.to_dict`` (``None`` stays ``None``: keep the layer in float)."""
+    if d is None:
+        return None
+    d = dict(d)
+    type_name = d.pop("type", None)
+    if type_name not in _SCHEMES:
+        raise ValueError(
+            f"scheme type {type_name!r} is not known; allowed: {', '.join(sorted(_SCHEMES))}"
+        )
+    return _SCHEMES[type_name](**d)
+
+
+# Named recipes, the short names users type (CLI --recipe, quantize(model, "int8wo")).
+RECIPES: dict[str, Scheme] = {
+    "int8wo": Int8WeightOnly(),
+    "int4wo-32": Int4WeightOnly(group_size=32),
+    "int4wo-64": Int4WeightOnly(group_size=64),
+    "int4wo-128": Int4WeightOnly(group_size=128),
+    "int4wo-256": Int4WeightOnly(group_size=256),
+    "w8a8": Int8DynamicActivation(),
+    "fp8wo": Float8WeightOnly(),
+    "fp8-row": Float8Dynamic(granularity="row"),
+    "fp8-tensor": Float8Dynamic(granularity="tensor"),
+    "fp8-block": Float8Block(block_size=128),
+}
+
+
+def from_recipe_name(name: str) -> Scheme:
+    """The scheme behind a recipe name such as ``"int8wo"`` or ``"fp8-row"``."""
+    try:
+        return RECIPES[name]
+    except KeyError:
+        raise ValueError(f"unknown recipe {name!r}; known recipes: {', '.join(RECIPES)}") from None
+
+
+def name_matches(pattern: str, module_name: str) -> bool:
+    """Whether ``pattern`` (a regex) fully matches the module name or any run of its dotted parts.
+
+    ``"lm_head"`` matches ``"lm_head"`` and ``"model.lm_head"``; ``r"layers\\.0\\.mlp\\..*"`` matches
+    ``"model.layers.0.mlp.up_proj"``; ``"model.layers.0"`` matches every module inside that block
+    (like Hugging Face's ``modules_to_not_convert``), but ``"lm_head"`` never matches ``"lm_head_2"``.
+    """
+    parts = module_name.split(".")
+    regex = re.compile(pattern)
+    return any(
+        regex.fullmatch(".".join(parts[i:j]))
+        for i in range(len(parts))
+        for j in range(i + 1, len(parts) + 1)
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class QuantConfig:
+    """Which scheme each linear-like layer gets.
+
+    Args:
+        scheme: the default scheme for every linear-like node (``None``: none by default, only
+            ``overrides`` apply).
+        overrides: ``{pattern: scheme or None}``, tried in order, first match wins; ``None`` keeps
+            the matched layers in float. Patterns are regexes matched against the module name
+            (the weight's name without ``.weight``) as ``name_matches`` describes.
+        modules_to_not_convert: patterns of layers that always stay in float, checked before
+            ``overrides``. Defaults to ``("lm_head",)``, as in Hugging Face.
+    """
+
+    scheme: Scheme | None = None
+    overrides: Mapping[str, Scheme | None] = field(default_factory=dict)
+    modules_to_not_convert: tuple[str, ...] = ("lm_head",)
+
+    def __post_init__(self) -> None:
+        if self.scheme is not None and not isinstance(self.scheme, Scheme):
+            raise ValueError(
+                f"QuantConfig.scheme={self.scheme!r} is not a scheme; allowed: None or one of "
+                + ", ".join(sorted(_SCHEMES))
+            )
+        if not isinstance(self.overrides, Mapping):
+            raise ValueError(
+                f"QuantConfig.overrides={self.overrides!r} is not supported; "
+                "allowed: a mapping {regex: scheme or None}"
+            )
+        for pattern, scheme in self.overrides.items():
+            _check_pattern("overrides", pattern)
+            if scheme is not None and not isinstance(scheme, Scheme):
+                raise ValueError(
+                    f"QuantConfig.overrides[{pattern!r}]={scheme!r} is not supported; "
+                    "allowed: None or a scheme instance such as Int8WeightOnly()"
+                )
+        if isinstance(self.modules_to_not_convert, str):
+            raise ValueError(
+                f"QuantConfig.modules_to_not_convert={self.modules_to_not_convert!r} is a string; "
+                "allowed: a list or tuple of patterns, e.g. ('lm_head',)"
+            )
+        for pattern in self.modules_to_not_convert:
+            _check_pattern("modules_to_not_convert", pattern)
+        # Frozen and hashable: torch.compile options and caches want hashable configs.
+        object.__setattr__(self, "overrides", _FrozenMapping(self.overrides))
+        object.__setattr__(self, "modules_to_not_convert", tuple(self.modules_to_not_convert))
+
+    def scheme_for(self, module_name: str) -> tuple[Scheme | None, str]:
+        """(scheme or None, why) for one module name."""
+        for pattern in self.modules_to_not_convert:
+            if name_matches(pattern, module_name):
+                return None, f"modules_to_not_convert {pattern!r}"
+        for pattern, scheme in self.overrides.items():
+            if name_matches(pattern, module_name):
+                return scheme, f"override {pattern!r}"
+        if self.scheme is None:
+            return None, "no default scheme and no override matches"
+        return self.scheme, "default scheme"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "scheme": None if self.scheme is None else self.scheme.to_dict(),
+            "overrides": [
+                [p, None if s is None else s.to_dict()] for p, s in self.overrides.items()
+            ],
+            "modules_to_not_convert": list(self.modules_to_not_convert),
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> QuantConfig:
+        unknown = set(d) - {"scheme", "overrides", "modules_to_not_convert"}
+        if unknown:
+            raise ValueError(
+                f"QuantConfig dict has unknown keys {sorted(unknown)}; "
+                "allowed: scheme, overrides, modules_to_not_convert"
+            )
+        overrides = d.get("overrides", [])
+        if isinstance(overrides, Mapping):
+            overrides = list(overrides.items())
+        return cls(
+            scheme=scheme_from_dict(d.get("scheme")),
+            overrides={p: scheme_from_dict(s) for p, s in overrides},
+            modules_to_not_convert=tuple(d.get("modules_to_not_convert", ("lm_head",))),
+        )
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> QuantConfig:
+        return cls.from_dict(json.loads(text))
+
+    @classmethod
+    def coerce(cls, config: QuantConfig | Scheme | str) -> QuantConfig:
+        """A QuantConfig from what ``quantize`` accepts: a config, a scheme or a recipe name."""
+        if isinstance(config, QuantConfig):
+            return config
+        if isinstance(config, Scheme):
+            return cls(scheme=config)
+        if isinstance(config, str):
+            return cls(scheme=from_recipe_name(config))
+        raise ValueError(
+            f"config={config!r} is not supported; allowed: a QuantConfig, a scheme instance "
+            f"such as Int8WeightOnly(), or a recipe name ({', '.join(RECIPES)})"
+        )
+
+
+def _check_pattern(field_name: str, pattern: Any) -> None:
+    if not isinstance(pattern, str):
+        raise ValueError(f"QuantConfig.{field_name} pattern {pattern!r} is not a string regex")
+    try:
+        re.compile(pattern)
+    except re.error as e:
+        raise ValueError(f"QuantConfig.{field_name} pattern {pattern!r} is not a regex: {e}") from e
+
+
+class _FrozenMapping(Mapping):
+    """A read-only, hashable, ordered mapping (first match wins, so order matters)."""
+
+    def __init__(self, items: Mapping) -> None:
+        self._items = tuple(items.items())
+        self._dict = dict(self._items)
+
+    def __getitem__(self, key):
+        return self._dict[key]
+
+    def __iter__(self):
+        return iter(self._dict)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __hash__(self) -> int:
+        return hash(self._items)
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Mapping) and list(self.items()) == list(other.items())
+
+    def __repr__(self) -> str:
+        return repr(self._dict)

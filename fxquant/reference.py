@@ -1,0 +1,238 @@
+"""Reference math: every format's quantize, dequantize and linear, written once in plain torch.
+
+This is the truth the rest of fxquant is tested against. The rewrite pass calls the weight
+quantizers here (once, at quantize time); the ``fxquant::`` ops use the linears here as their
+eager implementation; CPU lowerings, Triton kernels and checkpoint loaders are all compared with
+these functions in the tests.
+
+Conventions (see ../shared/DESIGN.md "Numerics"):
+- W is [N, K] (out_features, in_features); x is [..., K]. Scales are fp32 dequant multipliers.
+- amax is clamped to ``EPS`` before any division, so all-zero rows, groups and blocks give zero
+  scales' worth of zeros, never NaN.
+- Linears accumulate in fp32 and return the activation dtype.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+EPS = 1e-12
+FP8_E4M3_MAX = torch.finfo(torch.float8_e4m3fn).max  # 448
+FP8_E5M2_MAX = torch.finfo(torch.float8_e5m2).max  # 57344
+INT8_MAX = 127
+
+# --------------------------------------------------------------------------------------------
+# int8 symmetric: q = round(w / s), s = amax / 127
+# --------------------------------------------------------------------------------------------
+
+
+def quantize_int8_per_channel(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """W [N, K] float → (q int8 [N, K], scale fp32 [N])."""
+    w = w.float()
+    scale = w.abs().amax(dim=1).clamp(min=EPS) / INT8_MAX
+    q = torch.round(w / scale[:, None]).clamp(-INT8_MAX, INT8_MAX).to(torch.int8)
+    return q, scale
+
+
+def quantize_int8_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [..., K] float → (q int8 [..., K], scale fp32 [..., 1]), one scale per token."""
+    x = x.float()
+    scale = x.abs().amax(dim=-1, keepdim=True).clamp(min=EPS) / INT8_MAX
+    q = torch.round(x / scale).clamp(-INT8_MAX, INT8_MAX).to(torch.int8)
+    return q, scale
+
+
+def dequantize_int8_per_channel(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    return q.float() * scale[:, None]
+
+
+# --------------------------------------------------------------------------------------------
+# int4 grouped along K, stored as unsigned nibbles u in [0, 15] with w = (u - z) * s;
+# two nibbles per byte along K (low nibble = even column), so the weight is [N, K/2] uint8.
+# --------------------------------------------------------------------------------------------
+
+
+def quantize_int4_grouped(
+    w: torch.Tensor, *, group_size: int, symmetric: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """W [N, K] → (packed uint8 [N, Kp/2], scale fp32 [N, Kp/g], zero uint8 [N, Kp/g]).
+
+    K is zero-padded to Kp, a multiple of ``group_size``; padded columns dequantize to exactly
+    zero (asymmetric ranges always include 0, and z is an integer), so the result is unchanged.
+    Symmetric: u = q + 8 with q in [-8, 7], s = amax / 7, z = 8.
+    Asymmetric: range [min(w, 0), max(w, 0)] mapped to [0, 15], integer zero point z.
+    """
+    n, k = w.shape
+    kp = -(-k // group_size) * group_size
+    w = F.pad(w.float(), (0, kp - k)).reshape(n, kp // group_size, group_size)
+    if symmetric:
+        scale = w.abs().amax(dim=-1).clamp(min=EPS) / 7
+        zero = torch.full_like(scale, 8)
+        u = torch.round(w / scale[..., None]).clamp(-8, 7) + 8
+    else:
+        lo = w.amin(dim=-1).clamp(max=0)
+        hi = w.amax(dim=-1).clamp(min=0)
+        scale = ((hi - lo) / 15).clamp(min=EPS)
+        zero = torch.round(-lo / scale).clamp(0, 15)
+        u = (torch.round(w / scale[..., None]) + zero[..., None]).clamp(0, 15)
+    u = u.reshape(n, kp).to(torch.uint8)
+    return pack_int4(u), scale, zero.to(torch.uint8)
+
+
+def pack_int4(u: torch.Tensor) -> torch.Tensor:
+    """[N, K] uint8 values in [0, 15] → [N, K/2] uint8, low nibble first."""
+    return u[:, 0::2] | (u[:, 1::2] << 4)
+
+
+def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
+    """[N, K/2] uint8 → [N, K] uint8 values in [0, 15]."""
+    low = packed & 0x0F
+    high = packed >> 4
+    return torch.stack([low, high], dim=-1).reshape(packed.shape[0], -1)
+
+
+def dequantize_int4_grouped(
+    packed: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, *, group_size: int
+) -> torch.Tensor:
+    """→ W fp32 [N, Kp] (still padded; slice [:, :K])."""
+    u = unpack_int4(packed).float()
+    n, kp = u.shape
+    u = u.reshape(n, kp // group_size, group_size)
+    w = (u - zero.float()[..., None]) * scale[..., None]
+    return w.reshape(n, kp)
+
+
+# --------------------------------------------------------------------------------------------
+# float8 e4m3: scale = amax / 448 (a dequant multiplier); values saturate at ±448
+# --------------------------------------------------------------------------------------------
+
+
+def _to_fp8(t: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    return (t / scale).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn)
+
+
+def _amax_scale(amax: torch.Tensor, ub: float | None) -> torch.Tensor:
+    if ub is not None:
+        amax = amax.clamp(max=ub)
+    return amax.clamp(min=EPS) / FP8_E4M3_MAX
+
+
+def quantize_fp8_per_channel(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """W [N, K] → (q e4m3 [N, K], scale fp32 [N])."""
+    w = w.float()
+    scale = _amax_scale(w.abs().amax(dim=1), None)
+    return _to_fp8(w, scale[:, None]), scale
+
+
+def quantize_fp8_per_tensor(
+    t: torch.Tensor, *, scale_ub: float | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Any tensor → (q e4m3, scale fp32 of shape [1])."""
+    t = t.float()
+    scale = _amax_scale(t.abs().amax().reshape(1), scale_ub)
+    return _to_fp8(t, scale), scale
+
+
+def quantize_fp8_per_token(
+    x: torch.Tensor, *, scale_ub: float | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [..., K] → (q e4m3 [..., K], scale fp32 [..., 1])."""
+    x = x.float()
+    scale = _amax_scale(x.abs().amax(dim=-1, keepdim=True), scale_ub)
+    return _to_fp8(x, scale), scale
+
+
+def quantize_fp8_groups(x: torch.Tensor, *, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [..., K] → (q e4m3 [..., K], scale fp32 [..., ceil(K/g)]): 1×g groups along K.
+
+    A last group shorter than g takes its scale from the elements it has.
+    """
+    x = x.float()
+    k = x.shape[-1]
+    kp = -(-k // group_size) * group_size
+    xg = F.pad(x, (0, kp - k)).unflatten(-1, (kp // group_size, group_size))
+    scale = _amax_scale(xg.abs().amax(dim=-1), None)
+    q = _to_fp8(xg, scale[..., None]).flatten(-2)[..., :k]
+    return q, scale
+
+
+def quantize_fp8_blocks(w: torch.Tensor, *, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """W [N, K] → (q e4m3 [N, K], scale fp32 [ceil(N/b), ceil(K/b)]): b×b tiles."""
+    w = w.float()
+    n, k = w.shape
+    b = block_size
+    np_, kp = -(-n // b) * b, -(-k // b) * b
+    tiles = F.pad(w, (0, kp - k, 0, np_ - n)).reshape(np_ // b, b, kp // b, b)
+    scale = _amax_scale(tiles.abs().amax(dim=(1, 3)), None)
+    q = _to_fp8(tiles, scale[:, None, :, None]).reshape(np_, kp)[:n, :k]
+    return q, scale
+
+
+def expand_block_scale(scale: torch.Tensor, *, rows: int, cols: int, block_size: int):
+    """[ceil(R/b), ceil(C/b)] → [R, C] (each scale repeated over its tile)."""
+    return scale.repeat_interleave(block_size, 0)[:rows].repeat_interleave(block_size, 1)[:, :cols]
+
+
+def expand_group_scale(scale: torch.Tensor, *, cols: int, group_size: int) -> torch.Tensor:
+    """[..., ceil(C/g)] → [..., C]."""
+    return scale.repeat_interleave(group_size, -1)[..., :cols]
+
+
+# --------------------------------------------------------------------------------------------
+# The linears: the eager implementation of every fxquant:: op, and the oracle for every test.
+# --------------------------------------------------------------------------------------------
+
+
+def _finish(y: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+    if bias is not None:
+        y = y + bias.float()
+    return y.to(dtype)
+
+
+def int8_weight_only_linear(x, weight, scale, bias=None):
+    y = (x.float() @ weight.float().t()) * scale
+    return _finish(y, bias, x.dtype)
+
+
+def int4_weight_only_linear(x, weight, scale, zero, bias=None, *, group_size: int):
+    w = dequantize_int4_grouped(weight, scale, zero, group_size=group_size)
+    y = x.float() @ w[:, : x.shape[-1]].t()
+    return _finish(y, bias, x.dtype)
+
+
+def int8_dynamic_linear(x, weight, scale, bias=None):
+    xq, xs = quantize_int8_per_token(x)
+    y = (xq.float() @ weight.float().t()) * xs * scale
+    return _finish(y, bias, x.dtype)
+
+
+def float8_weight_only_linear(x, weight, scale, bias=None):
+    y = (x.float() @ weight.float().t()) * scale
+    return _finish(y, bias, x.dtype)
+
+
+def float8_dynamic_linear(x, weight, scale, bias=None, *, per_row: bool, activation_scale_ub=None):
+    if per_row:
+        xq, xs = quantize_fp8_per_token(x, scale_ub=activation_scale_ub)
+    else:
+        xq, xs = quantize_fp8_per_tensor(x, scale_ub=activation_scale_ub)
+    y = (xq.float() @ weight.float().t()) * xs * scale
+    return _finish(y, bias, x.dtype)
+
+
+def float8_block_linear(x, weight, scale, bias=None, *, block_size: int):
+    n, k = weight.shape
+    xq, xs = quantize_fp8_groups(x, group_size=block_size)
+    x_dq = xq.float() * expand_group_scale(xs, cols=k, group_size=block_size)
+    w_dq = weight.float() * expand_block_scale(scale, rows=n, cols=k, block_size=block_size)
+    return _finish(x_dq @ w_dq.t(), bias, x.dtype)
+
+
+def sqnr(ref: torch.Tensor, approx: torch.Tensor) -> float:
+    """Signal-to-quantization-noise ratio in dB (inf when exact)."""
+    ref, approx = ref.detach().double(), approx.detach().double()
+    noise = (ref - approx).pow(2).sum()
+    if noise == 0:
+        return float("inf")
+    return float(10 * torch.log10(ref.pow(2).sum().clamp(min=1e-30) / noise))

@@ -1,0 +1,154 @@
+"""Planning: find every linear-like node and decide its scheme (or why it is skipped).
+
+First pass of the data flow (plan → rewrite → lower). It reads the graph only. A *site* is a node
+computing ``x @ W.T (+ b)`` with a constant W: ``aten.linear`` (``nn.Linear``, ``F.linear`` on a
+bare parameter), ``aten.addmm``/``aten.mm`` with W stored [K, N] (Hugging Face ``Conv1D``), and the
+torch-level spellings of the same calls that a Dynamo graph holds. The plan is data: the report
+prints it and the tests assert on it.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.fx as fx
+import torch.nn.functional as F
+
+from fxquant.config import QuantConfig, Scheme
+
+aten = torch.ops.aten
+
+# target → (kind, index of x, index of W, index of bias or None); W of "mm" kinds is [K, N].
+_LINEAR_TARGETS: dict[object, tuple[str, int, int, int | None]] = {
+    aten.linear.default: ("linear", 0, 1, 2),
+    torch._C._nn.linear: ("linear", 0, 1, 2),
+    F.linear: ("linear", 0, 1, 2),
+    aten.addmm.default: ("addmm", 1, 2, 0),
+    torch.addmm: ("addmm", 1, 2, 0),
+    aten.mm.default: ("mm", 0, 1, None),
+    torch.mm: ("mm", 0, 1, None),
+    aten.matmul.default: ("matmul", 0, 1, None),
+    torch.matmul: ("matmul", 0, 1, None),
+    operator.matmul: ("matmul", 0, 1, None),
+}
+
+FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+# Looks up the constant behind a weight node: (fully qualified name, tensor) or None.
+WeightLookup = Callable[[fx.Node], "tuple[str, torch.Tensor] | None"]
+
+
+@dataclass
+class Site:
+    """One linear-like node with a constant weight."""
+
+    node: fx.Node
+    kind: str  # linear | addmm | mm | matmul
+    x: fx.Node
+    bias: fx.Node | None
+    weight_fqn: str
+    weight: torch.Tensor  # as stored: [N, K] for linear, [K, N] otherwise
+    # Bias of addmm when it is a real bias (beta == alpha == 1 and shape [N]).
+
+    @property
+    def transposed(self) -> bool:
+        return self.kind != "linear"
+
+    @property
+    def out_features(self) -> int:
+        return self.weight.shape[1 if self.transposed else 0]
+
+    @property
+    def in_features(self) -> int:
+        return self.weight.shape[0 if self.transposed else 1]
+
+    @property
+    def module_name(self) -> str:
+        return self.weight_fqn.removesuffix(".weight")
+
+    def weight_nk(self) -> torch.Tensor:
+        """The weight as [N, K], the layout every fxquant op takes."""
+        return self.weight.t() if self.transposed else self.weight
+
+
+@dataclass
+class LayerPlan:
+    """The decision for one site: a scheme, or ``None`` and the reason it stays in float."""
+
+    site: Site
+    scheme: Scheme | None
+    reason: str
+
+    @property
+    def name(self) -> str:
+        return self.site.module_name
+
+
+def node_value(node: object):
+    """The (fake) value a node produces, in an exported graph or a Dynamo graph."""
+    if not isinstance(node, fx.Node):
+        return node
+    return node.meta.get("val", node.meta.get("example_value"))
+
+
+def find_sites(graph: fx.Graph, weight_of: WeightLookup) -> list[Site]:
+    """Every linear-like node whose weight is a constant (parameter, buffer or lifted constant)."""
+    sites = []
+    for node in graph.nodes:
+        spec = _LINEAR_TARGETS.get(node.target) if node.op == "call_function" else None
+        if spec is None:
+            continue
+        kind, xi, wi, bi = spec
+        args = node.args
+        if len(args) <= wi or not isinstance(args[wi], fx.Node):
+            continue
+        found = weight_of(args[wi])
+        if found is None:
+            continue
+        fqn, weight = found
+        if weight.dim() != 2:
+            continue
+        bias = args[bi] if bi is not None and len(args) > bi else node.kwargs.get("bias")
+        if kind == "addmm" and (
+            node.kwargs.get("beta", 1) != 1 or node.kwargs.get("alpha", 1) != 1
+        ):
+            continue
+        sites.append(Site(node, kind, args[xi], bias, fqn, weight))
+    return sites
+
+
+def plan_sites(sites: list[Site], config: QuantConfig) -> list[LayerPlan]:
+    """Decide each site's scheme from the config and what the shapes allow."""
+    plans = []
+    for site in sites:
+        scheme, why = config.scheme_for(site.module_name)
+        if scheme is not None:
+            problem = _shape_problem(site, scheme)
+            if problem is not None:
+                scheme, why = None, problem
+        plans.append(LayerPlan(site, scheme, why))
+    return plans
+
+
+def _shape_problem(site: Site, scheme: Scheme) -> str | None:
+    """Why the scheme cannot take this site as it is, or None (the ``extra_check`` of a match)."""
+    w, x = site.weight, node_value(site.x)
+    if w.dtype not in FLOAT_DTYPES:
+        return f"weight dtype {w.dtype} is not floating point"
+    if not isinstance(x, torch.Tensor):
+        return "the input has no recorded tensor value"
+    if x.dtype not in FLOAT_DTYPES:
+        return f"input dtype {x.dtype} is not floating point"
+    if x.dim() < 1 or (isinstance(x.shape[-1], int) and x.shape[-1] != site.in_features):
+        return f"input shape {tuple(x.shape)} does not end in K={site.in_features}"
+    if site.kind == "matmul" and x.dim() < 2:
+        return "matmul of a vector"
+    if site.bias is not None:
+        b = node_value(site.bias)
+        if not isinstance(b, torch.Tensor) or tuple(b.shape) != (site.out_features,):
+            shape = tuple(b.shape) if isinstance(b, torch.Tensor) else b
+            return f"bias of shape {shape} is not a per-output-channel [N] vector"
+    return scheme.unsupported_reason(out_features=site.out_features, in_features=site.in_features)

@@ -1,0 +1,282 @@
+"""The linear rewrite: quantize each planned weight once and swap the node for one ``fxquant::`` op.
+
+Second pass of the data flow (plan → rewrite → lower). It works on two kinds of graph through a
+small *editor* that knows where constants live:
+
+- ``ProgramEditor``: an ``ExportedProgram``. Quantized weights become new persistent buffers
+  (lifted placeholders + state-dict entries) named after the layer (``fc.qweight``,
+  ``fc.scale`` …); float weights that nothing uses any more leave the program, so a quantized
+  ``.pt2`` is small. Tied weights still used elsewhere (an embedding) stay.
+- ``DynamoEditor``: the GraphModule ``torch.compile`` hands the ``fxquant`` backend, whose
+  parameters arrive as graph inputs; quantized weights become attributes of that GraphModule.
+
+Each rewritten node carries its report row (JSON) in ``node.meta["custom"]["fxquant"]``, which
+``torch.export.save`` keeps, so ``fxquant.report`` works on a reloaded ``.pt2``.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from collections import Counter
+
+import torch
+import torch.fx as fx
+from fxquant.passes.plan import LayerPlan, find_sites, node_value, plan_sites
+from fxquant.passes.schemes import handler_for
+from torch._guards import detect_fake_mode
+from torch.export import ExportedProgram
+from torch.export.graph_signature import (
+    ExportGraphSignature,
+    InputKind,
+    InputSpec,
+    TensorArgument,
+)
+from tqdm.auto import tqdm
+
+from fxquant.config import QuantConfig
+from fxquant.reference import sqnr
+
+META_KEY = "fxquant"  # node.meta["custom"][META_KEY]: the layer's report row, as JSON
+CONFIG_KEY = "fxquant_config"  # ... and on the first site, the whole QuantConfig, as JSON
+_COPIED_META = ("nn_module_stack", "stack_trace", "source_fn_stack", "torch_fn", "from_node")
+
+counters: Counter = Counter()  # "<scheme name>" → nodes rewritten; tests assert on these
+
+
+class ProgramEditor:
+    """Constants of an ExportedProgram: parameters, buffers and lifted tensor constants."""
+
+    def __init__(self, ep: ExportedProgram) -> None:
+        self.ep = ep
+        self.gm = copy.deepcopy(ep.graph_module)
+        self.graph = self.gm.graph
+        self.input_specs = list(ep.graph_signature.input_specs)
+        self.state_dict = dict(ep.state_dict)
+        self.constants = dict(ep.constants)
+        self._spec_of = {s.arg.name: s for s in self.input_specs if hasattr(s.arg, "name")}
+        placeholders = [n for n in self.graph.nodes if n.op == "placeholder"]
+        self.fake_mode = detect_fake_mode([n.meta.get("val") for n in placeholders])
+        self._replaced: set[str] = set()
+
+    def weight_of(self, node: fx.Node):
+        spec = self._spec_of.get(node.name) if node.op == "placeholder" else None
+        if spec is None:
+            return None
+        if spec.kind in (InputKind.PARAMETER, InputKind.BUFFER) and spec.target in self.state_dict:
+            return spec.target, self.state_dict[spec.target]
+        if spec.kind in (InputKind.BUFFER, InputKind.CONSTANT_TENSOR):
+            t = self.constants.get(spec.target)
+            if isinstance(t, torch.Tensor):
+                return spec.target, t
+        return None
+
+    def taken(self, fqn: str) -> bool:
+        return fqn in self.state_dict or fqn in self.constants
+
+    def add_constant(self, fqn: str, tensor: torch.Tensor) -> fx.Node:
+        # New buffers go right after the existing parameters and buffers, keeping the lifted
+        # inputs grouped by kind as torch.export lays them out.
+        kinds = (InputKind.PARAMETER, InputKind.BUFFER)
+        index = next((i for i, s in enumerate(self.input_specs) if s.kind not in kinds), None)
+        placeholders = [n for n in self.graph.nodes if n.op == "placeholder"]
+        if index is None:
+            index = len(self.input_specs)
+        anchor = placeholders[index] if index < len(placeholders) else None
+        name = "b_" + re.sub(r"\W", "_", fqn)
+        if anchor is not None:
+            with self.graph.inserting_before(anchor):
+                node = self.graph.placeholder(name)
+        else:
+            with self.graph.inserting_after(placeholders[-1] if placeholders else None):
+                node = self.graph.placeholder(name)
+        node.target = node.name
+        if self.fake_mode is not None:
+            node.meta["val"] = self.fake_mode.from_tensor(tensor, static_shapes=True)
+        spec = InputSpec(InputKind.BUFFER, TensorArgument(node.name), fqn, persistent=True)
+        self.input_specs.insert(index, spec)
+        self._spec_of[node.name] = spec
+        self.state_dict[fqn] = tensor
+        return node
+
+    def replaced(self, weight_node: fx.Node) -> None:
+        self._replaced.add(weight_node.name)
+
+    def kept(self, fqn: str) -> bool:
+        """Whether a float weight stays in the program once rewriting is done (a tied weight
+        still used elsewhere, e.g. by an embedding)."""
+        return any(
+            n.op == "placeholder" and n.users and self._spec_of[n.name].target == fqn
+            for n in self.graph.nodes
+            if n.name in self._spec_of
+        )
+
+    def finish(self) -> ExportedProgram:
+        for node in list(self.graph.nodes):
+            if node.op == "placeholder" and node.name in self._replaced and not node.users:
+                spec = self._spec_of.pop(node.name)
+                self.input_specs.remove(spec)
+                self.state_dict.pop(spec.target, None)
+                self.constants.pop(spec.target, None)
+                self.graph.erase_node(node)
+        self.graph.lint()
+        self.gm.recompile()
+        signature = ExportGraphSignature(
+            input_specs=self.input_specs,
+            output_specs=list(self.ep.graph_signature.output_specs),
+        )
+        return ExportedProgram(
+            root=self.gm,
+            graph=self.graph,
+            graph_signature=signature,
+            state_dict=self.state_dict,
+            range_constraints=copy.copy(self.ep.range_constraints),
+            module_call_graph=copy.deepcopy(self.ep.module_call_graph),
+            example_inputs=self.ep.example_inputs,
+            constants=self.constants,
+            verifiers=self.ep.verifiers,
+        )
+
+
+class DynamoEditor:
+    """Constants of a Dynamo GraphModule, whose parameters arrive as placeholders."""
+
+    def __init__(self, gm: fx.GraphModule, example_inputs) -> None:
+        self.gm = gm
+        self.graph = gm.graph
+        self.fake_mode = None
+        placeholders = [n for n in self.graph.nodes if n.op == "placeholder"]
+        self._inputs = dict(zip(placeholders, example_inputs))
+        self._attrs: set[str] = set()
+
+    def weight_of(self, node: fx.Node):
+        if node.op == "get_attr":
+            t = self.gm
+            for part in node.target.split("."):
+                t = getattr(t, part)
+            return (node.target, t) if isinstance(t, torch.Tensor) else None
+        value = self._inputs.get(node)
+        grapharg = node.meta.get("grapharg")
+        if not isinstance(value, torch.nn.Parameter) or grapharg is None:
+            return None
+        return fqn_from_source(grapharg.source.name), value
+
+    def taken(self, fqn: str) -> bool:
+        return fqn in self._attrs
+
+    def add_constant(self, fqn: str, tensor: torch.Tensor) -> fx.Node:
+        attr = "_fxquant_" + re.sub(r"\W", "_", fqn)
+        self._attrs.add(fqn)
+        self.gm.register_buffer(attr, tensor)
+        first = next(n for n in self.graph.nodes if n.op != "placeholder")
+        with self.graph.inserting_before(first):
+            node = self.graph.get_attr(attr)
+        node.meta["example_value"] = tensor
+        return node
+
+    def replaced(self, weight_node: fx.Node) -> None:
+        pass  # the float parameter is a graph input: it belongs to the caller's model
+
+    def kept(self, fqn: str) -> bool:
+        return True
+
+    def finish(self) -> fx.GraphModule:
+        self.graph.lint()
+        self.gm.recompile()
+        return self.gm
+
+
+def fqn_from_source(source_name: str) -> str:
+    """``L['self']._modules['fc']._parameters['weight']`` → ``fc.weight``."""
+    parts = re.findall(r"\['([^']*)'\]|\.([A-Za-z_]\w*)", source_name)
+    names = [a or b for a, b in parts][1:]  # the first is the root module (L['self'])
+    return ".".join(n for n in names if n not in ("_modules", "_parameters", "_buffers"))
+
+
+def rewrite(editor, config: QuantConfig, *, progress: bool = False) -> list[dict]:
+    """Plan and rewrite every linear-like site; returns the report rows (one per site)."""
+    graph = editor.graph
+    plans = plan_sites(find_sites(graph, editor.weight_of), config)
+    cache: dict[tuple, tuple[list[fx.Node], dict]] = {}  # (weight, scheme) → constants, row
+    rows = []
+    for plan in tqdm(plans, desc="quantizing", unit="layer", disable=not progress):
+        site = plan.site
+        row = _row(plan)
+        if plan.scheme is None:
+            rows.append((site.node, row))
+            continue
+        key = (site.weight_fqn, plan.scheme)
+        if key in cache:
+            nodes, first = cache[key]
+            row.update(bytes_after=0, sqnr_db=first["sqnr_db"], shared_with=first["name"])
+        else:
+            w = site.weight_nk().detach()
+            q = handler_for(plan.scheme).quantize(plan.scheme, w)
+            prefix = _constant_prefix(editor, site.weight_fqn, plan.scheme)
+            nodes = [editor.add_constant(f"{prefix}{n}", t) for n, t in q.tensors.items()]
+            row.update(
+                bytes_after=q.nbytes,
+                sqnr_db=round(sqnr(w.float(), q.dequantized), 2),
+                padded_in_features=plan.scheme.padded_in_features(site.in_features),
+            )
+            cache[key] = (nodes, row)
+        new = _replace(graph, editor, plan, nodes)
+        counters[plan.scheme.name] += 1
+        rows.append((new, row))
+    result = []
+    for node, row in rows:
+        if row["status"] == "quantized":
+            row["float_weight_kept"] = editor.kept(row["weight"])
+        node.meta.setdefault("custom", {})[META_KEY] = json.dumps(row, sort_keys=True)
+        result.append(row)
+    if rows:
+        rows[0][0].meta["custom"][CONFIG_KEY] = config.to_json()
+    return result
+
+
+def _row(plan: LayerPlan) -> dict:
+    site = plan.site
+    return {
+        "name": plan.name,
+        "weight": site.weight_fqn,
+        "node": site.node.name,
+        "kind": site.kind,
+        "in_features": site.in_features,
+        "out_features": site.out_features,
+        "dtype": str(site.weight.dtype).removeprefix("torch."),
+        "status": "skipped" if plan.scheme is None else "quantized",
+        "scheme": None if plan.scheme is None else plan.scheme.to_dict(),
+        "reason": plan.reason,
+        "bytes_before": site.weight.numel() * site.weight.element_size(),
+        "bytes_after": site.weight.numel() * site.weight.element_size(),
+        "sqnr_db": None,
+    }
+
+
+def _constant_prefix(editor, weight_fqn: str, scheme) -> str:
+    """``fc.weight`` → ``fc.`` (so the buffers read ``fc.qweight``, ``fc.scale``), made unique
+    when the name is taken (a tied weight quantized two ways, a module with a ``qweight``)."""
+    base = weight_fqn.removesuffix("weight") if weight_fqn.endswith(".weight") else weight_fqn + "_"
+    prefix, i = base, 1
+    while editor.taken(f"{prefix}qweight"):
+        prefix, i = f"{base}{scheme.name}{i}_", i + 1
+    return prefix
+
+
+def _replace(graph: fx.Graph, editor, plan: LayerPlan, constants: list[fx.Node]) -> fx.Node:
+    site = plan.site
+    op, args = handler_for(plan.scheme).op_args(plan.scheme, site.x, constants, site.bias)
+    with graph.inserting_before(site.node):
+        new = graph.call_function(op, args)
+    for key in _COPIED_META:
+        if key in site.node.meta:
+            new.meta[key] = site.node.meta[key]
+    if editor.fake_mode is not None:
+        with editor.fake_mode:
+            new.meta["val"] = op(*[node_value(a) for a in args])
+    weight_node = site.node.args[2 if site.kind == "addmm" else 1]
+    site.node.replace_all_uses_with(new)
+    graph.erase_node(site.node)
+    editor.replaced(weight_node)
+    return new
