@@ -143,7 +143,8 @@ class Float8Dynamic(Scheme):
 
     Args:
         granularity: ``"row"``: weights per output channel, activations per token (recipe
-            ``fp8-row``, FbgemmFp8Config's layout); ``"tensor"``: one scale for each (``fp8-tensor``).
+            ``fp8-row``, FbgemmFp8Config's layout); ``"tensor"``: one scale for each
+            (``fp8-tensor``).
         activation_scale_ub: upper bound on the activation amax before the scale is taken, so one
             outlier token cannot flatten the rest; FbgemmFp8Config uses 1200. ``None``: no bound.
     """
@@ -224,9 +225,10 @@ def from_recipe_name(name: str) -> Scheme:
 def name_matches(pattern: str, module_name: str) -> bool:
     """Whether ``pattern`` (a regex) fully matches the module name or any run of its dotted parts.
 
-    ``"lm_head"`` matches ``"lm_head"`` and ``"model.lm_head"``; ``r"layers\\.0\\.mlp\\..*"`` matches
-    ``"model.layers.0.mlp.up_proj"``; ``"model.layers.0"`` matches every module inside that block
-    (like Hugging Face's ``modules_to_not_convert``), but ``"lm_head"`` never matches ``"lm_head_2"``.
+    ``"lm_head"`` matches ``"lm_head"`` and ``"model.lm_head"``; ``r"layers\\.0\\.mlp\\..*"``
+    matches ``"model.layers.0.mlp.up_proj"``; ``"model.layers.0"`` matches every module inside
+    that block (like Hugging Face's ``modules_to_not_convert``), but ``"lm_head"`` never matches
+    ``"lm_head_2"``.
     """
     parts = module_name.split(".")
     regex = re.compile(pattern)

@@ -49,7 +49,8 @@ class Report:
         lines += [f"  {n:4d} × {s}" for s, n in by_scheme.items()]
         if before:
             lines.append(
-                f"quantized weights: {_mib(before)} → {_mib(after)} ({before / max(after, 1):.2f}× smaller)"
+                f"quantized weights: {_mib(before)} → {_mib(after)} "
+                f"({before / max(after, 1):.2f}× smaller)"
             )
         reasons: dict[str, int] = {}
         for r in self.skipped:
@@ -81,7 +82,10 @@ class Report:
                 )
             )
         widths = [max(len(row[i]) for row in table) for i in range(len(header))]
-        lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in table]
+        lines = [
+            "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+            for row in table
+        ]
         lines.insert(1, "  ".join("-" * w for w in widths))
         return "\n".join(lines) + "\n\n" + self.summary()
 

@@ -51,7 +51,6 @@ class Site:
     bias: fx.Node | None
     weight_fqn: str
     weight: torch.Tensor  # as stored: [N, K] for linear, [K, N] otherwise
-    # Bias of addmm when it is a real bias (beta == alpha == 1 and shape [N]).
 
     @property
     def transposed(self) -> bool:

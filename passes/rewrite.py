@@ -147,7 +147,7 @@ class DynamoEditor:
         self.graph = gm.graph
         self.fake_mode = None
         placeholders = [n for n in self.graph.nodes if n.op == "placeholder"]
-        self._inputs = dict(zip(placeholders, example_inputs))
+        self._inputs = dict(zip(placeholders, example_inputs, strict=True))
         self._attrs: set[str] = set()
 
     def weight_of(self, node: fx.Node):
