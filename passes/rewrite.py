@@ -169,6 +169,12 @@ class DynamoEditor:
         attr = "_fxquant_" + re.sub(r"\W", "_", fqn)
         self._attrs.add(fqn)
         self.gm.register_buffer(attr, tensor)
+        # AOTAutograd matches every attribute of a Dynamo graph to the source Dynamo guarded it
+        # by; ours are made here, so they get a constant source of their own name.
+        if hasattr(self.gm, "_param_name_to_source"):
+            from torch._dynamo.source import ConstantSource
+
+            self.gm._param_name_to_source[attr] = ConstantSource(attr)
         first = next(n for n in self.graph.nodes if n.op != "placeholder")
         with self.graph.inserting_before(first):
             node = self.graph.get_attr(attr)
