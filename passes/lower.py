@@ -77,7 +77,7 @@ CPU_LOWERINGS = {
 
 def lowerings(device: str | torch.device = "cpu") -> dict:
     """The op → implementation table for a device type."""
-    device_type = torch.device(device).type
+    device_type = device.type if isinstance(device, torch.device) else str(device).split(":")[0]
     if device_type == "cpu":
         return dict(CPU_LOWERINGS)
     if device_type == "cuda":

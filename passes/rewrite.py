@@ -59,6 +59,7 @@ class ProgramEditor:
         placeholders = [n for n in self.graph.nodes if n.op == "placeholder"]
         self.fake_mode = detect_fake_mode([n.meta.get("val") for n in placeholders])
         self._replaced: set[str] = set()
+        self._renamed: dict[str, str] = {}  # replaced node → its replacement, for output specs
 
     def weight_of(self, node: fx.Node):
         spec = self._spec_of.get(node.name) if node.op == "placeholder" else None
@@ -100,8 +101,9 @@ class ProgramEditor:
         self.state_dict[fqn] = tensor
         return node
 
-    def replaced(self, weight_node: fx.Node) -> None:
+    def replaced(self, old: fx.Node, new: fx.Node, weight_node: fx.Node) -> None:
         self._replaced.add(weight_node.name)
+        self._renamed[old.name] = new.name
 
     def kept(self, fqn: str) -> bool:
         """Whether a float weight stays in the program once rewriting is done (a tied weight
@@ -122,10 +124,13 @@ class ProgramEditor:
                 self.graph.erase_node(node)
         self.graph.lint()
         self.gm.recompile()
-        signature = ExportGraphSignature(
-            input_specs=self.input_specs,
-            output_specs=list(self.ep.graph_signature.output_specs),
-        )
+        output_specs = []
+        for spec in self.ep.graph_signature.output_specs:
+            spec = copy.copy(spec)
+            if isinstance(spec.arg, TensorArgument) and spec.arg.name in self._renamed:
+                spec.arg = TensorArgument(self._renamed[spec.arg.name])
+            output_specs.append(spec)
+        signature = ExportGraphSignature(input_specs=self.input_specs, output_specs=output_specs)
         return ExportedProgram(
             root=self.gm,
             graph=self.graph,
@@ -181,7 +186,7 @@ class DynamoEditor:
         node.meta["example_value"] = tensor
         return node
 
-    def replaced(self, weight_node: fx.Node) -> None:
+    def replaced(self, old: fx.Node, new: fx.Node, weight_node: fx.Node) -> None:
         pass  # the float parameter is a graph input: it belongs to the caller's model
 
     def kept(self, fqn: str) -> bool:
@@ -284,5 +289,5 @@ def _replace(graph: fx.Graph, editor, plan: LayerPlan, constants: list[fx.Node])
     weight_node = site.node.args[2 if site.kind == "addmm" else 1]
     site.node.replace_all_uses_with(new)
     graph.erase_node(site.node)
-    editor.replaced(weight_node)
+    editor.replaced(site.node, new, weight_node)
     return new

@@ -1,0 +1,102 @@
+"""Shared fixtures: tiny models that have every kind of linear-like node fxquant rewrites."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, d: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(d))
+        self.eps = eps
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+class Block(nn.Module):
+    """A Llama-shaped decoder block without attention mixing (q/k/v/o + gated MLP)."""
+
+    def __init__(self, d: int, ffn: int) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(d)
+        self.q_proj = nn.Linear(d, d, bias=False)
+        self.k_proj = nn.Linear(d, d, bias=False)
+        self.v_proj = nn.Linear(d, d, bias=False)
+        self.o_proj = nn.Linear(d, d, bias=False)
+        self.post_attention_layernorm = RMSNorm(d)
+        self.gate_proj = nn.Linear(d, ffn, bias=False)
+        self.up_proj = nn.Linear(d, ffn, bias=False)
+        self.down_proj = nn.Linear(ffn, d, bias=False)
+
+    def forward(self, x):
+        h = self.input_layernorm(x)
+        q, k, v = self.q_proj(h), self.k_proj(h), self.v_proj(h)
+        att = torch.softmax(q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5, dim=-1) @ v
+        x = x + self.o_proj(att)
+        h = self.post_attention_layernorm(x)
+        return x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
+
+
+class TinyLlama(nn.Module):
+    """Embedding → blocks → norm → lm_head tied to the embedding, like SmolLM2."""
+
+    def __init__(self, vocab: int = 96, d: int = 128, ffn: int = 256, layers: int = 2) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(vocab, d)
+        self.layers = nn.ModuleList(Block(d, ffn) for _ in range(layers))
+        self.norm = RMSNorm(d)
+        self.lm_head = nn.Linear(d, vocab, bias=False)
+        self.lm_head.weight = self.embed_tokens.weight
+
+    def forward(self, ids):
+        x = self.embed_tokens(ids)
+        for layer in self.layers:
+            x = layer(x)
+        return self.lm_head(self.norm(x))
+
+
+class Conv1D(nn.Module):
+    """Hugging Face GPT-2's Conv1D: weight stored [in, out], applied with addmm."""
+
+    def __init__(self, nf: int, nx: int) -> None:
+        super().__init__()
+        self.nf = nf
+        self.weight = nn.Parameter(torch.randn(nx, nf) * 0.05)
+        self.bias = nn.Parameter(torch.randn(nf) * 0.05)
+
+    def forward(self, x):
+        size_out = x.size()[:-1] + (self.nf,)
+        x = torch.addmm(self.bias, x.view(-1, x.size(-1)), self.weight)
+        return x.view(size_out)
+
+
+class Mixed(nn.Module):
+    """One of each linear-like spelling: nn.Linear, F.linear on a bare parameter, Conv1D."""
+
+    def __init__(self, d: int = 64) -> None:
+        super().__init__()
+        self.fc = nn.Linear(d, 2 * d)
+        self.proj = nn.Parameter(torch.randn(d, 2 * d) * 0.05)
+        self.c_fc = Conv1D(d, d)
+
+    def forward(self, x):
+        h = F.gelu(self.fc(x))
+        h = F.linear(h, self.proj)
+        return self.c_fc(h)
+
+
+@pytest.fixture
+def tiny_llama():
+    torch.manual_seed(0)
+    return TinyLlama().eval()
+
+
+@pytest.fixture
+def mixed():
+    torch.manual_seed(0)
+    return Mixed().eval()

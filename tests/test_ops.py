@@ -1,0 +1,72 @@
+"""Every fxquant:: op: opcheck (schema, fake kernel, dynamic shapes) and equality to the reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.library import opcheck
+
+import fxquant  # noqa: F401  (registers the ops)
+from fxquant import reference as ref
+
+fxq = torch.ops.fxquant
+SHAPES = [((1, 64), 32), ((3, 5, 64), 17), ((7, 130), 1), ((2, 256), 96)]  # (x shape, N)
+DTYPES = [torch.float32, torch.bfloat16]
+
+
+def _cases(x_shape, n, dtype):
+    torch.manual_seed(0)
+    k = x_shape[-1]
+    x = torch.randn(x_shape, dtype=dtype)
+    w = torch.randn(n, k)
+    b = torch.randn(n)
+    q8, s8 = ref.quantize_int8_per_channel(w)
+    p4, s4, z4 = ref.quantize_int4_grouped(w, group_size=32, symmetric=False)
+    qf, sf = ref.quantize_fp8_per_channel(w)
+    qt, st = ref.quantize_fp8_per_tensor(w)
+    qb, sb = ref.quantize_fp8_blocks(w, block_size=64)
+    return [
+        (fxq.int8_weight_only_linear, (x, q8, s8, b), ref.int8_weight_only_linear, {}),
+        (fxq.int8_dynamic_linear, (x, q8, s8, None), ref.int8_dynamic_linear, {}),
+        (fxq.int4_weight_only_linear, (x, p4, s4, z4, b, 32), ref.int4_weight_only_linear, {}),
+        (fxq.float8_weight_only_linear, (x, qf, sf, None), ref.float8_weight_only_linear, {}),
+        (fxq.float8_dynamic_linear, (x, qf, sf, b, True, None), ref.float8_dynamic_linear, {}),
+        (fxq.float8_dynamic_linear, (x, qt, st, b, False, 1.0), ref.float8_dynamic_linear, {}),
+        (fxq.float8_block_linear, (x, qb, sb, b, 64), ref.float8_block_linear, {}),
+    ]
+
+
+# SchemaCheckMode compares every tensor an op touches with torch.allclose, which has no CPU
+# kernel for float8 ("mul_cpu_reduced_float" not implemented for 'Float8_e4m3fn'); the fp8 ops
+# run every other opcheck test (they are declared functional, mutates_args=()).
+NO_SCHEMA_TEST = ("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("x_shape", "n"), SHAPES)
+def test_opcheck(x_shape, n, dtype):
+    for op, args, _, _ in _cases(x_shape, n, dtype):
+        fp8 = any(
+            isinstance(a, torch.Tensor) and a.dtype.itemsize == 1 and a.is_floating_point()
+            for a in args
+        )
+        if fp8:
+            opcheck(op, args, test_utils=NO_SCHEMA_TEST)
+        else:
+            opcheck(op, args)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("x_shape", "n"), SHAPES)
+def test_ops_equal_reference_and_keep_dtype(x_shape, n, dtype):
+    for op, args, reference, _ in _cases(x_shape, n, dtype):
+        y = op(*args)
+        assert y.shape == (*x_shape[:-1], n) and y.dtype == dtype
+        if op is fxq.float8_dynamic_linear:
+            expected = reference(*args[:4], per_row=args[4], activation_scale_ub=args[5])
+        elif op is fxq.int4_weight_only_linear or op is fxq.float8_block_linear:
+            name = "group_size" if op is fxq.int4_weight_only_linear else "block_size"
+            expected = reference(*args[:-1], **{name: args[-1]})
+        else:
+            expected = reference(*args)
+        torch.testing.assert_close(y, expected, rtol=0, atol=0)
