@@ -1,0 +1,59 @@
+"""torch.compile(model, backend="fxquant"): quantized at compile time, compiled by Inductor."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+from conftest import Mixed
+
+import fxquant
+from fxquant.passes.rewrite import counters
+
+
+def test_backend_is_found_through_the_entry_point_without_importing_fxquant():
+    code = (
+        "import sys, torch._dynamo\n"
+        "assert 'fxquant' in torch._dynamo.list_backends(exclude_tags=())\n"
+        "assert 'fxquant' not in sys.modules\n"
+        "from torch._dynamo.backends.registry import lookup_backend\n"
+        "print(lookup_backend('fxquant').__module__)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], check=True, capture_output=True, text=True, timeout=120
+    )
+    assert out.stdout.strip() == "fxquant.backend"
+
+
+def test_backend_rejects_unknown_options():
+    from fxquant.backend import fxquant_backend
+
+    with pytest.raises(ValueError, match=r"options \['mode'\] are not known"):
+        fxquant_backend(None, [], options={"mode": "x"})
+
+
+@pytest.mark.slow
+def test_backend_quantizes_and_matches_the_exported_program():
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = Mixed().eval()
+    cfg = fxquant.QuantConfig(
+        scheme=fxquant.Int8DynamicActivation(),
+        overrides={"proj": fxquant.Float8Dynamic(granularity="row")},
+    )
+    x = torch.randn(2, 5, 64)
+    before = dict(counters)
+    compiled = torch.compile(model, backend="fxquant", options={"config": cfg})
+    with torch.no_grad():
+        y = compiled(x)
+    assert counters["int8_dynamic"] - before.get("int8_dynamic", 0) == 2
+    assert counters["float8_dynamic"] - before.get("float8_dynamic", 0) == 1
+    qep = fxquant.quantize(model, cfg, example_inputs=(x,))
+    with torch.no_grad():
+        torch.testing.assert_close(y, qep.module()(x), rtol=1e-4, atol=1e-4)
+        assert fxquant.reference.sqnr(model(x), y) > 25
+    rows = fxquant.backend.last_reports[-1]
+    assert [r["name"] for r in rows] == ["fc", "proj", "c_fc"]
+    assert all(r["status"] == "quantized" for r in rows)
