@@ -23,8 +23,6 @@ from collections import Counter
 
 import torch
 import torch.fx as fx
-from fxquant.passes.plan import LayerPlan, find_sites, node_value, plan_sites
-from fxquant.passes.schemes import handler_for
 from torch._guards import detect_fake_mode
 from torch.export import ExportedProgram
 from torch.export.graph_signature import (
@@ -36,6 +34,8 @@ from torch.export.graph_signature import (
 from tqdm.auto import tqdm
 
 from fxquant.config import QuantConfig
+from fxquant.passes.plan import LayerPlan, find_sites, node_value, plan_sites
+from fxquant.passes.schemes import handler_for
 from fxquant.reference import sqnr
 
 META_KEY = "fxquant"  # node.meta["custom"][META_KEY]: the layer's report row, as JSON
@@ -52,14 +52,31 @@ class ProgramEditor:
         self.ep = ep
         self.gm = copy.deepcopy(ep.graph_module)
         self.graph = self.gm.graph
-        self.input_specs = list(ep.graph_signature.input_specs)
+        # Copying a graph may rename nodes whose names shadow Python builtins (a user input
+        # called ``input`` becomes ``input_1``): carry the signature over to the new names.
+        self._renamed: dict[str, str] = {
+            old.name: new.name
+            for old, new in zip(ep.graph.nodes, self.graph.nodes, strict=True)
+            if old.name != new.name
+        }
+        self.input_specs = [self._rename(s) for s in ep.graph_signature.input_specs]
         self.state_dict = dict(ep.state_dict)
         self.constants = dict(ep.constants)
         self._spec_of = {s.arg.name: s for s in self.input_specs if hasattr(s.arg, "name")}
         placeholders = [n for n in self.graph.nodes if n.op == "placeholder"]
         self.fake_mode = detect_fake_mode([n.meta.get("val") for n in placeholders])
         self._replaced: set[str] = set()
-        self._renamed: dict[str, str] = {}  # replaced node → its replacement, for output specs
+
+    def _rename(self, spec):
+        if not isinstance(spec.arg, TensorArgument):
+            return spec
+        name = spec.arg.name
+        while name in self._renamed:  # copied under a new name, then replaced by our op
+            name = self._renamed[name]
+        if name != spec.arg.name:
+            spec = copy.copy(spec)
+            spec.arg = TensorArgument(name)
+        return spec
 
     def weight_of(self, node: fx.Node):
         spec = self._spec_of.get(node.name) if node.op == "placeholder" else None
@@ -124,12 +141,7 @@ class ProgramEditor:
                 self.graph.erase_node(node)
         self.graph.lint()
         self.gm.recompile()
-        output_specs = []
-        for spec in self.ep.graph_signature.output_specs:
-            spec = copy.copy(spec)
-            if isinstance(spec.arg, TensorArgument) and spec.arg.name in self._renamed:
-                spec.arg = TensorArgument(self._renamed[spec.arg.name])
-            output_specs.append(spec)
+        output_specs = [self._rename(s) for s in self.ep.graph_signature.output_specs]
         signature = ExportGraphSignature(input_specs=self.input_specs, output_specs=output_specs)
         return ExportedProgram(
             root=self.gm,

@@ -10,10 +10,10 @@ import textwrap
 
 import pytest
 import torch
-from conftest import TinyLlama
 from torch.export import Dim
 
 import fxquant
+from conftest import TinyLlama
 
 RUNNER = textwrap.dedent(
     """

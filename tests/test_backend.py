@@ -7,9 +7,9 @@ import sys
 
 import pytest
 import torch
-from conftest import Mixed
 
 import fxquant
+from conftest import Mixed
 from fxquant.passes.rewrite import counters
 
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import Mixed
 from torch.export import Dim
 
 import fxquant
+from conftest import Mixed
 from fxquant.passes.lower import CPU_LOWERINGS, lower
 
 RECIPES = list(fxquant.RECIPES)

@@ -1,4 +1,4 @@
-"""Every fxquant:: op: opcheck (schema, fake kernel, dynamic shapes) and equality to the reference."""
+"""Every fxquant:: op: opcheck (schema, fake kernel, dynamic shapes) and equality to reference."""
 
 from __future__ import annotations
 

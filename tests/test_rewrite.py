@@ -9,10 +9,10 @@ import io
 import expecttest
 import pytest
 import torch
-from conftest import Mixed, TinyLlama
 from torch.export import Dim
 
 import fxquant
+from conftest import Mixed
 from fxquant.passes.rewrite import counters
 from fxquant.reference import sqnr
 
