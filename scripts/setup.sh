@@ -10,7 +10,7 @@ if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
 . .venv/bin/activate
-pip_q() { pip install --quiet --disable-pip-version-check "$@" 2>&1 | grep -v "is ignored" || true; }
+pip_q() { pip install --quiet --disable-pip-version-check "$@"; }
 
 # The CPU build first: with nothing installed, a plain `torch` requirement pulls a CUDA build.
 python -c "import torch, sys; sys.exit(torch.__version__ != '2.13.0+cpu')" 2>/dev/null \
