@@ -167,6 +167,10 @@ class Float8Dynamic(Scheme):
         if ub is not None:
             object.__setattr__(self, "activation_scale_ub", float(ub))
 
+    @property
+    def per_row(self) -> bool:
+        return self.granularity == "row"
+
 
 @_register
 @dataclass(frozen=True, kw_only=True)

@@ -107,11 +107,11 @@ def _(scheme, w):
     Float8Dynamic,
     op_args=lambda s, x, c, b: (
         fxq.float8_dynamic_linear.default,
-        (x, *c, b, s.granularity == "row", s.activation_scale_ub),
+        (x, *c, b, s.per_row, s.activation_scale_ub),
     ),
 )
 def _(scheme, w):
-    if scheme.granularity == "row":
+    if scheme.per_row:
         q, s = ref.quantize_fp8_per_channel(w)
         dq = q.float() * s[:, None]
     else:
