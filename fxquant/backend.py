@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from fxquant.config import QuantConfig
-from fxquant.passes.lower import lowerings
+from fxquant.passes.lower import lowerings, prepack
 from fxquant.passes.rewrite import DynamoEditor, rewrite
 
 __all__ = ["fxquant_backend", "last_reports"]
@@ -48,10 +48,12 @@ def fxquant_backend(
     rows = rewrite(editor, config)
     last_reports.append(rows)
     del last_reports[:-16]
-    gm = editor.finish()
     devices = {t.device.type for t in example_inputs if isinstance(t, torch.Tensor)}
+    device = "cuda" if "cuda" in devices else "cpu"
+    prepack(editor, device=device)
+    gm = editor.finish()
     decompositions = dict(select_decomp_table())
-    decompositions.update(lowerings("cuda" if "cuda" in devices else "cpu"))
+    decompositions.update(lowerings(device))
     return compile_fx(
         gm,
         example_inputs,

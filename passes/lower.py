@@ -1,95 +1,280 @@
 """Lowering: replace each ``fxquant::`` op by its implementation for the target device.
 
 Last pass of the data flow, run only before Inductor or AOTInductor (a saved ``.pt2`` keeps the
-semantic ops). Each lowering is a plain-torch function over aten ops that Inductor compiles
-natively; ``ExportedProgram.run_decompositions`` (export path) or the ``decompositions`` of
-``compile_fx`` (backend path) traces it in place of the op. Nothing Python-only survives, so an
-AOTInductor package runs in a process that never imports fxquant.
+semantic ops). It has two steps:
 
-The CPU lowerings compute exactly the reference math of ``fxquant.reference`` (the tests compare
-them). Why each one is written the way it is, measured on the dev CPU (AVX2, 2 cores), is in
-the comment above it; ``benchmarks/cpu_kernels.py`` reruns the comparison.
+1. **Prepack** (once, at lowering time): where the fast kernel of a device wants its own weight
+   layout, the op's constants are converted and stored as new constants, and the node is
+   rewritten to a *device op* (``fxquant::cpu_*``) that takes them. Kernel-side tensors must be
+   stored constants, never computed in the graph: Inductor's lowering of
+   ``aten._weight_int8pack_mm`` does not realize a computed scale argument and fails with
+   ``LoweringException: AssertionError: Pointwise`` under AOTInductor.
+2. **Decompose**: ``run_decompositions`` (export path) or ``compile_fx``'s ``decompositions``
+   (backend path) traces each semantic op and device op into the aten composition below.
+   Nothing Python-only survives, so an AOTInductor package runs where fxquant was never
+   imported.
+
+Why each CPU lowering looks the way it does was measured on the dev CPU (AVX2, 2 cores, no
+VNNI) by ``benchmarks/cpu_kernels.py`` (results in ``benchmarks/results/cpu_kernels.json``):
+
+- int8 weight-only and w8a8 use ``_weight_int8pack_mm``, which is fast only with bf16
+  activations (fp32 takes a scalar path 10-30× slower) and returns bf16; the kernel gets a
+  stored bf16 vector of ones and the fp32 per-channel (and per-token) scales are applied in the
+  epilogue. w8a8's quantized activations are integers in [-127, 127], exact in bf16; int8
+  weight-only rounds x to bf16. Either way the bf16 rounding adds a relative error of ~2-4e-3
+  per layer, under the ~8e-3 of int8 quantization itself (tests/test_lower.py bounds it).
+- int4 uses ``_weight_int4pack_mm_for_cpu`` with the weight repacked by
+  ``_convert_weight_to_int4pack_for_cpu`` and a bf16 [K/g, N, 2] scale/zero table; it needs
+  N divisible by 16 (padded here) and K a multiple of the group (padded at quantize time).
+- fp8 has no kernel on this CPU (``_scaled_mm`` is emulated, ~100× slower): the weight is
+  upcast per call, correct but slower than fp32. The CUDA lowering is where fp8 pays.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import torch
+import torch.fx as fx
+import torch.nn.functional as F
+from torch import Tensor
 from torch.export import ExportedProgram
 
 import fxquant.ops  # noqa: F401  (registers the fxquant:: ops)
 from fxquant import reference as ref
 
 fxq = torch.ops.fxquant
+_BF16 = torch.bfloat16
+_INT4_N_MULTIPLE = 16  # _convert_weight_to_int4pack_for_cpu: "expect N to be dividable by 16"
 
 
-def _finish(y, bias, dtype):
+# --------------------------------------------------------------------------------------------
+# CPU compositions (aten only). Device ops take prepacked constants; semantic ops without a
+# prepack lower straight to a composition.
+# --------------------------------------------------------------------------------------------
+
+
+def _epilogue(y: Tensor, x: Tensor, n: int, bias: Tensor | None) -> Tensor:
+    """fp32 [M, N'] → x's leading dims × N, plus bias, in x's dtype."""
+    y = y[:, :n]
     if bias is not None:
-        y = y + bias.to(y.dtype)
-    return y.to(dtype)
+        y = y + bias.float()
+    return y.reshape(x.shape[:-1] + (n,)).to(x.dtype)
 
 
-def int8_weight_only_linear(x, weight, scale, bias):
-    y = torch.nn.functional.linear(x.float(), weight.float()) * scale
-    return _finish(y, bias, x.dtype)
+def _cpu_int8_weight_only(x, qweight, scale, ones, bias):
+    x2 = x.reshape(-1, x.shape[-1]).to(_BF16)
+    y = torch.ops.aten._weight_int8pack_mm(x2, qweight, ones).float() * scale
+    return _epilogue(y, x, qweight.shape[0], bias)
 
 
-def int4_weight_only_linear(x, weight, scale, zero, bias, group_size):
-    w = ref.dequantize_int4_grouped(weight, scale, zero, group_size=group_size)
-    y = torch.nn.functional.linear(x.float(), w[:, : x.shape[-1]])
-    return _finish(y, bias, x.dtype)
+def _cpu_int8_dynamic(x, qweight, scale, ones, bias):
+    xq, xs = ref.quantize_int8_per_token(x.reshape(-1, x.shape[-1]))
+    y = torch.ops.aten._weight_int8pack_mm(xq.to(_BF16), qweight, ones).float() * (xs * scale)
+    return _epilogue(y, x, qweight.shape[0], bias)
 
 
-def int8_dynamic_linear(x, weight, scale, bias):
-    xq, xs = ref.quantize_int8_per_token(x)
-    # int8 × int8 sums are exact in fp32 up to K·127² < 2²⁴ (K ≤ 1040) and within fp32 rounding
-    # beyond: the same accumulation precision the reference uses.
-    y = torch.nn.functional.linear(xq.float(), weight.float()) * xs * scale
-    return _finish(y, bias, x.dtype)
+def _cpu_int4_weight_only(x, packed, scale_zero, bias, group_size, out_features):
+    x2 = x.reshape(-1, x.shape[-1])
+    kp = scale_zero.shape[0] * group_size
+    if x2.shape[-1] != kp:
+        x2 = F.pad(x2, (0, kp - x2.shape[-1]))
+    y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2.to(_BF16), packed, group_size, scale_zero)
+    return _epilogue(y.float(), x, out_features, bias)
 
 
-def float8_weight_only_linear(x, weight, scale, bias):
-    y = torch.nn.functional.linear(x.float(), weight.float()) * scale
-    return _finish(y, bias, x.dtype)
+def _upcast_weight_linear(x, weight, scale, bias):
+    y = F.linear(x.float(), weight.float()) * scale
+    return _epilogue(y.reshape(-1, weight.shape[0]), x, weight.shape[0], bias)
 
 
-def float8_dynamic_linear(x, weight, scale, bias, per_row, activation_scale_ub):
+def _float8_dynamic(x, weight, scale, bias, per_row, activation_scale_ub):
+    x2 = x.reshape(-1, x.shape[-1])
     if per_row:
-        xq, xs = ref.quantize_fp8_per_token(x, scale_ub=activation_scale_ub)
+        xq, xs = ref.quantize_fp8_per_token(x2, scale_ub=activation_scale_ub)
     else:
-        xq, xs = ref.quantize_fp8_per_tensor(x, scale_ub=activation_scale_ub)
-    y = torch.nn.functional.linear(xq.float(), weight.float()) * xs * scale
-    return _finish(y, bias, x.dtype)
+        xq, xs = ref.quantize_fp8_per_tensor(x2, scale_ub=activation_scale_ub)
+    y = F.linear(xq.float(), weight.float()) * (xs * scale)
+    return _epilogue(y, x, weight.shape[0], bias)
 
 
-def float8_block_linear(x, weight, scale, bias, block_size):
+def _float8_block(x, weight, scale, bias, block_size):
     return ref.float8_block_linear(x, weight, scale, bias, block_size=block_size)
 
 
+# --------------------------------------------------------------------------------------------
+# Device ops: what a node becomes after prepack, decomposed again right away.
+# --------------------------------------------------------------------------------------------
+
+
+@torch.library.custom_op("fxquant::cpu_int8_weight_only_linear", mutates_args=())
+def cpu_int8_weight_only_linear(
+    x: Tensor, qweight: Tensor, scale: Tensor, ones: Tensor, bias: Tensor | None
+) -> Tensor:
+    return _cpu_int8_weight_only(x, qweight, scale, ones, bias)
+
+
+@torch.library.custom_op("fxquant::cpu_int8_dynamic_linear", mutates_args=())
+def cpu_int8_dynamic_linear(
+    x: Tensor, qweight: Tensor, scale: Tensor, ones: Tensor, bias: Tensor | None
+) -> Tensor:
+    return _cpu_int8_dynamic(x, qweight, scale, ones, bias)
+
+
+@torch.library.custom_op("fxquant::cpu_int4_weight_only_linear", mutates_args=())
+def cpu_int4_weight_only_linear(
+    x: Tensor,
+    packed: Tensor,
+    scale_zero: Tensor,
+    bias: Tensor | None,
+    group_size: int,
+    out_features: int,
+) -> Tensor:
+    return _cpu_int4_weight_only(x, packed, scale_zero, bias, group_size, out_features)
+
+
+@cpu_int8_weight_only_linear.register_fake
+@cpu_int8_dynamic_linear.register_fake
+def _(x, qweight, scale, ones, bias):
+    return x.new_empty((*x.shape[:-1], qweight.shape[0]))
+
+
+@cpu_int4_weight_only_linear.register_fake
+def _(x, packed, scale_zero, bias, group_size, out_features):
+    return x.new_empty((*x.shape[:-1], out_features))
+
+
+# --------------------------------------------------------------------------------------------
+# Prepack rules: semantic node → device node with new constants (computed once).
+# --------------------------------------------------------------------------------------------
+
+
+def _prepack_int8(device_op):
+    def rule(editor, node: fx.Node, consts: list[Tensor]):
+        x, qweight, scale, bias = node.args
+        ones = torch.ones(consts[0].shape[0], dtype=_BF16)
+        return device_op, (x, qweight, scale, ("ones", ones), bias)
+
+    return rule
+
+
+def _prepack_int4(editor, node: fx.Node, consts: list[Tensor]):
+    x, _, _, _, bias, group_size = node.args
+    packed, scale, zero = consts
+    n = packed.shape[0]
+    n_pad = -n % _INT4_N_MULTIPLE
+    # The CPU kernel dequantizes w = (u - 8) * s + zp; ours is w = (u - z) * s: zp = (8 - z) * s.
+    u = F.pad(ref.unpack_int4(packed), (0, 0, 0, n_pad)).to(torch.int32)
+    s = F.pad(scale, (0, 0, 0, n_pad))
+    zp = F.pad((8 - zero.float()) * scale, (0, 0, 0, n_pad))
+    cpu_packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(u, 1)
+    scale_zero = torch.stack([s, zp], dim=-1).transpose(0, 1).contiguous().to(_BF16)
+    args = (x, ("packed", cpu_packed), ("scale_zero", scale_zero), bias, group_size, n)
+    return fxq.cpu_int4_weight_only_linear.default, args
+
+
+@dataclass(frozen=True)
+class _Prepack:
+    rule: Callable
+    n_consts: int  # the op's constant args after x, in order
+
+
+CPU_PREPACK = {
+    fxq.int8_weight_only_linear.default: _Prepack(
+        _prepack_int8(fxq.cpu_int8_weight_only_linear.default), 2
+    ),
+    fxq.int8_dynamic_linear.default: _Prepack(
+        _prepack_int8(fxq.cpu_int8_dynamic_linear.default), 2
+    ),
+    fxq.int4_weight_only_linear.default: _Prepack(_prepack_int4, 3),
+}
+
+CPU_DECOMPOSITIONS = {
+    fxq.cpu_int8_weight_only_linear.default: _cpu_int8_weight_only,
+    fxq.cpu_int8_dynamic_linear.default: _cpu_int8_dynamic,
+    fxq.cpu_int4_weight_only_linear.default: _cpu_int4_weight_only,
+    fxq.float8_weight_only_linear.default: _upcast_weight_linear,
+    fxq.float8_dynamic_linear.default: _float8_dynamic,
+    fxq.float8_block_linear.default: _float8_block,
+}
+
+# Semantic ops covered by a prepack rule still get a plain composition (the reference math),
+# used when a node's weights are not constants the pass can see.
 CPU_LOWERINGS = {
-    fxq.int8_weight_only_linear.default: int8_weight_only_linear,
-    fxq.int4_weight_only_linear.default: int4_weight_only_linear,
-    fxq.int8_dynamic_linear.default: int8_dynamic_linear,
-    fxq.float8_weight_only_linear.default: float8_weight_only_linear,
-    fxq.float8_dynamic_linear.default: float8_dynamic_linear,
-    fxq.float8_block_linear.default: float8_block_linear,
+    fxq.int8_weight_only_linear.default: ref.int8_weight_only_linear,
+    fxq.int8_dynamic_linear.default: ref.int8_dynamic_linear,
+    fxq.int4_weight_only_linear.default: lambda x, w, s, z, b, g: ref.int4_weight_only_linear(
+        x, w, s, z, b, group_size=g
+    ),
+    **{op: fn for op, fn in CPU_DECOMPOSITIONS.items() if op.namespace == "fxquant"},
 }
 
 
-def lowerings(device: str | torch.device = "cpu") -> dict:
-    """The op → implementation table for a device type."""
+def _device_type(device: str | torch.device) -> str:
     device_type = device.type if isinstance(device, torch.device) else str(device).split(":")[0]
-    if device_type == "cpu":
-        return dict(CPU_LOWERINGS)
-    if device_type == "cuda":
-        # The Triton kernels arrive with the kernels issue; until then CUDA runs the same aten
-        # compositions, which are correct on any device.
-        return dict(CPU_LOWERINGS)
-    raise ValueError(f"device={device!r} is not supported for lowering; allowed: 'cpu', 'cuda'")
+    if device_type not in ("cpu", "cuda"):
+        raise ValueError(f"device={device!r} is not supported for lowering; allowed: 'cpu', 'cuda'")
+    return device_type
+
+
+def lowerings(device: str | torch.device = "cpu") -> dict:
+    """The op → aten composition table for a device type (semantic and device ops)."""
+    _device_type(device)
+    # The Triton kernels arrive with the kernels issue; until then CUDA runs the same aten
+    # compositions as the CPU, minus the CPU-only prepacked kernels.
+    return {**CPU_LOWERINGS, **CPU_DECOMPOSITIONS}
+
+
+def prepack(editor, *, device: str | torch.device = "cpu") -> int:
+    """Rewrite every semantic op whose constants the editor can see to its device op, adding the
+    prepacked constants (shared between nodes that share weights). Returns the nodes rewritten."""
+    if _device_type(device) != "cpu":
+        return 0
+    done = 0
+    cache: dict[tuple, fx.Node] = {}
+    for node in list(editor.graph.nodes):
+        rule = CPU_PREPACK.get(node.target) if node.op == "call_function" else None
+        if rule is None:
+            continue
+        const_nodes = node.args[1 : 1 + rule.n_consts]
+        found = [editor.weight_of(n) for n in const_nodes]
+        if any(f is None for f in found):
+            continue
+        target, args = rule.rule(editor, node, [t for _, t in found])
+        # "fc.qweight" → "fc.cpu_ones"; "proj_qweight" (a root parameter's) → "proj_cpu_ones"
+        first = found[0][0]
+        prefix = first.removesuffix("qweight") if first.endswith("qweight") else first + "_"
+        prefix += "cpu_"
+        new_args = []
+        for a in args:
+            if isinstance(a, tuple) and len(a) == 2 and isinstance(a[1], Tensor):
+                key = (found[0][0], a[0])
+                if key not in cache:
+                    cache[key] = editor.add_constant(_unique(editor, prefix + a[0]), a[1])
+                a = cache[key]
+            new_args.append(a)
+        editor.swap(node, target, tuple(new_args))
+        for old in const_nodes:
+            editor.release(old)
+        done += 1
+    return done
+
+
+def _unique(editor, fqn: str) -> str:
+    name, i = fqn, 1
+    while editor.taken(name):
+        name, i = f"{fqn}{i}", i + 1
+    return name
 
 
 def lower(ep: ExportedProgram, *, device: str | torch.device = "cpu") -> ExportedProgram:
     """A new program with every ``fxquant::`` op replaced by ``device``'s implementation, and the
     rest decomposed to the core aten opset Inductor and AOTInductor expect."""
+    from fxquant.passes.rewrite import ProgramEditor
+
+    editor = ProgramEditor(ep)
+    prepack(editor, device=device)
     table = torch.export.default_decompositions()
     table.update(lowerings(device))
-    return ep.run_decompositions(table)
+    return editor.finish().run_decompositions(table)

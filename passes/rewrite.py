@@ -40,7 +40,14 @@ from fxquant.reference import sqnr
 
 META_KEY = "fxquant"  # node.meta["custom"][META_KEY]: the layer's report row, as JSON
 CONFIG_KEY = "fxquant_config"  # ... and on the first site, the whole QuantConfig, as JSON
-_COPIED_META = ("nn_module_stack", "stack_trace", "source_fn_stack", "torch_fn", "from_node")
+_COPIED_META = (
+    "nn_module_stack",
+    "stack_trace",
+    "source_fn_stack",
+    "torch_fn",
+    "from_node",
+    "custom",
+)
 
 counters: Counter = Counter()  # "<scheme name>" → nodes rewritten; tests assert on these
 
@@ -65,7 +72,7 @@ class ProgramEditor:
         self._spec_of = {s.arg.name: s for s in self.input_specs if hasattr(s.arg, "name")}
         placeholders = [n for n in self.graph.nodes if n.op == "placeholder"]
         self.fake_mode = detect_fake_mode([n.meta.get("val") for n in placeholders])
-        self._replaced: set[str] = set()
+        self._released: set[str] = set()
 
     def _rename(self, spec):
         if not isinstance(spec.arg, TensorArgument):
@@ -118,9 +125,14 @@ class ProgramEditor:
         self.state_dict[fqn] = tensor
         return node
 
-    def replaced(self, old: fx.Node, new: fx.Node, weight_node: fx.Node) -> None:
-        self._replaced.add(weight_node.name)
-        self._renamed[old.name] = new.name
+    def release(self, weight_node: fx.Node) -> None:
+        """The node no longer needs this constant: it leaves the program if nothing else uses it."""
+        self._released.add(weight_node.name)
+
+    def swap(self, node: fx.Node, target, args: tuple) -> fx.Node:
+        new = _swap(self.graph, node, target, args, self.fake_mode)
+        self._renamed[node.name] = new.name
+        return new
 
     def kept(self, fqn: str) -> bool:
         """Whether a float weight stays in the program once rewriting is done (a tied weight
@@ -133,7 +145,7 @@ class ProgramEditor:
 
     def finish(self) -> ExportedProgram:
         for node in list(self.graph.nodes):
-            if node.op == "placeholder" and node.name in self._replaced and not node.users:
+            if node.op == "placeholder" and node.name in self._released and not node.users:
                 spec = self._spec_of.pop(node.name)
                 self.input_specs.remove(spec)
                 self.state_dict.pop(spec.target, None)
@@ -198,8 +210,11 @@ class DynamoEditor:
         node.meta["example_value"] = tensor
         return node
 
-    def replaced(self, old: fx.Node, new: fx.Node, weight_node: fx.Node) -> None:
+    def release(self, weight_node: fx.Node) -> None:
         pass  # the float parameter is a graph input: it belongs to the caller's model
+
+    def swap(self, node: fx.Node, target, args: tuple) -> fx.Node:
+        return _swap(self.graph, node, target, args, None)
 
     def kept(self, fqn: str) -> bool:
         return True
@@ -234,7 +249,7 @@ def rewrite(editor, config: QuantConfig, *, progress: bool = False) -> list[dict
             nodes, first = cache[key]
             row.update(bytes_after=0, sqnr_db=first["sqnr_db"], shared_with=first["name"])
         else:
-            w = site.weight_nk().detach()
+            w = site.weight_nk().detach().contiguous()
             q = handler_for(plan.scheme).quantize(plan.scheme, w)
             prefix = _constant_prefix(editor, site.weight_fqn, plan.scheme)
             nodes = [editor.add_constant(f"{prefix}{n}", t) for n, t in q.tensors.items()]
@@ -244,7 +259,7 @@ def rewrite(editor, config: QuantConfig, *, progress: bool = False) -> list[dict
                 padded_in_features=plan.scheme.padded_in_features(site.in_features),
             )
             cache[key] = (nodes, row)
-        new = _replace(graph, editor, plan, nodes)
+        new = _replace(editor, plan, nodes)
         counters[plan.scheme.name] += 1
         rows.append((new, row))
     result = []
@@ -287,19 +302,26 @@ def _constant_prefix(editor, weight_fqn: str, scheme) -> str:
     return prefix
 
 
-def _replace(graph: fx.Graph, editor, plan: LayerPlan, constants: list[fx.Node]) -> fx.Node:
+def _replace(editor, plan: LayerPlan, constants: list[fx.Node]) -> fx.Node:
     site = plan.site
     op, args = handler_for(plan.scheme).op_args(plan.scheme, site.x, constants, site.bias)
-    with graph.inserting_before(site.node):
-        new = graph.call_function(op, args)
-    for key in _COPIED_META:
-        if key in site.node.meta:
-            new.meta[key] = site.node.meta[key]
-    if editor.fake_mode is not None:
-        with editor.fake_mode:
-            new.meta["val"] = op(*[node_value(a) for a in args])
     weight_node = site.node.args[2 if site.kind == "addmm" else 1]
-    site.node.replace_all_uses_with(new)
-    graph.erase_node(site.node)
-    editor.replaced(site.node, new, weight_node)
+    new = editor.swap(site.node, op, args)
+    editor.release(weight_node)
+    return new
+
+
+def _swap(graph: fx.Graph, node: fx.Node, target, args: tuple, fake_mode) -> fx.Node:
+    """Replace ``node`` by ``target(*args)``, keeping its source metadata (module stack, stack
+    trace, report row) and, in an exported graph, a fresh ``meta["val"]``."""
+    with graph.inserting_before(node):
+        new = graph.call_function(target, args)
+    for key in _COPIED_META:
+        if key in node.meta:
+            new.meta[key] = node.meta[key]
+    if fake_mode is not None:
+        with fake_mode:
+            new.meta["val"] = target(*[node_value(a) for a in args])
+    node.replace_all_uses_with(new)
+    graph.erase_node(node)
     return new

@@ -14,6 +14,7 @@ from torch.export import Dim
 
 import fxquant
 from conftest import TinyLlama
+from fxquant.reference import sqnr
 
 RUNNER = textwrap.dedent(
     """
@@ -54,7 +55,9 @@ def test_aot_package_runs_without_fxquant(tmp_path):
     )
     path = tmp_path / "model_aoti.pt2"
     pkg = fxquant.aot_compile(qep, path)
-    torch.testing.assert_close(pkg(ids), qep.module()(ids), rtol=1e-4, atol=1e-4)
+    # The CPU int kernels take bf16 activations (passes/lower.py): the package agrees with the
+    # semantic program to ~45 dB, not bit for bit.
+    assert sqnr(qep.module()(ids), pkg(ids)) > 35
 
     out = tmp_path / "out.json"
     subprocess.run([sys.executable, "-c", RUNNER, str(path), str(out)], check=True, timeout=300)
@@ -62,7 +65,7 @@ def test_aot_package_runs_without_fxquant(tmp_path):
         b, t = map(int, key.split("x"))
         torch.manual_seed(b * 100 + t)
         expected = qep.module()(torch.randint(0, 96, (b, t)))
-        torch.testing.assert_close(torch.tensor(values), expected, rtol=1e-4, atol=1e-4)
+        assert sqnr(expected, torch.tensor(values)) > 35, key
 
 
 def test_aot_compile_rejects_bad_path(tmp_path):

@@ -15,9 +15,11 @@ import torch.nn.functional as F
 
 from fxquant import assets, evaluate
 
-# Measured here (torch 2.13 CPU, transformers 5.x): eager SmolLM2 fp32 on the first 1024 tokens
-# of lee_background.cor, two 512-token windows, no BOS. ASSETS.md gives 28.73 for 8192 tokens.
-SMOLLM2_PPL_1024 = 29.83
+# Measured here (torch 2.13 CPU, transformers 5.24): SmolLM2 fp32 on the first 1024 tokens of
+# lee_background.cor, two 512-token windows, no BOS; eager and exported agree to all digits.
+# On 8192 tokens the same code gives 29.07, not ASSETS.md's 28.73; re-joining the lines
+# (stripped, or whitespace-normalised) gives 29.4-29.8, so the gap is not the text layout.
+SMOLLM2_PPL_1024 = 31.716
 
 
 # ---------------------------------------------------------------------------------------------
@@ -187,4 +189,4 @@ def test_smollm2_fp32_perplexity(smollm2, lee_ids):
         evaluate.CausalLMWrapper(model), lee_ids, max_tokens=1024, progress=False
     )
     assert 10 < ppl < 60
-    assert ppl == pytest.approx(SMOLLM2_PPL_1024, abs=0.05)
+    assert ppl == pytest.approx(SMOLLM2_PPL_1024, abs=0.02)

@@ -8,12 +8,25 @@ from torch.export import Dim
 
 import fxquant
 from conftest import Mixed
-from fxquant.passes.lower import CPU_LOWERINGS, lower
+from fxquant.passes.lower import CPU_DECOMPOSITIONS, CPU_LOWERINGS, lower
+from fxquant.reference import sqnr
 
 RECIPES = list(fxquant.RECIPES)
-# The lowered compositions order fp32 operations differently from the reference (dequantize
-# first vs scale in the epilogue), so they agree to fp32 rounding, not bit for bit.
-TOL = {torch.float32: dict(rtol=1e-4, atol=1e-4), torch.bfloat16: dict(rtol=2e-2, atol=2e-2)}
+
+
+def _floor_db(recipe: str, dtype: torch.dtype) -> float:
+    """How close (SQNR, dB) the lowered program must be to the semantic one.
+
+    The CPU int8/int4 kernels (int8wo, int4wo, w8a8) take bf16 activations (fp32 ones run a
+    scalar path 10-30x slower) and return bf16, which costs ~50 dB per layer; the fp8 lowerings
+    compute the reference math in fp32 and differ only by the order of fp32 roundings.
+    A bf16 model rounds every layer's output as well (three layers deep here).
+    """
+    if dtype == torch.bfloat16:
+        return 35.0
+    if recipe.startswith(("int8wo", "int4wo", "w8a8")):
+        return 40.0
+    return 80.0
 
 
 def test_every_op_has_a_cpu_lowering():
@@ -22,7 +35,7 @@ def test_every_op_has_a_cpu_lowering():
         for name in dir(torch.ops.fxquant)
         if name.endswith("_linear")
     }
-    assert ops and ops == set(CPU_LOWERINGS)
+    assert ops and ops == set(CPU_LOWERINGS) | set(CPU_DECOMPOSITIONS)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -39,7 +52,9 @@ def test_lowered_program_matches_semantic_program(recipe, dtype):
     assert not any(t.startswith("fxquant.") for t in targets), targets
     for shape in [(1, 1, 64), (3, 5, 64)]:
         x = torch.randn(shape, dtype=dtype)
-        torch.testing.assert_close(lowered.module()(x), qep.module()(x), **TOL[dtype])
+        got, want = lowered.module()(x), qep.module()(x)
+        assert got.dtype == want.dtype and got.shape == want.shape
+        assert sqnr(want, got) >= _floor_db(recipe, dtype), (shape, sqnr(want, got))
 
 
 def test_lower_rejects_unknown_device():
