@@ -47,10 +47,25 @@ class Site:
 
     node: fx.Node
     kind: str  # linear | addmm | mm | matmul
-    x: fx.Node
-    bias: fx.Node | None
     weight_fqn: str
     weight: torch.Tensor  # as stored: [N, K] for linear, [K, N] otherwise
+
+    # x and bias are read from the node each time: rewriting an earlier site (whose output is
+    # this one's input) replaces the node they pointed to.
+    @property
+    def x(self) -> fx.Node:
+        return self.node.args[_LINEAR_TARGETS[self.node.target][1]]
+
+    @property
+    def bias(self) -> fx.Node | None:
+        bi = _LINEAR_TARGETS[self.node.target][3]
+        if bi is not None and len(self.node.args) > bi:
+            return self.node.args[bi]
+        return self.node.kwargs.get("bias") if bi is not None else None
+
+    @property
+    def weight_node(self) -> fx.Node:
+        return self.node.args[_LINEAR_TARGETS[self.node.target][2]]
 
     @property
     def transposed(self) -> bool:
@@ -100,7 +115,7 @@ def find_sites(graph: fx.Graph, weight_of: WeightLookup) -> list[Site]:
         spec = _LINEAR_TARGETS.get(node.target) if node.op == "call_function" else None
         if spec is None:
             continue
-        kind, xi, wi, bi = spec
+        kind, _, wi, _ = spec
         args = node.args
         if len(args) <= wi or not isinstance(args[wi], fx.Node):
             continue
@@ -110,12 +125,11 @@ def find_sites(graph: fx.Graph, weight_of: WeightLookup) -> list[Site]:
         fqn, weight = found
         if weight.dim() != 2:
             continue
-        bias = args[bi] if bi is not None and len(args) > bi else node.kwargs.get("bias")
         if kind == "addmm" and (
             node.kwargs.get("beta", 1) != 1 or node.kwargs.get("alpha", 1) != 1
         ):
             continue
-        sites.append(Site(node, kind, args[xi], bias, fqn, weight))
+        sites.append(Site(node, kind, fqn, weight))
     return sites
 
 

@@ -305,7 +305,7 @@ def _constant_prefix(editor, weight_fqn: str, scheme) -> str:
 def _replace(editor, plan: LayerPlan, constants: list[fx.Node]) -> fx.Node:
     site = plan.site
     op, args = handler_for(plan.scheme).op_args(plan.scheme, site.x, constants, site.bias)
-    weight_node = site.node.args[2 if site.kind == "addmm" else 1]
+    weight_node = site.weight_node
     new = editor.swap(site.node, op, args)
     editor.release(weight_node)
     return new

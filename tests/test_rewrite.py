@@ -292,3 +292,20 @@ def test_hf_gpt2_conv1d_model():
     assert kinds == {"addmm"} and len(rep.quantized) == 8  # c_attn, c_proj, c_fc, mlp.c_proj × 2
     with torch.no_grad():
         assert sqnr(Logits(model)(ids), qep.module()(ids)) > 30
+
+
+@pytest.mark.parametrize("recipe", list(fxquant.RECIPES))
+def test_all_zero_weights_and_inputs_give_zeros_not_nan(recipe):
+    from fxquant.passes.lower import lower
+
+    model = torch.nn.Sequential(torch.nn.Linear(256, 64), torch.nn.Linear(64, 32)).eval()
+    with torch.no_grad():
+        model[0].weight.zero_()
+        model[0].bias.zero_()
+    x = torch.zeros(3, 256)
+    qep = fxquant.quantize(model, recipe, example_inputs=(x,))
+    for program in (qep, lower(qep)):
+        y = program.module()(x)
+        assert torch.isfinite(y).all()
+        torch.testing.assert_close(y, model(x), atol=0.05, rtol=0.05)
+    assert all(r["status"] == "quantized" for r in fxquant.report(qep).rows)
