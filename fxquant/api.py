@@ -8,9 +8,10 @@ lowers such a program for a device and packages it with AOTInductor.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ from fxquant.config import QuantConfig, Scheme
 from fxquant.passes.lower import lower
 from fxquant.passes.rewrite import ProgramEditor, rewrite
 
-__all__ = ["aot_compile", "quantize"]
+__all__ = ["aot_compile", "atomic_path", "quantize"]
 
 
 def quantize(
@@ -98,15 +99,29 @@ def aot_compile(
     if package_path.suffix != ".pt2":
         raise ValueError(f"package_path={str(package_path)!r} must end in .pt2 (AOTInductor)")
     lowered = lower(ep, device=device)
-    package_path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".pt2", dir=package_path.parent)
+    with atomic_path(package_path) as tmp:
+        torch._inductor.aoti_compile_and_package(
+            lowered, package_path=str(tmp), inductor_configs=inductor_configs or {}
+        )
+    return torch._inductor.aoti_load_package(str(package_path))
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary path beside ``path``; on success rename it into place, else delete it.
+
+    So a failed or interrupted write never leaves a half-written file at ``path``.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=path.suffix, prefix=f".{path.name}.", dir=path.parent)
     os.close(fd)
     try:
-        torch._inductor.aoti_compile_and_package(
-            lowered, package_path=tmp, inductor_configs=inductor_configs or {}
-        )
-        os.replace(tmp, package_path)
+        yield Path(tmp)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600 files; give the usual mode
+        os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
-    return torch._inductor.aoti_load_package(str(package_path))

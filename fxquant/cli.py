@@ -12,7 +12,6 @@ import importlib
 import json
 import os
 import sys
-import tempfile
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -117,16 +116,8 @@ def _cmd_quantize(args) -> int:
     print(fxquant.report(qep))
     if args.out:
         out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        # Written beside the target and renamed: never a half-written .pt2 at the final path.
-        fd, tmp = tempfile.mkstemp(suffix=".pt2", dir=out.parent)
-        os.close(fd)
-        try:
+        with fxquant.api.atomic_path(out) as tmp:  # never a half-written .pt2 at the final path
             torch.export.save(qep, tmp)
-            os.replace(tmp, out)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
         print(f"wrote {out} ({out.stat().st_size / 2**20:.1f} MiB)")
     if args.aoti:
         print("compiling the AOTInductor package ...", file=sys.stderr)

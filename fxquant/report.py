@@ -109,6 +109,9 @@ def report(ep: ExportedProgram) -> Report:
             rows.append(json.loads(custom[META_KEY]))
         if CONFIG_KEY in custom:
             config = QuantConfig.from_json(custom[CONFIG_KEY])
-    tensors = [*ep.state_dict.values(), *ep.constants.values()]
-    total = sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
-    return Report(rows=rows, config=config, program_bytes=total)
+    # Tied weights appear under several names but are stored (and saved) once.
+    storages = {}
+    for t in [*ep.state_dict.values(), *ep.constants.values()]:
+        if isinstance(t, torch.Tensor):
+            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+    return Report(rows=rows, config=config, program_bytes=sum(storages.values()))

@@ -85,3 +85,18 @@ def test_errors_say_what_is_wrong(project, args, message, monkeypatch):
         main(args)
     assert message in str(exc.value)
     assert not (project / "q.pt2").exists()
+
+
+def test_atomic_path_leaves_nothing_behind_on_failure(tmp_path):
+    from fxquant.api import atomic_path
+
+    target = tmp_path / "sub" / "model.pt2"
+    with pytest.raises(RuntimeError), atomic_path(target) as tmp:
+        tmp.write_bytes(b"half")
+        raise RuntimeError("compile failed")
+    assert list((tmp_path / "sub").iterdir()) == []
+    with atomic_path(target) as tmp:
+        tmp.write_bytes(b"whole")
+    assert target.read_bytes() == b"whole"
+    assert target.stat().st_mode & 0o044  # readable by others, unlike mkstemp's 0600
+    assert list((tmp_path / "sub").iterdir()) == [target]
