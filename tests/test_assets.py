@@ -13,14 +13,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from conftest import SMOLLM2_PPL_1024  # noqa: E402
 from fxquant import assets, evaluate
-
-# Measured here (torch 2.13 CPU, transformers 5.24): SmolLM2 fp32 on the first 1024 tokens of
-# lee_background.cor, two 512-token windows, no BOS; eager and exported agree to all digits.
-# On 8192 tokens the same code gives 29.07, not ASSETS.md's 28.73; re-joining the lines
-# (stripped, or whitespace-normalised) gives 29.4-29.8, so the gap is not the text layout.
-SMOLLM2_PPL_1024 = 31.716
-
 
 # ---------------------------------------------------------------------------------------------
 # Files
@@ -129,17 +123,6 @@ def test_export_rejects_size_one_examples():
 # ---------------------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def smollm2():
-    return assets.load_smollm2()
-
-
-@pytest.fixture(scope="module")
-def lee_ids(smollm2):
-    _, tokenizer = smollm2
-    return torch.tensor(tokenizer(assets.lee_text()).input_ids)
-
-
 def _embed(model, tokenizer, sentences):
     batch = tokenizer(sentences, padding=True, return_tensors="pt")
     with torch.no_grad():
@@ -168,10 +151,10 @@ def test_minilm_embeddings_are_sane():
 
 
 @pytest.mark.slow
-def test_smollm2_export_reproduces_eager_at_two_dynamic_sizes(smollm2, lee_ids):
+def test_smollm2_export_reproduces_eager_at_two_dynamic_sizes(smollm2, smollm2_program, lee_ids):
     model, _ = smollm2
     assert sum(p.numel() for p in model.parameters()) == 134_515_008
-    ep = evaluate.export_causal_lm(model)
+    ep = smollm2_program
     wrapper = evaluate.CausalLMWrapper(model)
     # Neither size is the (2, 16) example; batch 1 is below the [2, inf) range export reports.
     for batch, seq in [(1, 7), (3, 33)]:
