@@ -54,9 +54,19 @@ def fxquant_backend(
     gm = editor.finish()
     decompositions = dict(select_decomp_table())
     decompositions.update(lowerings(device))
-    return compile_fx(
-        gm,
-        example_inputs,
-        config_patches=dict(options.get("inductor_config") or {}),
-        decompositions=decompositions,
-    )
+    # Inference semantics: the quantized ops have no autograd formula, and the weights they read
+    # were frozen at compile time, so the graph is compiled (and runs) without autograd; outputs
+    # do not require grad even when the caller's grad mode is on.
+    with torch.no_grad():
+        compiled = compile_fx(
+            gm,
+            example_inputs,
+            config_patches=dict(options.get("inductor_config") or {}),
+            decompositions=decompositions,
+        )
+
+    def run(*args):
+        with torch.no_grad():
+            return compiled(*args)
+
+    return run
