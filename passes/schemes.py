@@ -64,20 +64,16 @@ def handler_for(scheme: Scheme) -> Handler:
         raise NotImplementedError(f"no rewrite handler for {type(scheme).__name__}") from None
 
 
-@register(
-    Int8WeightOnly,
-    op_args=lambda s, x, c, b: (fxq.int8_weight_only_linear.default, (x, *c, b)),
-)
-def _(scheme, w):
-    q, s = ref.quantize_int8_per_channel(w)
-    return QuantizedWeight({"qweight": q, "scale": s}, ref.dequantize_int8_per_channel(q, s))
-
-
+# int8 weight-only and w8a8 store the same weight; only the op (what happens to x) differs.
 @register(
     Int8DynamicActivation,
     op_args=lambda s, x, c, b: (fxq.int8_dynamic_linear.default, (x, *c, b)),
 )
-def _(scheme, w):
+@register(
+    Int8WeightOnly,
+    op_args=lambda s, x, c, b: (fxq.int8_weight_only_linear.default, (x, *c, b)),
+)
+def _int8_per_channel(scheme, w):
     q, s = ref.quantize_int8_per_channel(w)
     return QuantizedWeight({"qweight": q, "scale": s}, ref.dequantize_int8_per_channel(q, s))
 
