@@ -81,18 +81,54 @@ def add_demo_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
         default=None,
         help="keep the .pt2 files and AOTInductor packages here (default: a temporary folder)",
     )
+    parser.add_argument(
+        "--json",
+        type=Path,
+        default=None,
+        help="also write the table's figures, with the machine and versions, to this JSON file",
+    )
     return parser
 
 
 def run_from_args(args: argparse.Namespace) -> list[DemoRow]:
     """Run the demo from parsed :func:`add_demo_arguments` options."""
     schemes = tuple(s.strip() for s in args.schemes.split(",") if s.strip())
-    return run_demo(
-        schemes=schemes,
-        tokens=_QUICK_TOKENS if args.quick else args.tokens,
-        new_tokens=8 if args.quick else args.new_tokens,
-        out_dir=args.out_dir,
-    )
+    tokens = _QUICK_TOKENS if args.quick else args.tokens
+    new_tokens = 8 if args.quick else args.new_tokens
+    rows = run_demo(schemes=schemes, tokens=tokens, new_tokens=new_tokens, out_dir=args.out_dir)
+    if args.json is not None:
+        write_json(rows, args.json, tokens=tokens, new_tokens=new_tokens)
+    return rows
+
+
+def write_json(rows: list[DemoRow], path: Path, *, tokens: int, new_tokens: int) -> None:
+    """The demo's figures as JSON (what the README's demo table is made from)."""
+    import json
+    import os
+    import platform
+
+    record = {
+        "script": "fxquant demo",
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "machine": {
+            "cpu": platform.processor() or platform.machine(),
+            "cores": os.cpu_count(),
+            "torch": torch.__version__,
+        },
+        "perplexity_tokens": tokens,
+        "decode_new_tokens": new_tokens,
+        "rows": [
+            {
+                **{k: v for k, v in vars(r).items() if k != "greedy"},
+                "greedy_same_as_fp32": None
+                if r.greedy is None or rows[0].greedy is None
+                else _common_prefix(r.greedy, rows[0].greedy),
+            }
+            for r in rows
+        ],
+    }
+    with fxquant.api.atomic_path(path) as tmp:
+        tmp.write_text(json.dumps(record, indent=2))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
