@@ -1,0 +1,277 @@
+"""Regenerate the results section of the project README from benchmarks/results/*.json.
+
+Where this sits: after the benchmark scripts. Each script writes one JSON file (with the machine
+and versions it ran on); this script turns them into short markdown tables and the chart links,
+and rewrites only the text between ``<!-- results:start -->`` and ``<!-- results:end -->`` in
+README.md. Every figure names the JSON it came from. A missing or unreadable JSON gives a line
+saying which script to run; nothing is measured here.
+
+    python benchmarks/report.py              # rewrite README.md between the markers
+    python benchmarks/report.py --stdout     # print the block only, change nothing
+
+If README.md has no markers, the block is printed to stdout and the README is left untouched.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = Path(__file__).resolve().parent / "results"
+START, END = "<!-- results:start -->", "<!-- results:end -->"
+
+
+def _load(name: str, how: str) -> tuple[dict | None, str | None]:
+    """(record, None) or (None, a markdown line saying what to run)."""
+    path = RESULTS / name
+    if not path.exists():
+        return None, f"_No `benchmarks/results/{name}` yet: run `{how}`._"
+    try:
+        return json.loads(path.read_text()), None
+    except (OSError, json.JSONDecodeError) as e:
+        return None, f"_`benchmarks/results/{name}` is unreadable ({e}): rerun `{how}`._"
+
+
+def _f(v, spec: str, missing: str = "–") -> str:
+    return missing if v is None else format(v, spec)
+
+
+def _table(head: list[str], rows: list[list[str]], align: str | None = None) -> str:
+    align = align or "l" + "r" * (len(head) - 1)
+    sep = ["---:" if a == "r" else "---" for a in align]
+    lines = ["| " + " | ".join(head) + " |", "| " + " | ".join(sep) + " |"]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def _machine(rec: dict) -> str:
+    m = rec.get("machine", {})
+    cpu = m.get("cpu_model") or m.get("cpu") or "?"
+    cores = m.get("os_cpu_count") or m.get("cores") or "?"
+    cap = f", {m['cpu_capability']}" if m.get("cpu_capability") else ""
+    date = (rec.get("date") or m.get("date") or "?")[:10]
+    versions = rec.get("versions") or {"torch": m.get("torch", "?")}
+    vs = ", ".join(f"{k} {v}" for k, v in versions.items() if v)
+    return f"{date} · {cpu} ({cores} cores{cap}) · {vs}"
+
+
+def _skipped(rows: list[dict]) -> list[str]:
+    return [f"- {r['name']}: {r['status']}" for r in rows if r.get("status") != "ok"]
+
+
+# --------------------------------------------------------------------------- sections
+
+
+def accuracy_section() -> str:
+    rec, missing = _load("accuracy.json", "python benchmarks/accuracy.py")
+    out = ["### Accuracy on real models", ""]
+    if rec is None:
+        return "\n".join(out + [missing])
+    src = "`benchmarks/accuracy.py` → `benchmarks/results/accuracy.json`"
+    state = "" if rec.get("complete") else " **Partial run** (stopped before the end)."
+    quick = " **Smoke run (`--quick`)**: few tokens, indicative only." if rec.get("quick") else ""
+    out += [f"From {src}; {_machine(rec)}.{state}{quick}", ""]
+    if (RESULTS / "accuracy.png").exists():
+        out += ["![accuracy chart](benchmarks/results/accuracy.png)", ""]
+    tok = rec.get("tokens") or {}
+    lm = rec.get("smollm2") or []
+    if lm:
+        out += [
+            f"SmolLM2-135M perplexity, 512-token windows, no BOS: first {tok.get('lee', '?')} "
+            f"tokens of `lee_background.cor` and {tok.get('wiki', '?')} of the Wikipedia text. "
+            "fxquant rows run the quantized `ExportedProgram`; peers run eager; `lm_head` stays "
+            "float everywhere.",
+            "",
+        ]
+        rows = []
+        for r in lm:
+            if r.get("status") != "ok":
+                continue
+            who = r["name"] if r["method"] != "fxquant" else f"**fxquant {r['name']}**"
+            rows.append(
+                [
+                    who,
+                    r.get("recipe", ""),
+                    _f(r.get("ppl_lee"), ".2f"),
+                    _f(r.get("ppl_lee_rel_pct"), "+.2f") + " %",
+                    _f(r.get("ppl_wiki"), ".2f"),
+                    _f(r.get("ppl_wiki_rel_pct"), "+.2f") + " %",
+                    _f(r.get("linears_quantized"), "d"),
+                ]
+            )
+        head = ["variant", "matches", "Lee ppl", "Δ", "Wiki ppl", "Δ", "linears q."]
+        out += [_table(head, rows, "llrrrrr"), ""]
+        skipped = _skipped(lm)
+        if skipped:
+            out += ["Not measured:", "", *skipped, ""]
+    aoti = rec.get("aoti_check")
+    if aoti:
+        if aoti.get("status") == "ok":
+            out += [
+                f"AOTInductor spot check (int8wo, first {aoti['tokens']} Lee tokens): package "
+                f"ppl {aoti['ppl_aoti']:.3f} vs program {aoti['ppl_program']:.3f} "
+                f"(relative difference {aoti['rel_diff']:.1e}; built in {aoti['build_s']:.0f} s).",
+                "",
+            ]
+        else:
+            out += [f"AOTInductor spot check: {aoti.get('status')}", ""]
+    enc = rec.get("minilm") or []
+    if enc:
+        out += [
+            f"all-MiniLM-L6-v2 on {rec.get('sentences', '?')} Lee sentences: cosine of each "
+            "sentence embedding to its fp32 embedding, and top-1 nearest-neighbour agreement with "
+            "fp32 (the fp32 row compares the exported program with the eager model).",
+            "",
+        ]
+        rows = [
+            [
+                r["name"] if r["method"] != "fxquant" else f"**fxquant {r['name']}**",
+                r.get("recipe", ""),
+                _f(r.get("mean_cos"), ".5f"),
+                _f(r.get("min_cos"), ".5f"),
+                _f(r.get("top1_agreement"), ".3f"),
+            ]
+            for r in enc
+            if r.get("status") == "ok"
+        ]
+        head = ["variant", "matches", "mean cos", "min cos", "top-1 agree"]
+        out += [_table(head, rows, "llrrr"), ""]
+        skipped = _skipped(enc)
+        if skipped:
+            out += ["Not measured:", "", *skipped, ""]
+    return "\n".join(out).rstrip()
+
+
+def latency_section() -> str:
+    rec, missing = _load("cpu_latency.json", "python benchmarks/cpu_latency.py")
+    out = ["### CPU latency", ""]
+    if rec is None:
+        return "\n".join(out + [missing])
+    shape = rec.get("shape", {})
+    out += [
+        "From `benchmarks/cpu_latency.py` → `benchmarks/results/cpu_latency.json`; "
+        f"{_machine(rec)}, torchao {rec.get('torchao', '?')}.",
+        "",
+        f"Model: `{shape.get('name', '?')}` (LayerNorm → Linear(D, {shape.get('ffn', '?')}) → "
+        f"GELU → Linear → residual, D={shape.get('d_model', '?')}, {shape.get('layers', '?')} "
+        "blocks, fp32). Speed-up = fp32 Inductor median / the row's median at the same M, "
+        "measured side by side (interleaved rounds) on a shared machine: quote the ratios, not "
+        "the milliseconds. rel. err = ‖y − y_fp32‖ / ‖y_fp32‖.",
+        "",
+    ]
+    ms = rec.get("M") or sorted({r.get("M") for r in rec.get("results", [])})
+    by: dict[str, dict] = {}
+    for r in rec.get("results", []):
+        by.setdefault(r.get("candidate", "?"), {})[r.get("M")] = r
+    rows = []
+    for cand, per_m in by.items():
+        cells = [cand]
+        for m in ms:
+            r = per_m.get(m)
+            ok = r is not None and r.get("status") == "ok"
+            cells.append(_f(r.get("speedup_vs_fp32_inductor"), ".2f") + "×" if ok else "–")
+        errs = [r.get("rel_err_vs_fp32_eager") for r in per_m.values() if r.get("status") == "ok"]
+        cells.append(_f(max(errs), ".1e") if errs else "–")
+        sizes = [r.get("artifact_bytes") for r in per_m.values() if r.get("artifact_bytes")]
+        cells.append(_f(sizes[0] / 2**20, ".1f") if sizes else "–")
+        rows.append(cells)
+    head = ["candidate", *[f"speed-up M={m}" for m in ms], "rel. err", "package MiB"]
+    out += [_table(head, rows), ""]
+    bad = {r["candidate"]: r["status"] for r in rec.get("results", []) if r.get("status") != "ok"}
+    if bad:
+        out += ["Not measured:", "", *[f"- {k}: {v}" for k, v in bad.items()], ""]
+    return "\n".join(out).rstrip()
+
+
+def demo_section() -> str:
+    how = "fxquant demo --json benchmarks/results/demo.json"
+    rec, missing = _load("demo.json", how)
+    out = ["### End-to-end demo (AOTInductor packages)", ""]
+    if rec is None:
+        return "\n".join(out + [missing])
+    out += [
+        f"From `{how}` → `benchmarks/results/demo.json`; {_machine(rec)}.",
+        "",
+        f"SmolLM2-135M: each variant packaged with AOTInductor; perplexity on the first "
+        f"{rec.get('perplexity_tokens', '?')} Lee tokens; greedy decode of "
+        f"{rec.get('decode_new_tokens', '?')} tokens without KV cache (median step). "
+        "Same greedy: leading tokens equal to fp32's.",
+        "",
+    ]
+    rows_in = rec.get("rows") or []
+    base = next((r for r in rows_in if r.get("name") == "fp32" and not r.get("error")), None)
+
+    def ratio(r: dict, key: str) -> str:
+        if base is None or not r.get(key) or not base.get(key):
+            return "–"
+        return f"{r[key] / base[key]:.2f}×"
+
+    rows = []
+    for r in rows_in:
+        if r.get("error"):
+            rows.append([r.get("name", "?"), f"failed: {r['error'][:80]}", *["–"] * 5])
+            continue
+        mb: Callable[[int | None], str] = lambda n: _f(n and n / 2**20, ".1f")  # noqa: E731
+        rows.append(
+            [
+                r.get("name", "?"),
+                mb(r.get("pt2_bytes")),
+                ratio(r, "pt2_bytes"),
+                _f(r.get("ppl"), ".2f"),
+                _f(r.get("tokens_per_s"), ".2f"),
+                ratio(r, "tokens_per_s"),
+                _f(r.get("greedy_same_as_fp32"), "d"),
+            ]
+        )
+    head = ["variant", ".pt2 MiB", "size", "ppl", "tok/s", "speed", "same greedy"]
+    out += [_table(head, rows), ""]
+    return "\n".join(out).rstrip()
+
+
+def build_block() -> str:
+    parts = [
+        "_Generated by `python benchmarks/report.py` from `benchmarks/results/*.json`; "
+        "do not edit by hand. How each script measures, and how to rerun it: "
+        "[benchmarks/README.md](benchmarks/README.md)._",
+        accuracy_section(),
+        latency_section(),
+        demo_section(),
+    ]
+    return "\n\n".join(parts)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--readme", type=Path, default=ROOT / "README.md")
+    ap.add_argument("--stdout", action="store_true", help="print the block, change nothing")
+    args = ap.parse_args()
+    block = build_block()
+    text = args.readme.read_text()
+    if args.stdout:
+        print(block)
+        return 0
+    if START not in text or END not in text or text.index(START) > text.index(END):
+        print(block)
+        print(
+            f"\n{args.readme} has no `{START}` ... `{END}` markers: the block above was NOT "
+            "written. Add the markers where the results belong and rerun.",
+            file=sys.stderr,
+        )
+        return 1
+    head, rest = text.split(START, 1)
+    _, tail = rest.split(END, 1)
+    new = f"{head}{START}\n{block}\n{END}{tail}"
+    if new != text:
+        args.readme.write_text(new)
+        print(f"rewrote the results section of {args.readme}")
+    else:
+        print(f"{args.readme}: results section already up to date")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
