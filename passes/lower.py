@@ -229,6 +229,8 @@ def lowerings(device: str | torch.device = "cpu") -> dict:
 def prepack(editor, *, device: str | torch.device = "cpu") -> int:
     """Rewrite every semantic op whose constants the editor can see to its device op, adding the
     prepacked constants (shared between nodes that share weights). Returns the nodes rewritten."""
+    from fxquant.passes.rewrite import counters
+
     if _device_type(device) != "cpu":
         return 0
     done = 0
@@ -257,6 +259,7 @@ def prepack(editor, *, device: str | torch.device = "cpu") -> int:
         editor.swap(node, target, tuple(new_args))
         for old in const_nodes:
             editor.release(old)
+        counters[f"prepack.{target._opname}"] += 1
         done += 1
     return done
 

@@ -9,6 +9,7 @@ from torch.export import Dim
 import fxquant
 from conftest import Mixed
 from fxquant.passes.lower import CPU_DECOMPOSITIONS, CPU_LOWERINGS, lower
+from fxquant.passes.rewrite import counters
 from fxquant.reference import sqnr
 
 RECIPES = list(fxquant.RECIPES)
@@ -47,7 +48,11 @@ def test_lowered_program_matches_semantic_program(recipe, dtype):
     qep = fxquant.quantize(
         model, recipe, example_inputs=(x,), dynamic_shapes=({0: Dim.DYNAMIC, 1: Dim.DYNAMIC},)
     )
+    before = dict(counters)
     lowered = lower(qep)
+    prepacked = sum(v - before.get(k, 0) for k, v in counters.items() if k.startswith("prepack."))
+    # the three linears of Mixed (nn.Linear, F.linear, Conv1D) all get the CPU kernel layout
+    assert prepacked == (3 if recipe.startswith(("int8wo", "int4wo", "w8a8")) else 0)
     targets = {str(n.target) for n in lowered.graph.nodes if n.op == "call_function"}
     assert not any(t.startswith("fxquant.") for t in targets), targets
     for shape in [(1, 1, 64), (3, 5, 64)]:
