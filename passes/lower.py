@@ -190,24 +190,24 @@ CPU_PREPACK = {
     fxq.int4_weight_only_linear.default: _Prepack(_prepack_int4, 3),
 }
 
+# Device ops (what prepack emits) → their aten compositions.
 CPU_DECOMPOSITIONS = {
     fxq.cpu_int8_weight_only_linear.default: _cpu_int8_weight_only,
     fxq.cpu_int8_dynamic_linear.default: _cpu_int8_dynamic,
     fxq.cpu_int4_weight_only_linear.default: _cpu_int4_weight_only,
-    fxq.float8_weight_only_linear.default: _upcast_weight_linear,
-    fxq.float8_dynamic_linear.default: _float8_dynamic,
-    fxq.float8_block_linear.default: _float8_block,
 }
 
-# Semantic ops covered by a prepack rule still get a plain composition (the reference math),
-# used when a node's weights are not constants the pass can see.
+# Semantic ops → aten compositions. The ones with a prepack rule fall back to the reference math
+# when a node's weights are not constants the pass can see.
 CPU_LOWERINGS = {
     fxq.int8_weight_only_linear.default: ref.int8_weight_only_linear,
     fxq.int8_dynamic_linear.default: ref.int8_dynamic_linear,
     fxq.int4_weight_only_linear.default: lambda x, w, s, z, b, g: ref.int4_weight_only_linear(
         x, w, s, z, b, group_size=g
     ),
-    **{op: fn for op, fn in CPU_DECOMPOSITIONS.items() if op.namespace == "fxquant"},
+    fxq.float8_weight_only_linear.default: _upcast_weight_linear,
+    fxq.float8_dynamic_linear.default: _float8_dynamic,
+    fxq.float8_block_linear.default: _float8_block,
 }
 
 
