@@ -158,7 +158,7 @@ def latency_section() -> str:
         "",
         f"Model: `{shape.get('name', '?')}` (LayerNorm → Linear(D, {shape.get('ffn', '?')}) → "
         f"GELU → Linear → residual, D={shape.get('d_model', '?')}, {shape.get('layers', '?')} "
-        "blocks, fp32). Speed-up = fp32 Inductor median / the row's median at the same M, "
+        "blocks, fp32). Speed-up vs fp32 Inductor at the same M, from medians and from minima, "
         "measured side by side (interleaved rounds) on a shared machine: quote the ratios, not "
         "the milliseconds. rel. err = ‖y − y_fp32‖ / ‖y_fp32‖.",
         "",
@@ -173,13 +173,20 @@ def latency_section() -> str:
         for m in ms:
             r = per_m.get(m)
             ok = r is not None and r.get("status") == "ok"
-            cells.append(_f(r.get("speedup_vs_fp32_inductor"), ".2f") + "×" if ok else "–")
+            if not ok:
+                cells.append("–")
+                continue
+            # median-based / min-based: under load the median of the slower fp32 baseline
+            # inflates the first; the second is the conservative figure
+            med = _f(r.get("speedup_vs_fp32_inductor"), ".2f")
+            low = _f(r.get("speedup_of_min_vs_fp32_inductor"), ".2f")
+            cells.append(f"{med}× / {low}×")
         errs = [r.get("rel_err_vs_fp32_eager") for r in per_m.values() if r.get("status") == "ok"]
         cells.append(_f(max(errs), ".1e") if errs else "–")
         sizes = [r.get("artifact_bytes") for r in per_m.values() if r.get("artifact_bytes")]
         cells.append(_f(sizes[0] / 2**20, ".1f") if sizes else "–")
         rows.append(cells)
-    head = ["candidate", *[f"speed-up M={m}" for m in ms], "rel. err", "package MiB"]
+    head = ["candidate", *[f"M={m} median / min" for m in ms], "rel. err", "package MiB"]
     out += [_table(head, rows), ""]
     bad = {r["candidate"]: r["status"] for r in rec.get("results", []) if r.get("status") != "ok"}
     if bad:
@@ -199,7 +206,10 @@ def demo_section() -> str:
         f"SmolLM2-135M: each variant packaged with AOTInductor; perplexity on the first "
         f"{rec.get('perplexity_tokens', '?')} Lee tokens; greedy decode of "
         f"{rec.get('decode_new_tokens', '?')} tokens without KV cache (median step). "
-        "Same greedy: leading tokens equal to fp32's.",
+        "Same greedy: leading tokens equal to fp32's. Without a KV cache every step runs the "
+        "whole sequence (64-token prompt and growing), so each GEMM has M of 64-80 rows: the "
+        "regime where the CPU int8/int4 kernels run at about fp32 speed (see the M=128 column "
+        "above); their M=1 gains need cached decode, which the exported graph does not have yet.",
         "",
     ]
     rows_in = rec.get("rows") or []
