@@ -34,6 +34,8 @@ import torch
 import torch._inductor.config as inductor_config
 import torch.nn.functional as F
 
+import fxquant.api
+
 BF16 = torch.bfloat16
 E4M3 = torch.float8_e4m3fn
 E4M3_MAX = 448.0
@@ -608,9 +610,14 @@ def main() -> None:
         "aoti_dynamic_M": aoti,
         "wall_s": time.perf_counter() - t_start,
     }
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps(res, indent=1))
-    print(f"wrote {a.out} ({res['wall_s']:.0f} s)")
+    write_results(res, a.out)
+
+
+def write_results(res: dict, out: str | Path) -> None:
+    """Write a benchmark's JSON record (atomically: a killed run leaves the old file intact)."""
+    with fxquant.api.atomic_path(out) as tmp:
+        tmp.write_text(json.dumps(res, indent=1))
+    print(f"wrote {out} ({res['wall_s']:.0f} s)")
 
 
 if __name__ == "__main__":

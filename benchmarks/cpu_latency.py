@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import shutil
 import tempfile
 import time
@@ -53,7 +52,7 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from cpu_kernels import bench_interleaved, machine_info
+from cpu_kernels import bench_interleaved, machine_info, write_results
 from shapes import ModelShape, get_shape
 from torch._dynamo.utils import counters
 from torch.export import Dim
@@ -424,9 +423,7 @@ def main() -> None:
         "results": rows,
         "wall_s": time.perf_counter() - t_start,
     }
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps(res, indent=1))
-    print(f"wrote {a.out} ({res['wall_s']:.0f} s)")
+    write_results(res, a.out)
 
 
 if __name__ == "__main__":
