@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import json
 import shutil
 import tempfile
 import time
@@ -386,7 +387,15 @@ def main() -> None:
     ap.add_argument("--no-peers", action="store_true", help="skip quantize_dynamic and torchao")
     ap.add_argument("--rounds", type=int, default=None, help="rounds at M=128 (x3 at M=1)")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "cpu_latency.json"))
+    ap.add_argument(
+        "--plot-only",
+        action="store_true",
+        help="redraw the PNG chart from the JSON at --out, measure nothing",
+    )
     a = ap.parse_args()
+    if a.plot_only:
+        plot(json.loads(Path(a.out).read_text()), Path(a.out).with_suffix(".png"))
+        return
     torch.set_num_threads(2)
     schemes = tuple(a.schemes.split(",")) if a.schemes else (QUICK_SCHEMES if a.quick else SCHEMES)
     n = a.rounds or (3 if a.quick else 9)
@@ -424,6 +433,60 @@ def main() -> None:
         "wall_s": time.perf_counter() - t_start,
     }
     write_results(res, a.out)
+    plot(res, Path(a.out).with_suffix(".png"))
+
+
+def plot(res: dict, path: Path) -> None:
+    """Bar chart: speed-up vs fp32 Inductor per candidate at each M (min-based, the
+    conservative figure on a shared machine; the median-based one as a hollow marker)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import matplotlib.ticker
+
+    rows = [r for r in res["results"] if r.get("status") == "ok"]
+    names = list(dict.fromkeys(r["candidate"] for r in rows))
+    ms = sorted({r["M"] for r in rows})
+    fig, axes = plt.subplots(1, len(ms), figsize=(6 * len(ms), 0.38 * len(names) + 1.8))
+    for ax, m in zip(axes if len(ms) > 1 else [axes], ms, strict=True):
+        by = {r["candidate"]: r for r in rows if r["M"] == m}
+        ys = range(len(names))
+        low = [by[n]["speedup_of_min_vs_fp32_inductor"] if n in by else 0 for n in names]
+        med = [by[n]["speedup_vs_fp32_inductor"] if n in by else 0 for n in names]
+        colors = [
+            "tab:blue"
+            if n.startswith("fxquant")
+            else "tab:gray"
+            if n.startswith("fp32")
+            else "tab:orange"
+            for n in names
+        ]
+        # bars grow from the axis' left edge (a log axis has no 0)
+        ax.barh(ys, [max(v - 0.08, 0) for v in low], color=colors, left=0.08)
+        ax.scatter(med, ys, facecolors="none", edgecolors="black", s=18, zorder=3)
+        ax.axvline(1.0, color="black", lw=0.8)
+        ax.set_yticks(list(ys), names, fontsize=8)
+        ax.invert_yaxis()
+        ax.set_xscale("log")
+        ticks = [0.1, 0.25, 0.5, 1, 2, 4, 8]
+        ax.set_xlim(0.08, 10)
+        ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+        ax.set_xticks(ticks, [f"{t:g}×" for t in ticks])
+        ax.set_xlabel("speed-up vs fp32 Inductor (bar: from minima; o: from medians)")
+        ax.set_title(f"M={m}")
+    m = res["machine"]
+    fig.suptitle(
+        f"benchmarks/cpu_latency.py → {Path(path).with_suffix('.json').name}: "
+        f"{res.get('shape', {}).get('name', '')}, fp32; {m.get('cpu_model', '?')}, "
+        f"{m.get('threads', '?')} threads, torch {m.get('torch', '?')}; blue fxquant, "
+        "orange peers",
+        fontsize=9,
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

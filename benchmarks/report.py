@@ -163,6 +163,8 @@ def latency_section() -> str:
         "the milliseconds. rel. err = ‖y − y_fp32‖ / ‖y_fp32‖.",
         "",
     ]
+    if (RESULTS / "cpu_latency.png").exists():
+        out += ["![CPU latency chart](benchmarks/results/cpu_latency.png)", ""]
     ms = rec.get("M") or sorted({r.get("M") for r in rec.get("results", [])})
     by: dict[str, dict] = {}
     for r in rec.get("results", []):
