@@ -35,6 +35,7 @@ import torch._inductor.config as inductor_config
 import torch.nn.functional as F
 
 import fxquant.api
+from fxquant.passes import lower as fxlower
 
 BF16 = torch.bfloat16
 E4M3 = torch.float8_e4m3fn
@@ -43,32 +44,24 @@ EPS = 1e-12
 
 
 # --------------------------------------------------------------------------- winners
-# The compositions fxquant lowers to. All weight-side tensors are prepared once at
-# quantization time (see `prepare`) and must be stored buffers, never computed in-graph:
-# Inductor's `_weight_int8pack_mm` lowering does not realize its scale argument, so a scale
-# computed in the graph (e.g. `scale.to(bf16)`, `torch.ones(...)`) fails with
+# The compositions fxquant lowers to, called from fxquant.passes.lower itself (not copies), so
+# this script times what the lowering emits. All weight-side tensors are prepared once (see
+# `prepare`) and must be stored buffers, never computed in-graph: Inductor's
+# `_weight_int8pack_mm` lowering does not realize its scale argument, so a scale computed in
+# the graph (e.g. `scale.to(bf16)`, `torch.ones(...)`) fails with
 # `LoweringException: AssertionError: <class '...Pointwise'>` (the message blames args[0]).
 
 
 def lower_int8_woq(x, wq, scale, bias, ones_bf16):
     """int8 weight-only. wq int8 [N, K]; scale fp32 [N]; ones_bf16 bf16 [N] (all ones)."""
-    x2 = x.reshape(-1, x.shape[-1])
-    y = torch.ops.aten._weight_int8pack_mm(x2.to(BF16), wq, ones_bf16).float() * scale
-    if bias is not None:
-        y = y + bias
-    return y.reshape(*x.shape[:-1], wq.shape[0]).to(x.dtype)
+    return fxlower._cpu_int8_weight_only(x, wq, scale, ones_bf16, bias)
 
 
 def lower_int4_woq(x, w_packed, scale_zero_bf16, bias, group_size: int):
     """int4 grouped weight-only. w_packed uint8 [N, K/2] from _convert_weight_to_int4pack_for_cpu;
     scale_zero_bf16 bf16 [K/g, N, 2] with w = (q - 8) * scale + zero, q in [0, 15]."""
-    x2 = x.reshape(-1, x.shape[-1])
-    y = torch.ops.aten._weight_int4pack_mm_for_cpu(
-        x2.to(BF16), w_packed, group_size, scale_zero_bf16
-    ).float()
-    if bias is not None:
-        y = y + bias
-    return y.reshape(*x.shape[:-1], w_packed.shape[0]).to(x.dtype)
+    n = w_packed.shape[0]
+    return fxlower._cpu_int4_weight_only(x, w_packed, scale_zero_bf16, bias, group_size, n)
 
 
 def quantize_act_int8(x):
@@ -78,14 +71,9 @@ def quantize_act_int8(x):
 
 
 def lower_w8a8(x, wq, scale, bias, ones_bf16):
-    """int8 dynamic activation x int8 weight. Same weight tensors as lower_int8_woq.
-    xq (integers in [-128, 127]) is exact in bf16; the kernel accumulates in fp32."""
-    x2 = x.reshape(-1, x.shape[-1]).float()
-    xq, sx = quantize_act_int8(x2)
-    y = torch.ops.aten._weight_int8pack_mm(xq.to(BF16), wq, ones_bf16).float() * (sx * scale)
-    if bias is not None:
-        y = y + bias
-    return y.reshape(*x.shape[:-1], wq.shape[0]).to(x.dtype)
+    """int8 dynamic activation x int8 weight. Same weight tensors as lower_int8_woq;
+    xq (integers in [-127, 127]) is exact in bf16."""
+    return fxlower._cpu_int8_dynamic(x, wq, scale, ones_bf16, bias)
 
 
 def lower_fp8_woq(x, wq, scale, bias):
