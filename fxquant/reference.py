@@ -203,8 +203,7 @@ def int4_weight_only_linear(x, weight, scale, zero, bias=None, *, group_size: in
 
 def int8_dynamic_linear(x, weight, scale, bias=None):
     xq, xs = quantize_int8_per_token(x)
-    y = (xq.float() @ weight.float().t()) * xs * scale
-    return _finish(y, bias, x.dtype)
+    return int8_scaled_linear(xq, xs, weight, scale, bias, out_dtype=x.dtype)
 
 
 def float8_weight_only_linear(x, weight, scale, bias=None):
@@ -217,16 +216,120 @@ def float8_dynamic_linear(x, weight, scale, bias=None, *, per_row: bool, activat
         xq, xs = quantize_fp8_per_token(x, scale_ub=activation_scale_ub)
     else:
         xq, xs = quantize_fp8_per_tensor(x, scale_ub=activation_scale_ub)
-    y = (xq.float() @ weight.float().t()) * xs * scale
-    return _finish(y, bias, x.dtype)
+    return float8_scaled_linear(xq, xs, weight, scale, bias, out_dtype=x.dtype)
 
 
 def float8_block_linear(x, weight, scale, bias=None, *, block_size: int):
-    n, k = weight.shape
     xq, xs = quantize_fp8_groups(x, group_size=block_size)
+    return float8_block_scaled_linear(
+        xq, xs, weight, scale, bias, block_size=block_size, out_dtype=x.dtype
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Linears on an already-quantized activation: what a dynamic-activation linear becomes when a
+# fused norm_quant (below) has quantized its input. xs is the activation's dequant scale:
+# [..., 1] per token, [1] per tensor, [..., ceil(K/b)] for 1×b groups.
+# --------------------------------------------------------------------------------------------
+
+
+def int8_scaled_linear(xq, xs, weight, scale, bias=None, *, out_dtype: torch.dtype):
+    y = (xq.float() @ weight.float().t()) * xs * scale
+    return _finish(y, bias, out_dtype)
+
+
+def float8_scaled_linear(xq, xs, weight, scale, bias=None, *, out_dtype: torch.dtype):
+    y = (xq.float() @ weight.float().t()) * xs * scale
+    return _finish(y, bias, out_dtype)
+
+
+def float8_block_scaled_linear(
+    xq, xs, weight, scale, bias=None, *, block_size: int, out_dtype: torch.dtype
+):
+    n, k = weight.shape
     x_dq = xq.float() * expand_group_scale(xs, cols=k, group_size=block_size)
     w_dq = weight.float() * expand_block_scale(scale, rows=n, cols=k, block_size=block_size)
-    return _finish(x_dq @ w_dq.t(), bias, x.dtype)
+    return _finish(x_dq @ w_dq.t(), bias, out_dtype)
+
+
+# --------------------------------------------------------------------------------------------
+# Norms and norm → activation quantization (the fused op's definition). The norm is computed in
+# fp32 (weight and bias included) and rounded once to x's dtype, then quantized exactly as the
+# linear would have quantized that tensor, so on a model whose norm matches this definition the
+# fused and unfused programs agree bit for bit.
+# --------------------------------------------------------------------------------------------
+
+
+def rms_norm(x, weight=None, *, eps: float):
+    xf = x.float()
+    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    if weight is not None:
+        y = y * weight.float()
+    return y.to(x.dtype)
+
+
+def layer_norm(x, weight=None, bias=None, *, eps: float):
+    w = None if weight is None else weight.float()
+    b = None if bias is None else bias.float()
+    return F.layer_norm(x.float(), (x.shape[-1],), w, b, eps).to(x.dtype)
+
+
+def quantize_activation(
+    x, *, quant_dtype: torch.dtype, group_size: int, scale_ub: float | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The activation quantizations a norm can be fused with.
+
+    group_size: -1 per token, > 0 groups of 1×group_size along K (fp8 only). int8 is per token
+    and symmetric; fp8 is e4m3. Per-tensor scales need the whole tensor's amax before any row is
+    written, so they are not fused (the pass says so in the report).
+    """
+    if quant_dtype == torch.int8:
+        if group_size != -1 or scale_ub is not None:
+            raise ValueError(
+                f"int8 activations are per token without a scale bound; got group_size="
+                f"{group_size}, scale_ub={scale_ub}"
+            )
+        return quantize_int8_per_token(x)
+    if quant_dtype != torch.float8_e4m3fn:
+        raise ValueError(
+            f"quant_dtype={quant_dtype} is not supported; allowed: torch.int8, torch.float8_e4m3fn"
+        )
+    if group_size == -1:
+        return quantize_fp8_per_token(x, scale_ub=scale_ub)
+    if group_size > 0 and scale_ub is None:
+        return quantize_fp8_groups(x, group_size=group_size)
+    raise ValueError(
+        f"fp8 activations: group_size={group_size}, scale_ub={scale_ub} is not supported; "
+        "allowed: group_size=-1 (per token, optional scale_ub) or > 0 (groups, no scale_ub)"
+    )
+
+
+def norm_quant(
+    x,
+    weight=None,
+    bias=None,
+    *,
+    eps: float,
+    rms: bool,
+    quant_dtype: torch.dtype,
+    group_size: int,
+    scale_ub: float | None = None,
+):
+    """RMSNorm (``rms``, bias must be None) or LayerNorm of x, then ``quantize_activation``.
+
+    Returns (q, scale, normed): normed is the norm's output in x's dtype, for a consumer that is
+    not a quantized linear.
+    """
+    if rms:
+        if bias is not None:
+            raise ValueError("RMSNorm has no bias")
+        normed = rms_norm(x, weight, eps=eps)
+    else:
+        normed = layer_norm(x, weight, bias, eps=eps)
+    q, scale = quantize_activation(
+        normed, quant_dtype=quant_dtype, group_size=group_size, scale_ub=scale_ub
+    )
+    return q, scale, normed
 
 
 def sqnr(ref: torch.Tensor, approx: torch.Tensor) -> float:
