@@ -28,6 +28,12 @@ minima, which load from other processes disturbs less); relative error
 quantize + package for aoti rows, the first call for compiled rows); package size for aoti
 rows. The issue's targets are printed beside the measured ratios, not asserted.
 Results go to benchmarks/results/cpu_latency.json with the machine they ran on.
+
+``--model smollm2`` runs the real-model part instead (``smollm2_latency.py``): SmolLM2-135M
+prefill and decode (without a KV cache) tokens/s, build time and artifact size, for fp32, each
+fxquant recipe as an AOTInductor package and through the backend, and the peers; it writes
+results/cpu_latency_smollm2.json and .png (about 45 min on 2 cores: five AOTInductor builds of
+SmolLM2 and four backend compiles).
 Compiles reuse the Inductor cache (TORCHINDUCTOR_CACHE_DIR, by default under /tmp), so a rerun
 is faster and its compile times understate a cold compile.
 
@@ -35,6 +41,7 @@ is faster and its compile times understate a cold compile.
     python benchmarks/cpu_latency.py --quick                # int8wo + peers, few rounds (~3 min)
     python benchmarks/cpu_latency.py --schemes w8a8 --no-peers --out /tmp/w8a8.json   # recheck one
                                                             # scheme (the fp32 rows always run)
+    python benchmarks/cpu_latency.py --model smollm2        # SmolLM2 prefill/decode (~45 min)
 """
 
 from __future__ import annotations
@@ -50,6 +57,7 @@ import warnings
 from collections.abc import Callable
 from pathlib import Path
 
+import smollm2_latency  # a sibling script, like cpu_kernels
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -386,17 +394,35 @@ def main() -> None:
     ap.add_argument("--schemes", default=None, help=f"comma-separated recipes (default: {SCHEMES})")
     ap.add_argument("--no-peers", action="store_true", help="skip quantize_dynamic and torchao")
     ap.add_argument("--rounds", type=int, default=None, help="rounds at M=128 (x3 at M=1)")
-    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "cpu_latency.json"))
+    ap.add_argument(
+        "--model",
+        choices=("stack", "smollm2"),
+        default="stack",
+        help="the D=1024 stack at M=1/128, or SmolLM2-135M prefill/decode",
+    )
+    ap.add_argument(
+        "--out",
+        default=None,
+        help="JSON path (default results/cpu_latency.json, or cpu_latency_smollm2.json)",
+    )
     ap.add_argument(
         "--plot-only",
         action="store_true",
         help="redraw the PNG chart from the JSON at --out, measure nothing",
     )
     a = ap.parse_args()
+    results = Path(__file__).parent / "results"
+    if a.out is None:
+        name = "cpu_latency.json" if a.model == "stack" else "cpu_latency_smollm2.json"
+        a.out = str(results / name)
+    draw = plot if a.model == "stack" else smollm2_latency.plot
     if a.plot_only:
-        plot(json.loads(Path(a.out).read_text()), Path(a.out).with_suffix(".png"))
+        draw(json.loads(Path(a.out).read_text()), Path(a.out).with_suffix(".png"))
         return
     torch.set_num_threads(2)
+    if a.model == "smollm2":
+        run_smollm2(a)
+        return
     schemes = tuple(a.schemes.split(",")) if a.schemes else (QUICK_SCHEMES if a.quick else SCHEMES)
     n = a.rounds or (3 if a.quick else 9)
     rounds = {m: 3 * n if m == 1 else n for m in MS}
@@ -434,6 +460,25 @@ def main() -> None:
     }
     write_results(res, a.out)
     plot(res, Path(a.out).with_suffix(".png"))
+
+
+def run_smollm2(a) -> None:
+    schemes = tuple(a.schemes.split(",")) if a.schemes else smollm2_latency.SCHEMES
+    t_start = time.perf_counter()
+    res = smollm2_latency.run(
+        schemes=schemes, peers=not a.no_peers, rounds=a.rounds or (2 if a.quick else 5)
+    )
+    smollm2_latency.print_table(res)
+    res = {
+        "question": smollm2_latency.__doc__.split("\n\n")[0].replace("\n", " "),
+        "machine": machine_info(),
+        "note": "Machines are shared and noisy: quote the speed-up ratios (measured side by side "
+        "in one run, interleaved), not absolute tokens/s.",
+        **res,
+        "wall_s": time.perf_counter() - t_start,
+    }
+    write_results(res, a.out)
+    smollm2_latency.plot(res, Path(a.out).with_suffix(".png"))
 
 
 def plot(res: dict, path: Path) -> None:

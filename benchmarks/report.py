@@ -196,6 +196,87 @@ def latency_section() -> str:
     return "\n".join(out).rstrip()
 
 
+def smollm2_latency_section() -> str:
+    how = "python benchmarks/cpu_latency.py --model smollm2"
+    rec, missing = _load("cpu_latency_smollm2.json", how)
+    out = ["### SmolLM2-135M on the CPU: prefill, decode, build time, size", ""]
+    if rec is None:
+        return "\n".join(out + [missing])
+    dec = rec.get("decode", {})
+    out += [
+        f"From `{how}` → `benchmarks/results/cpu_latency_smollm2.json`; {_machine(rec)}, "
+        f"torchao {rec.get('torchao', '?')}.",
+        "",
+        f"Batch 1, fp32. Prefill: one forward over {rec.get('prefill_tokens', '?')} tokens. "
+        f"Decode: greedy, {dec.get('new_tokens', '?')} steps after a "
+        f"{dec.get('context', '?')}-token prompt, **without a KV cache** (each step reruns the "
+        "growing sequence, so M is 64-72 rows, not 1). Speed-ups are vs fp32 Inductor, medians "
+        "of interleaved rounds. Build: quantize + package (AOTI rows) or the compiling calls. "
+        "Greedy: leading decoded tokens equal to fp32 eager's.",
+        "",
+    ]
+    if (RESULTS / "cpu_latency_smollm2.png").exists():
+        out += ["![SmolLM2 latency chart](benchmarks/results/cpu_latency_smollm2.png)", ""]
+    rows = []
+    for r in rec.get("results", []):
+        if r.get("status") != "ok":
+            rows.append([r.get("candidate", "?"), r.get("status", "?")[:60], *["–"] * 6])
+            continue
+        size = r.get("artifact_bytes")
+        rows.append(
+            [
+                r["candidate"],
+                f"{r['prefill_tokens_per_s']:.0f} ({r['prefill_speedup_vs_fp32_inductor']:.2f}×)",
+                f"{r['decode_tokens_per_s']:.2f} ({r['decode_speedup_vs_fp32_inductor']:.2f}×)",
+                _f(r.get("build_s"), ".0f"),
+                _f(size and size / 2**20, ".0f"),
+                _f(r.get("rel_err_vs_fp32_eager"), ".1e"),
+                f"{r.get('greedy_agree', '?')}/{dec.get('new_tokens', '?')}",
+            ]
+        )
+    head = ["candidate", "prefill tok/s", "decode tok/s", "build s", "MiB", "rel. err", "greedy"]
+    out += [_table(head, rows), ""]
+    return "\n".join(out).rstrip()
+
+
+def gpu_section() -> str:
+    how = "bash benchmarks/gpu/run.sh"
+    path = RESULTS / "gpu" / "gpu.json"
+    out = ["### GPU (Triton kernels)", ""]
+    if not path.exists():
+        return "\n".join(
+            out
+            + [
+                "_Not measured yet: no GPU has been lent to a session since the kernels landed. "
+                f"`{how}` (one call on a lent H200) is ready and writes "
+                "`benchmarks/results/gpu/gpu.json`._"
+            ]
+        )
+    rec, missing = _load("gpu/gpu.json", how)
+    if rec is None:
+        return "\n".join(out + [missing])
+    out += [
+        f"From `{how}` → `benchmarks/results/gpu/gpu.json`; {rec.get('device', '?')}, "
+        f"{rec.get('date', '?')[:10]}, "
+        + ", ".join(f"{k} {v}" for k, v in rec.get("versions", {}).items()),
+        "",
+    ]
+    rows = []
+    for t in rec.get("targets", []):
+        v = t.get("measured_median_over_shapes")
+        met = t.get("met")
+        rows.append(
+            [
+                t["target"],
+                f"≥ {t['at_least']}",
+                _f(v, ".2f"),
+                "–" if met is None else "yes" if met else "**no**",
+            ]
+        )
+    out += [_table(["target", "goal", "measured", "met"], rows, "lrrl"), ""]
+    return "\n".join(out).rstrip()
+
+
 def demo_section() -> str:
     how = "fxquant demo --json benchmarks/results/demo.json"
     rec, missing = _load("demo.json", how)
@@ -251,7 +332,9 @@ def build_block() -> str:
         "[benchmarks/README.md](benchmarks/README.md)._",
         accuracy_section(),
         latency_section(),
+        smollm2_latency_section(),
         demo_section(),
+        gpu_section(),
     ]
     return "\n\n".join(parts)
 
