@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 
 import triton
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 
 def interpreting() -> bool:
@@ -57,9 +58,49 @@ def decode_configs() -> list[triton.Config]:
     )
 
 
+def block_scaled_decode_configs(block_size: int) -> list[triton.Config]:
+    """fp8 block GEMM, M ≤ 16: BLOCK_K is the scale block (one activation and one weight scale
+    per K step); fewer stages for 256-wide blocks, whose tiles would overflow shared memory."""
+    s = 3 if block_size <= 128 else 2
+    return _pick(
+        [
+            _c(16, 32, block_size, warps=4, stages=s, SPLIT_K=1),
+            _c(16, 64, block_size, warps=4, stages=s, SPLIT_K=1),
+            _c(16, 128, block_size, warps=4, stages=s, SPLIT_K=1),
+            _c(16, 64, block_size, warps=4, stages=s, SPLIT_K=2),
+            _c(16, 128, block_size, warps=4, stages=s, SPLIT_K=4),
+            _c(16, 64, block_size, warps=2, stages=s, SPLIT_K=8),
+        ]
+    )
+
+
+def block_scaled_prefill_configs(block_size: int) -> list[triton.Config]:
+    """fp8 block GEMM, M > 16: BLOCK_K is the scale block, as for decode."""
+    s = 3 if block_size <= 128 else 2
+    return _pick(
+        [
+            _c(32, 32, block_size, warps=4, stages=s),
+            _c(64, 64, block_size, warps=4, stages=s + 1),
+            _c(128, 64, block_size, warps=4, stages=s),
+            _c(64, 128, block_size, warps=4, stages=s),
+            _c(128, 128, block_size, warps=8, stages=s),
+            _c(128, 256, block_size, warps=8, stages=s - 1),
+        ]
+    )
+
+
 def rowwise_configs() -> list[triton.Config]:
     """One program per row (activation quantization, norm_quant): only the warp count varies."""
     return _pick([triton.Config({}, num_warps=w) for w in (4, 1, 2, 8, 16)])
 
 
 DECODE_MAX_M = 16  # M at or below this takes the decode path
+
+
+def is_decode(m) -> bool:
+    """Whether M takes the decode path, decided without a shape guard: a concrete M, or a
+    symbolic one whose range proves M ≤ DECODE_MAX_M. An unbounded dynamic M (one exported
+    artifact for M = 1 … thousands) takes the prefill path, which is correct for every M; a
+    plain ``m <= DECODE_MAX_M`` would guard, and torch.export rejects a dynamic M with
+    "Constraints violated"."""
+    return statically_known_true(m <= DECODE_MAX_M)

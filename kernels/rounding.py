@@ -15,8 +15,12 @@ import triton
 import triton.language as tl
 
 # Adding and subtracting 1.5 * 2**23 rounds an fp32 |v| < 2**22 to an integer, half to even
-# (the fp32 add itself rounds that way): torch.round's rule, without libdevice.
-_RNE_MAGIC = 12582912.0
+# (the fp32 add itself rounds that way): torch.round's rule, without libdevice. A global read
+# inside @triton.jit must be a tl.constexpr (the interpreter accepts a plain float; the compiler
+# does not).
+_RNE_MAGIC = tl.constexpr(12582912.0)
+# Plain floats for Python code; kernels wrap them as tl.constexpr (never runtime float args:
+# Inductor passes Python floats to Triton as fp64, which breaks fp8 casts).
 FP8_E4M3_MAX = 448.0
 INT8_MAX = 127.0
 EPS = 1e-12  # fxquant.reference.EPS: amax is clamped to it, so all-zero rows give zeros
@@ -30,14 +34,18 @@ def round_half_even(v):
 
 @triton.jit
 def round_to_e4m3(v):
-    """fp32, already clamped to ±448 → the nearest e4m3 value (as fp32), ties to even.
+    """fp32, already clamped to ±448 → the nearest e4m3 value (as fp32), ties to even, keeping
+    the sign of zero (torch's cast turns -1e-5 into -0, code 0x80).
 
-    Normal range: round the fp32 mantissa to 3 bits on the bit pattern (a carry moves into the
-    exponent, which is what the interpreter's cast misses). Subnormal range (|v| < 2**-6): the
-    grid is multiples of 2**-9.
+    The magnitude is rounded and the sign bit put back. Normal range: round the fp32 mantissa
+    to 3 bits on the bit pattern (a carry moves into the exponent, which is what the
+    interpreter's cast misses). Subnormal range (|v| < 2**-6): the grid is multiples of 2**-9.
     """
-    bits = v.to(tl.int32, bitcast=True)
+    sign = v.to(tl.int32, bitcast=True) & -2147483648
+    mag = tl.abs(v)
+    bits = mag.to(tl.int32, bitcast=True)
     bits = (bits + 0x7FFFF + ((bits >> 20) & 1)) & -0x100000
     normal = bits.to(tl.float32, bitcast=True)
-    sub = round_half_even(v * 512.0) * 0.001953125
-    return tl.where(tl.abs(v) >= 0.015625, normal, sub)
+    sub = round_half_even(mag * 512.0) * 0.001953125
+    r = tl.where(mag >= 0.015625, normal, sub)
+    return (r.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)

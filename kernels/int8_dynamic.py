@@ -1,0 +1,157 @@
+"""w8a8: int8 activations (one scale per token) × int8 weights (one scale per output channel).
+
+Where it sits: the CUDA lowering (``fxquant.passes.lower``) maps ``fxquant::int8_dynamic_linear``
+onto ``fxquant::triton_int8_dynamic_linear`` (quantize per token with ``kernels.quantize``, then
+the GEMM here); where the norm-fusion pass already produced the int8 activation and its scales,
+``fxquant::triton_int8_scaled_mm`` takes them directly. The oracle is
+``fxquant.reference.int8_scaled_linear`` / ``int8_dynamic_linear``.
+
+The GEMM multiplies int8 tiles into an int32 accumulator (exact: no rounding until the
+epilogue), then applies xs[m] · ws[n] (and the bias) in fp32, as the reference does. Two paths,
+one kernel: decode (M known to be ≤ ``configs.DECODE_MAX_M``: narrow M tiles, split-K) and
+prefill (tiled, grouped tile order for L2 reuse; also what an unbounded dynamic M takes, see
+``configs.is_decode``). With split-K the partial products, already scaled, are added
+into a zeroed fp32 buffer with ``atomic_add``, so decode outputs may differ between runs in the
+last bit.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+from torch.library import triton_op, wrap_triton
+
+from fxquant.kernels import configs, quantize
+
+_GROUP_M = 8  # prefill: tiles of 8 consecutive M blocks share their weight columns in L2
+
+
+@triton.jit
+def _int8_scaled_mm_kernel(
+    x_ptr,  # [M, K] int8, contiguous
+    xs_ptr,  # [M] fp32 (the [M, 1] per-token scale)
+    w_ptr,  # [N, K] int8, contiguous
+    ws_ptr,  # [N] fp32
+    bias_ptr,  # [N] float (read only when HAS_BIAS)
+    out_ptr,  # [M, N]: the output dtype, or fp32 zeros when SPLIT_K > 1
+    M,
+    N,
+    K,
+    HAS_BIAS: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+):
+    # ---- tile of this program (grouped order) ---------------------------------------------
+    pid = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    grid_m = tl.cdiv(M, BLOCK_M)
+    grid_n = tl.cdiv(N, BLOCK_N)
+    per_group = GROUP_M * grid_n
+    first_m = (pid // per_group) * GROUP_M
+    group_rows = tl.minimum(grid_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % per_group) % group_rows
+    pid_n = (pid % per_group) // group_rows
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_m = offs_m < M
+    mask_n = offs_n < N
+    x_rows = x_ptr + offs_m.to(tl.int64)[:, None] * K  # [BLOCK_M, 1]
+    w_cols = w_ptr + offs_n.to(tl.int64)[None, :] * K  # [1, BLOCK_N]: W tile read as [K, N]
+    # ---- int8 · int8 → int32 over this program's share of K -------------------------------
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
+    for k0 in range(pid_k * BLOCK_K, K, BLOCK_K * SPLIT_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        mask_k = offs_k < K
+        a = tl.load(x_rows + offs_k[None, :], mask=mask_m[:, None] & mask_k[None, :], other=0)
+        b = tl.load(w_cols + offs_k[:, None], mask=mask_k[:, None] & mask_n[None, :], other=0)
+        acc = tl.dot(a, b, acc, out_dtype=tl.int32)
+    # ---- epilogue: per-token × per-channel scales, bias (once, from split 0) ---------------
+    xs = tl.load(xs_ptr + offs_m, mask=mask_m, other=0.0)
+    ws = tl.load(ws_ptr + offs_n, mask=mask_n, other=0.0)
+    y = acc.to(tl.float32) * xs[:, None] * ws[None, :]
+    if HAS_BIAS:
+        bias = tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
+        y += tl.where(pid_k == 0, bias, 0.0)[None, :]
+    out = out_ptr + offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
+    mask = mask_m[:, None] & mask_n[None, :]
+    if SPLIT_K > 1:
+        tl.atomic_add(out, y, mask=mask)
+    else:
+        tl.store(out, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+_decode_kernel = triton.autotune(
+    configs=configs.decode_configs(), key=["N", "K"], reset_to_zero=["out_ptr"]
+)(_int8_scaled_mm_kernel)
+_prefill_kernel = triton.autotune(configs=configs.prefill_configs(), key=["N", "K"])(
+    _int8_scaled_mm_kernel
+)
+
+
+def _grid(m: int, n: int):
+    return lambda meta: (
+        triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),
+        meta["SPLIT_K"],
+    )
+
+
+def _check_operands(xq: Tensor, weight: Tensor) -> None:
+    if xq.dtype != torch.int8 or weight.dtype != torch.int8 or xq.shape[-1] != weight.shape[-1]:
+        raise ValueError(
+            f"int8 scaled mm needs int8 xq [M, K] and int8 weight [N, K]; got xq {xq.dtype} "
+            f"{tuple(xq.shape)}, weight {weight.dtype} {tuple(weight.shape)}"
+        )
+
+
+def int8_scaled_mm(xq, xs, weight, scale, bias, out_dtype: torch.dtype) -> Tensor:
+    """The launcher: check the operands, pick the path, allocate, launch."""
+    _check_operands(xq, weight)
+    xq, xs, weight = xq.contiguous(), xs.contiguous(), weight.contiguous()
+    scale = scale.contiguous()
+    m, k = xq.shape
+    n = weight.shape[0]
+    # Without a bias, scale stands in for bias_ptr: HAS_BIAS=False never reads it.
+    args = (xq, xs, weight, scale, scale if bias is None else bias.contiguous())
+    if configs.is_decode(m):
+        # Split-K adds partial products into fp32, whatever the output dtype.
+        out = torch.zeros((m, n), dtype=torch.float32, device=xq.device)
+        wrap_triton(_decode_kernel)[_grid(m, n)](
+            *args, out, m, n, k, HAS_BIAS=bias is not None, GROUP_M=1
+        )
+        return out.to(out_dtype)
+    out = torch.empty((m, n), dtype=out_dtype, device=xq.device)
+    wrap_triton(_prefill_kernel)[_grid(m, n)](
+        *args, out, m, n, k, HAS_BIAS=bias is not None, GROUP_M=_GROUP_M, SPLIT_K=1
+    )
+    return out
+
+
+@triton_op("fxquant::triton_int8_scaled_mm", mutates_args=())
+def triton_int8_scaled_mm(
+    xq: Tensor,
+    xs: Tensor,
+    weight: Tensor,
+    scale: Tensor,
+    bias: Tensor | None,
+    out_dtype: torch.dtype,
+) -> Tensor:
+    """xq int8 [M, K] with per-token xs fp32 [M, 1] · int8 W [N, K] with per-channel scale [N].
+
+    Returns [M, N] in ``out_dtype``: (xq · Wᵀ) · xs · scale (+ bias), accumulated exactly in int32.
+    """
+    return int8_scaled_mm(xq, xs, weight, scale, bias, out_dtype)
+
+
+@triton_op("fxquant::triton_int8_dynamic_linear", mutates_args=())
+def triton_int8_dynamic_linear(
+    x: Tensor, weight: Tensor, scale: Tensor, bias: Tensor | None
+) -> Tensor:
+    """``fxquant::int8_dynamic_linear`` on CUDA: x [..., K] float → [..., N] in x's dtype."""
+    xq, xs = quantize.int8_per_token(x.reshape(-1, x.shape[-1]))
+    y = int8_scaled_mm(xq, xs, weight, scale, bias, x.dtype)
+    return y.reshape(*x.shape[:-1], weight.shape[0])
