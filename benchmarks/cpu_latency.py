@@ -468,7 +468,6 @@ def run_smollm2(a) -> None:
     res = smollm2_latency.run(
         schemes=schemes, peers=not a.no_peers, rounds=a.rounds or (2 if a.quick else 5)
     )
-    smollm2_latency.print_table(res)
     res = {
         "question": smollm2_latency.__doc__.split("\n\n")[0].replace("\n", " "),
         "machine": machine_info(),
@@ -477,7 +476,8 @@ def run_smollm2(a) -> None:
         **res,
         "wall_s": time.perf_counter() - t_start,
     }
-    write_results(res, a.out)
+    write_results(res, a.out)  # before anything else can fail
+    smollm2_latency.print_table(res)
     smollm2_latency.plot(res, Path(a.out).with_suffix(".png"))
 
 

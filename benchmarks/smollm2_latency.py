@@ -271,11 +271,11 @@ def run(
             s = samples[ph].get(row["candidate"])
             if not s:
                 continue
-            base = statistics.median(samples[ph][BASELINE])
+            base = samples[ph].get(BASELINE)  # empty if the baseline failed to build
             med = statistics.median(s)
             row[f"{ph}_median_s"] = med
             row[f"{ph}_tokens_per_s"] = work[ph] / med
-            row[f"{ph}_speedup_vs_fp32_inductor"] = base / med
+            row[f"{ph}_speedup_vs_fp32_inductor"] = statistics.median(base) / med if base else None
     return {
         "model": "SmolLM2-135M (fp32, real weights)",
         "prefill_tokens": prefill,
@@ -306,12 +306,16 @@ def print_table(res: dict) -> None:
             continue
         mb = "-" if r["artifact_bytes"] is None else f"{r['artifact_bytes'] / 1e6:6.0f}"
         bs = "-" if r["build_s"] is None else f"{r['build_s']:8.0f}"
+        px, dx = (r[f"{ph}_speedup_vs_fp32_inductor"] for ph in ("prefill", "decode"))
         print(
-            f"{r['candidate']:28} {r['prefill_tokens_per_s']:13.1f} "
-            f"{r['prefill_speedup_vs_fp32_inductor']:5.2f} {r['decode_tokens_per_s']:12.2f} "
-            f"{r['decode_speedup_vs_fp32_inductor']:5.2f} {bs:>8} {mb:>6} "
+            f"{r['candidate']:28} {r['prefill_tokens_per_s']:13.1f} {_x(px):>5} "
+            f"{r['decode_tokens_per_s']:12.2f} {_x(dx):>5} {bs:>8} {mb:>6} "
             f"{r['rel_err_vs_fp32_eager']:8.1e} {r['greedy_agree']:>3}/{n}"
         )
+
+
+def _x(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f}"
 
 
 def plot(res: dict, path: Path) -> None:
@@ -333,7 +337,7 @@ def plot(res: dict, path: Path) -> None:
         for n in names
     ]
     for ax, ph in zip(axes, ("prefill", "decode"), strict=True):
-        vals = [r[f"{ph}_speedup_vs_fp32_inductor"] for r in rows]
+        vals = [r[f"{ph}_speedup_vs_fp32_inductor"] or 0.0 for r in rows]
         ax.barh(range(len(names)), vals, color=colors)
         ax.axvline(1.0, color="black", lw=0.8)
         ax.set_yticks(range(len(names)), names, fontsize=8)

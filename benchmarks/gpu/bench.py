@@ -1,0 +1,507 @@
+"""Are the Triton kernels right on a real GPU, and how fast are they against what CUDA users have?
+
+Run by ``benchmarks/gpu/run.sh`` on a lent H200 (one call; see benchmarks/README.md). Four
+sections, in priority order, each written to ``$OUT/gpu.json`` as soon as it finishes, inside a
+wall-clock budget (``--budget-s``) so the call ends well before the device's per-call limit:
+
+1. **kernels**: every recipe at Llama-3-8B linear shapes (``shapes.py`` ``llama3-8b``: q/o, kv,
+   gate_up, down) and M in 1, 16, 128, 2048. The weight is quantized by the rewrite pass's own
+   handler (``fxquant.passes.schemes``), the node's op and arguments come from the handler too,
+   and the CUDA lowering (``fxquant.passes.lower.lowerings("cuda")``) runs them: exactly what a
+   lowered program calls. Each is checked against the semantic op's reference math (SQNR) and
+   timed with ``triton.testing.do_bench`` (median) beside bf16 ``F.linear``,
+   ``torch._scaled_mm`` (per-tensor and per-row fp8) and ``torch._int_mm`` on the same M, N, K.
+   Dynamic-activation recipes are timed twice: the whole linear (activation quantization +
+   GEMM) and the GEMM alone on a pre-quantized activation (what ``_scaled_mm`` is given).
+2. **norm_quant**: the fused RMSNorm → quantize kernel on a [8192, 4096] bf16 activation, as a
+   fraction of the HBM copy bandwidth measured in the same run (target >= 75 %).
+3. **stack**: an 8-layer Llama-3-8B-shaped decoder (random weights, bf16) exported with a dynamic
+   sequence, quantized with each recipe (norm fusion on), packaged by AOTInductor for CUDA and
+   timed at decode (M = 1) and prefill (M = 2048) against the bf16 package.
+4. the targets of the kernels issue, printed beside the measured ratios (never asserted).
+
+``--smoke`` runs the same code on CPU tensors under ``TRITON_INTERPRET=1`` with tiny shapes and
+no timing worth reading: it is how the script is checked where there is no GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+RECIPES = (
+    "int8wo",
+    "int4wo-128",
+    "int4wo-64",
+    "fp8wo",
+    "w8a8",
+    "fp8-row",
+    "fp8-tensor",
+    "fp8-block",
+)
+STACK_RECIPES = ("fp8-row", "int4wo-128", "int8wo", "fp8-block", "w8a8", "fp8wo")
+MS = (1, 16, 128, 2048)
+TARGETS = {
+    "decode int4wo vs bf16 (M=1)": 3.0,
+    "decode int8wo vs bf16 (M=1)": 1.8,
+    "decode fp8wo vs bf16 (M=1)": 1.8,
+    "prefill fp8-row vs bf16 (M=2048)": 1.6,
+    "prefill fp8-row vs _scaled_mm row (M=2048)": 0.95,
+    "prefill fp8-block vs bf16 (M=2048)": 1.3,
+    "norm_quant vs copy bandwidth": 0.75,
+}
+
+
+class Budget:
+    def __init__(self, seconds: float):
+        self.t0, self.seconds = time.perf_counter(), seconds
+
+    def left(self) -> float:
+        return self.seconds - (time.perf_counter() - self.t0)
+
+
+class Results:
+    def __init__(self, out: Path, meta: dict):
+        self.path = out / "gpu.json"
+        self.rec = {**meta, "kernels": [], "norm_quant": None, "stack": [], "complete": False}
+
+    def write(self) -> None:
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.rec, indent=1, default=str))
+        tmp.replace(self.path)
+
+
+def timer(smoke: bool) -> Callable[[Callable], float]:
+    """Median ms of fn: CUDA events through do_bench on the GPU, a few wall-clock calls in smoke."""
+    if smoke:
+
+        def wall(fn):
+            fn()
+            ts = []
+            for _ in range(3):
+                t0 = time.perf_counter()
+                fn()
+                ts.append(time.perf_counter() - t0)
+            return statistics.median(ts) * 1e3
+
+        return wall
+    from triton.testing import do_bench
+
+    return lambda fn: do_bench(fn, warmup=10, rep=40, return_mode="median")
+
+
+def sqnr(ref: torch.Tensor, out: torch.Tensor) -> float:
+    from fxquant.reference import sqnr as _sqnr
+
+    return _sqnr(ref.float(), out.float())
+
+
+# --------------------------------------------------------------------------- 1. kernels
+
+
+def gemm_shapes(smoke: bool) -> list[tuple[str, int, int]]:
+    if smoke:
+        return [("tiny", 48, 64), ("tiny-odd", 40, 96)]
+    from shapes import get_shape, linears
+
+    s = get_shape("llama3-8b")
+    lin = {name: (n, k) for name, n, k in linears(s)}
+    return [
+        ("q/o", *lin["q_proj"]),
+        ("kv", *lin["k_proj"]),
+        ("gate_up", 2 * lin["gate_proj"][0], lin["gate_proj"][1]),
+        ("down", *lin["down_proj"]),
+    ]
+
+
+def baselines(x: torch.Tensor, w: torch.Tensor, bench, smoke: bool) -> dict:
+    """bf16 F.linear, _scaled_mm (tensor, row) and _int_mm on the same problem."""
+    from fxquant import reference as ref
+
+    out = {"bf16": bench(lambda: F.linear(x, w))}
+    if smoke:  # _scaled_mm / _int_mm have no CPU kernels worth timing
+        return out
+    m = x.shape[0]
+    xq, xs = ref.quantize_fp8_per_tensor(x)
+    wq, ws = ref.quantize_fp8_per_tensor(w)
+    xr, xrs = ref.quantize_fp8_per_token(x)
+    wr, wrs = ref.quantize_fp8_per_channel(w)
+    bf = torch.bfloat16
+    try:
+        out["scaled_mm_tensor"] = bench(
+            lambda: torch._scaled_mm(xq, wq.t(), scale_a=xs, scale_b=ws, out_dtype=bf)
+        )
+        wrs_row = wrs.reshape(1, -1)
+        out["scaled_mm_row"] = bench(
+            lambda: torch._scaled_mm(xr, wr.t(), scale_a=xrs, scale_b=wrs_row, out_dtype=bf)
+        )
+    except Exception as e:  # noqa: BLE001 - recorded, not fatal
+        out["scaled_mm_error"] = f"{type(e).__name__}: {str(e)[:200]}"
+    if m > 16:  # _int_mm needs M > 16
+        xi, _ = ref.quantize_int8_per_token(x)
+        wi, _ = ref.quantize_int8_per_channel(w)
+        try:
+            out["int_mm"] = bench(lambda: torch._int_mm(xi, wi.t()))
+        except Exception as e:  # noqa: BLE001
+            out["int_mm_error"] = f"{type(e).__name__}: {str(e)[:200]}"
+    return out
+
+
+def gemm_only(op, args) -> Callable | None:
+    """For a dynamic-activation linear: (the GEMM alone on a pre-quantized activation)."""
+    from fxquant import reference as ref
+    from fxquant.passes.lower import lowerings
+
+    fxq = torch.ops.fxquant
+    table = lowerings("cuda")
+    x = args[0]
+    if op == fxq.int8_dynamic_linear.default:
+        xq, xs = ref.quantize_int8_per_token(x)
+        f, a = table[fxq.int8_scaled_linear.default], (xq, xs, *args[1:4], x.dtype)
+    elif op == fxq.float8_dynamic_linear.default:
+        per_row = args[4]
+        xq, xs = (ref.quantize_fp8_per_token if per_row else ref.quantize_fp8_per_tensor)(x)
+        f, a = table[fxq.float8_scaled_linear.default], (xq, xs, *args[1:4], x.dtype)
+    elif op == fxq.float8_block_linear.default:
+        xq, xs = ref.quantize_fp8_groups(x, group_size=args[4])
+        f = table[fxq.float8_block_scaled_linear.default]
+        a = (xq, xs, *args[1:4], args[4], x.dtype)
+    else:
+        return None
+    return lambda: f(*a)
+
+
+def run_kernels(res: Results, budget: Budget, *, device: str, smoke: bool) -> None:
+    import fxquant
+    from fxquant.passes.lower import lowerings
+    from fxquant.passes.schemes import handler_for
+
+    bench = timer(smoke)
+    table = lowerings("cuda")
+    ms = (1, 3, 17) if smoke else MS
+    for label, n, k in gemm_shapes(smoke):
+        torch.manual_seed(0)
+        w = (torch.randn(n, k, device=device) * 0.02).to(torch.bfloat16)
+        for m in ms:
+            if budget.left() < 60:
+                print("kernels: budget spent, stopping", flush=True)
+                return
+            x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
+            base = baselines(x, w, bench, smoke)
+            row = {"shape": label, "M": m, "N": n, "K": k, "baselines_ms": base, "recipes": {}}
+            for recipe in RECIPES:
+                scheme = fxquant.from_recipe_name(recipe)
+                h = handler_for(scheme)
+                qw = h.quantize(scheme, w)
+                op, args = h.op_args(scheme, x, list(qw.tensors.values()), None)
+                fast = table[op]
+                entry: dict = {}
+                try:
+                    y = fast(*args)
+                    entry["sqnr_vs_reference_db"] = sqnr(op(*args), y)
+                    entry["sqnr_vs_bf16_db"] = sqnr(F.linear(x.float(), w.float()), y)
+                    entry["ms"] = bench(lambda fast=fast, args=args: fast(*args))
+                    entry["speedup_vs_bf16"] = base["bf16"] / entry["ms"]
+                    g = gemm_only(op, args)
+                    if g is not None:
+                        entry["gemm_only_ms"] = bench(g)
+                        for b in ("scaled_mm_row", "scaled_mm_tensor", "int_mm"):
+                            if b in base:
+                                entry[f"gemm_only_vs_{b}"] = base[b] / entry["gemm_only_ms"]
+                except Exception as e:  # noqa: BLE001 - a failing kernel is a result
+                    entry["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+                row["recipes"][recipe] = entry
+            res.rec["kernels"].append(row)
+            res.write()
+            print(_kernel_line(row), flush=True)
+
+
+def _kernel_line(row: dict) -> str:
+    parts = [f"{row['shape']:>8} M={row['M']:<5} bf16 {row['baselines_ms']['bf16']:.3f} ms"]
+    for r, e in row["recipes"].items():
+        if "error" in e:
+            parts.append(f"{r} ERROR")
+        else:
+            parts.append(f"{r} {e['speedup_vs_bf16']:.2f}x ({e['sqnr_vs_reference_db']:.0f} dB)")
+    return " | ".join(parts)
+
+
+# --------------------------------------------------------------------------- 2. norm_quant
+
+
+def run_norm_quant(res: Results, *, device: str, smoke: bool) -> None:
+    import fxquant.kernels.norm_quant  # noqa: F401  (registers fxquant::triton_norm_quant)
+
+    bench = timer(smoke)
+    rows, k = (64, 256) if smoke else (8192, 4096)
+    x = torch.randn(rows, k, device=device, dtype=torch.bfloat16)
+    w = torch.randn(k, device=device, dtype=torch.bfloat16)
+    y = torch.empty_like(x)
+    copy_ms = bench(lambda: y.copy_(x))
+    copy_gbs = 2 * x.numel() * x.element_size() / copy_ms / 1e6
+    out = {"shape": [rows, k], "copy_ms": copy_ms, "copy_GBps": copy_gbs, "variants": {}}
+    nq = torch.ops.fxquant.triton_norm_quant
+    for name, qdtype, group in (
+        ("int8 per token", torch.int8, -1),
+        ("fp8 per token", torch.float8_e4m3fn, -1),
+        ("fp8 1x128 groups", torch.float8_e4m3fn, 128),
+    ):
+        ms = bench(lambda q=qdtype, g=group: nq(x, w, None, 1e-5, True, q, g, None, False))
+        n_scales = rows * (1 if group == -1 else -(-k // group))
+        moved = x.numel() * 2 + x.numel() * 1 + n_scales * 4 + k * 2
+        gbs = moved / ms / 1e6
+        out["variants"][name] = {"ms": ms, "GBps": gbs, "fraction_of_copy_bw": gbs / copy_gbs}
+        print(f"norm_quant {name}: {gbs:.0f} GB/s = {gbs / copy_gbs:.0%} of copy", flush=True)
+    res.rec["norm_quant"] = out
+    res.write()
+
+
+# --------------------------------------------------------------------------- 3. stack
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, d: int, eps: float = 1e-5):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(d))
+        self.eps = eps
+
+    def forward(self, x):
+        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+
+
+class Layer(nn.Module):
+    """A Llama-3 decoder layer without RoPE (not what is being timed): GQA attention through
+    SDPA, SwiGLU MLP, pre-norm residuals."""
+
+    def __init__(self, d: int, ffn: int, heads: int, kv_heads: int):
+        super().__init__()
+        hd = d // heads
+        self.heads, self.kv_heads, self.hd = heads, kv_heads, hd
+        self.input_layernorm = RMSNorm(d)
+        self.q_proj = nn.Linear(d, heads * hd, bias=False)
+        self.k_proj = nn.Linear(d, kv_heads * hd, bias=False)
+        self.v_proj = nn.Linear(d, kv_heads * hd, bias=False)
+        self.o_proj = nn.Linear(heads * hd, d, bias=False)
+        self.post_attention_layernorm = RMSNorm(d)
+        self.gate_proj = nn.Linear(d, ffn, bias=False)
+        self.up_proj = nn.Linear(d, ffn, bias=False)
+        self.down_proj = nn.Linear(ffn, d, bias=False)
+
+    def forward(self, x):
+        b, t, _ = x.shape
+        h = self.input_layernorm(x)
+        q = self.q_proj(h).view(b, t, self.heads, self.hd).transpose(1, 2)
+        k = self.k_proj(h).view(b, t, self.kv_heads, self.hd).transpose(1, 2)
+        v = self.v_proj(h).view(b, t, self.kv_heads, self.hd).transpose(1, 2)
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        x = x + self.o_proj(a.transpose(1, 2).reshape(b, t, -1))
+        h = self.post_attention_layernorm(x)
+        return x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
+
+
+class Stack(nn.Module):
+    def __init__(self, layers: int, **kw):
+        super().__init__()
+        self.layers = nn.ModuleList(Layer(**kw) for _ in range(layers))
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+def run_stack(res: Results, budget: Budget, *, device: str, smoke: bool) -> None:
+    import fxquant
+
+    bench = timer(smoke)
+    if smoke:
+        kw, layers, prefill = {"d": 64, "ffn": 128, "heads": 4, "kv_heads": 2}, 2, 32
+    else:
+        from shapes import get_shape
+
+        s = get_shape("llama3-8b")
+        kw = {"d": s.d_model, "ffn": s.ffn, "heads": s.heads, "kv_heads": s.kv_heads}
+        layers, prefill = 8, 2048
+    torch.manual_seed(0)
+    model = Stack(layers, **kw).to(device=device, dtype=torch.bfloat16).eval()
+    for p in model.parameters():
+        nn.init.normal_(p, std=0.02) if p.ndim == 2 else nn.init.ones_(p)
+    d = kw["d"]
+    xs = {
+        "decode": torch.randn(1, 1, d, device=device, dtype=torch.bfloat16),
+        "prefill": torch.randn(1, prefill, d, device=device, dtype=torch.bfloat16),
+    }
+    example = torch.randn(1, 16, d, device=device, dtype=torch.bfloat16)
+    with torch.no_grad():
+        ep = torch.export.export(model, (example,), dynamic_shapes=({1: torch.export.Dim.DYNAMIC},))
+        refs = {ph: model(x).float() for ph, x in xs.items()}
+    tmp = Path(tempfile.mkdtemp(prefix="fxq_gpu_stack_"))
+    base_ms: dict[str, float] = {}
+    for recipe in ("bf16", *STACK_RECIPES):
+        if budget.left() < 90:
+            print(f"stack: budget spent before {recipe}", flush=True)
+            break
+        row: dict = {"recipe": recipe, "layers": layers, "prefill_tokens": prefill}
+        t0 = time.perf_counter()
+        try:
+            program = ep if recipe == "bf16" else fxquant.quantize(ep, recipe)
+            if smoke:  # triton_op bodies cannot be compiled for CPU tensors: check the lowering
+                from fxquant.passes.lower import lower
+
+                lowered = lower(program, device="cuda")
+                ops = {str(n.target) for n in lowered.graph.nodes if n.op == "call_function"}
+                row["triton_ops"] = sorted(o for o in ops if "triton" in o)
+                fn = program.module()
+            else:
+                path = tmp / f"{recipe}.pt2"
+                fn = fxquant.aot_compile(program, path, device="cuda")
+                row["package_bytes"] = path.stat().st_size
+            row["build_s"] = time.perf_counter() - t0
+            with torch.no_grad():
+                for ph, x in xs.items():
+                    row[f"{ph}_sqnr_vs_bf16_db"] = sqnr(refs[ph], fn(x))
+                    row[f"{ph}_ms"] = bench(lambda fn=fn, x=x: fn(x))
+                    if recipe == "bf16":
+                        base_ms[ph] = row[f"{ph}_ms"]
+                    row[f"{ph}_speedup_vs_bf16"] = base_ms[ph] / row[f"{ph}_ms"]
+        except Exception as e:  # noqa: BLE001 - a failing recipe is a result
+            row["error"] = f"{type(e).__name__}: {str(e)[:400]}"
+        res.rec["stack"].append(row)
+        res.write()
+        print(f"stack {recipe}: {_stack_line(row)}", flush=True)
+
+
+def _stack_line(row: dict) -> str:
+    if "error" in row:
+        return row["error"][:200]
+    return (
+        f"decode {row['decode_ms']:.3f} ms ({row['decode_speedup_vs_bf16']:.2f}x), prefill "
+        f"{row['prefill_ms']:.2f} ms ({row['prefill_speedup_vs_bf16']:.2f}x), built in "
+        f"{row['build_s']:.0f} s"
+    )
+
+
+# --------------------------------------------------------------------------- 4. targets
+
+
+def targets(rec: dict) -> list[dict]:
+    """The issue's targets beside what was measured (kernel rows: the largest-N shape)."""
+
+    def kernel(recipe: str, m: int, key: str = "speedup_vs_bf16") -> float | None:
+        rows = [r for r in rec["kernels"] if r["M"] == m and recipe in r["recipes"]]
+        vals = [r["recipes"][recipe].get(key) for r in rows]
+        vals = [v for v in vals if v is not None]
+        return statistics.median(vals) if vals else None
+
+    nq = rec.get("norm_quant") or {}
+    nq_frac = [v["fraction_of_copy_bw"] for v in nq.get("variants", {}).values()]
+    measured = {
+        "decode int4wo vs bf16 (M=1)": kernel("int4wo-128", 1),
+        "decode int8wo vs bf16 (M=1)": kernel("int8wo", 1),
+        "decode fp8wo vs bf16 (M=1)": kernel("fp8wo", 1),
+        "prefill fp8-row vs bf16 (M=2048)": kernel("fp8-row", 2048),
+        "prefill fp8-row vs _scaled_mm row (M=2048)": kernel(
+            "fp8-row", 2048, "gemm_only_vs_scaled_mm_row"
+        ),
+        "prefill fp8-block vs bf16 (M=2048)": kernel("fp8-block", 2048),
+        "norm_quant vs copy bandwidth": min(nq_frac) if nq_frac else None,
+    }
+    return [
+        {
+            "target": name,
+            "at_least": goal,
+            "measured_median_over_shapes": measured[name],
+            "met": None if measured[name] is None else measured[name] >= goal,
+        }
+        for name, goal in TARGETS.items()
+    ]
+
+
+def write_table(rec: dict, path: Path) -> None:
+    lines = ["| target | at least | measured | met |", "|---|---|---|---|"]
+    for t in rec["targets"]:
+        v = t["measured_median_over_shapes"]
+        lines.append(
+            f"| {t['target']} | {t['at_least']} | {'-' if v is None else f'{v:.2f}'} | "
+            f"{'-' if t['met'] is None else 'yes' if t['met'] else 'no'} |"
+        )
+    lines += [
+        "",
+        "| stack recipe | decode x bf16 | prefill x bf16 | build s |",
+        "|---|---|---|---|",
+    ]
+    for r in rec["stack"]:
+        if "error" in r:
+            lines.append(f"| {r['recipe']} | error | {r['error'][:80]} | |")
+        else:
+            lines.append(
+                f"| {r['recipe']} | {r['decode_speedup_vs_bf16']:.2f} | "
+                f"{r['prefill_speedup_vs_bf16']:.2f} | {r['build_s']:.0f} |"
+            )
+    path.write_text("\n".join(lines) + "\n")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/fxq_gpu")))
+    ap.add_argument("--budget-s", type=float, default=420.0)
+    ap.add_argument("--smoke", action="store_true", help="CPU + TRITON_INTERPRET=1, tiny shapes")
+    ap.add_argument(
+        "--sections", default="kernels,norm_quant,stack", help="comma-separated subset to run"
+    )
+    a = ap.parse_args()
+    if a.smoke:
+        os.environ["TRITON_INTERPRET"] = "1"  # before any kernel module is imported
+    device = "cpu" if a.smoke else "cuda"
+    if not a.smoke and not torch.cuda.is_available():
+        raise SystemExit("no CUDA device: run with --smoke to check the script on CPU")
+    import triton
+
+    import fxquant
+
+    a.out.mkdir(parents=True, exist_ok=True)
+    budget = Budget(a.budget_s)
+    meta = {
+        "script": "benchmarks/gpu/bench.py",
+        "argv": sys.argv[1:],
+        "smoke": a.smoke,
+        "device": torch.cuda.get_device_name() if device == "cuda" else "cpu (interpreter)",
+        "versions": {
+            "torch": torch.__version__,
+            "triton": triton.__version__,
+            "python": platform.python_version(),
+            "fxquant": getattr(fxquant, "__version__", "dev"),
+        },
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "timing": "median ms, triton.testing.do_bench (CUDA events)",
+    }
+    res = Results(a.out, meta)
+    sections = a.sections.split(",")
+    if "kernels" in sections:
+        run_kernels(res, budget, device=device, smoke=a.smoke)
+    if "norm_quant" in sections and budget.left() > 30:
+        run_norm_quant(res, device=device, smoke=a.smoke)
+    if "stack" in sections:
+        run_stack(res, budget, device=device, smoke=a.smoke)
+    res.rec["targets"] = targets(res.rec)
+    res.rec["complete"] = True
+    res.rec["wall_s"] = budget.seconds - budget.left()
+    res.write()
+    write_table(res.rec, a.out / "gpu.md")
+    print((a.out / "gpu.md").read_text())
+
+
+if __name__ == "__main__":
+    main()
