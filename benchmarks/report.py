@@ -226,8 +226,10 @@ def smollm2_latency_section() -> str:
         rows.append(
             [
                 r["candidate"],
-                f"{r['prefill_tokens_per_s']:.0f} ({r['prefill_speedup_vs_fp32_inductor']:.2f}×)",
-                f"{r['decode_tokens_per_s']:.2f} ({r['decode_speedup_vs_fp32_inductor']:.2f}×)",
+                f"{r['prefill_tokens_per_s']:.0f} "
+                f"({_f(r.get('prefill_speedup_vs_fp32_inductor'), '.2f')}×)",
+                f"{r['decode_tokens_per_s']:.2f} "
+                f"({_f(r.get('decode_speedup_vs_fp32_inductor'), '.2f')}×)",
                 _f(r.get("build_s"), ".0f"),
                 _f(size and size / 2**20, ".0f"),
                 _f(r.get("rel_err_vs_fp32_eager"), ".1e"),
