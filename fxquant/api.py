@@ -1,9 +1,10 @@
 """The entry points: ``quantize`` (model or program → quantized program) and ``aot_compile``.
 
 ``quantize`` is the top of the data flow: it captures an ``nn.Module`` with ``torch.export``
-(or takes an ``ExportedProgram``), runs the plan and rewrite passes and returns a *new* program
-with ``fxquant::`` ops; the caller's model and program are left as they were. ``aot_compile``
-lowers such a program for a device and packages it with AOTInductor.
+(or takes an ``ExportedProgram``), runs the plan, rewrite and (``config.fuse_norms``) norm fusion
+passes and returns a *new* program with ``fxquant::`` ops; the caller's model and program are
+left as they were. ``aot_compile`` lowers such a program for a device and packages it with
+AOTInductor.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import torch
 from torch.export import ExportedProgram
 
 from fxquant.config import QuantConfig, Scheme
+from fxquant.passes.fuse import fuse_norms
 from fxquant.passes.lower import lower
 from fxquant.passes.rewrite import ProgramEditor, rewrite
 
@@ -47,7 +49,9 @@ def quantize(
 
     Returns:
         A new ``ExportedProgram`` whose chosen layers call ``fxquant::`` ops on quantized
-        constants; ``fxquant.report(ep)`` says what happened to each layer.
+        constants (a norm whose linears all quantize their input the same way becomes one
+        ``fxquant::norm_quant`` feeding them, unless ``fuse_norms=False``);
+        ``fxquant.report(ep)`` says what happened to each layer and norm.
     """
     config = QuantConfig.coerce(config)
     if isinstance(model, ExportedProgram):
@@ -78,6 +82,8 @@ def quantize(
         )
     editor = ProgramEditor(ep)
     rewrite(editor, config, progress=progress)
+    if config.fuse_norms:
+        fuse_norms(editor)
     return editor.finish()
 
 

@@ -1,9 +1,10 @@
 """``torch.compile(model, backend="fxquant", options={"config": cfg})``.
 
 The Dynamo entry of the data flow. Dynamo hands us a torch-level GraphModule whose parameters are
-graph inputs; the same plan and rewrite passes as the export path quantize each chosen weight
-once, here at compile time (inference semantics: recompile after changing the weights), and
-Inductor compiles the result with the lowerings of ``fxquant.passes.lower`` as decompositions.
+graph inputs; the same plan, rewrite and norm fusion passes as the export path quantize each
+chosen weight once, here at compile time (inference semantics: recompile after changing the
+weights), and Inductor compiles the result with the lowerings of ``fxquant.passes.lower`` as
+decompositions.
 Inductor settings go through ``config_patches``, scoped to this compile, never set globally.
 
 Found without ``import fxquant`` through the ``torch_dynamo_backends`` entry point.
@@ -16,8 +17,10 @@ from typing import Any
 import torch
 
 from fxquant.config import QuantConfig
+from fxquant.passes.fuse import fuse_norms
 from fxquant.passes.lower import lowerings, prepack
 from fxquant.passes.rewrite import DynamoEditor, rewrite
+from fxquant.report import read_graph
 
 __all__ = ["fxquant_backend", "last_reports"]
 
@@ -45,8 +48,10 @@ def fxquant_backend(
         )
     config = QuantConfig.coerce(options.get("config", DEFAULT_RECIPE))
     editor = DynamoEditor(gm, example_inputs)
-    rows = rewrite(editor, config)
-    last_reports.append(rows)
+    rewrite(editor, config)
+    if config.fuse_norms:
+        fuse_norms(editor)
+    last_reports.append(read_graph(editor.graph)[0])  # the rows, with fusion marked
     del last_reports[:-16]
     devices = {t.device.type for t in example_inputs if isinstance(t, torch.Tensor)}
     device = "cuda" if "cuda" in devices else "cpu"

@@ -139,8 +139,7 @@ def _cmd_report(args) -> int:
         raise SystemExit(f"fxquant report: {path} is not a loadable torch.export .pt2: {e}") from e
     rep = fxquant.report(ep)
     if args.json:
-        config = None if rep.config is None else rep.config.to_dict()
-        print(json.dumps({"config": config, "layers": rep.rows}, indent=2))
+        print(json.dumps(rep.to_dict(), indent=2))
     elif not rep.rows:
         print(f"{path}: no fxquant layers (not made by fxquant.quantize?)")
     else:

@@ -255,11 +255,17 @@ class QuantConfig:
             (the weight's name without ``.weight``) as ``name_matches`` describes.
         modules_to_not_convert: patterns of layers that always stay in float, checked before
             ``overrides``. Defaults to ``("lm_head",)``, as in Hugging Face.
+        fuse_norms: where a LayerNorm/RMSNorm feeds only linears that quantize their activation
+            the same way (int8 per token, fp8 per token, fp8 1×b groups), replace the norm and
+            their activation quantizers by one ``fxquant::norm_quant`` (``fxquant.passes.fuse``).
+            The result is the same bit for bit in fp32; per-tensor fp8 is never fused (its
+            scale needs the whole tensor first). ``False`` leaves the rewritten graph as it is.
     """
 
     scheme: Scheme | None = None
     overrides: Mapping[str, Scheme | None] = field(default_factory=dict)
     modules_to_not_convert: tuple[str, ...] = ("lm_head",)
+    fuse_norms: bool = True
 
     def __post_init__(self) -> None:
         if self.scheme is not None and not isinstance(self.scheme, Scheme):
@@ -286,6 +292,11 @@ class QuantConfig:
             )
         for pattern in self.modules_to_not_convert:
             _check_pattern("modules_to_not_convert", pattern)
+        if not isinstance(self.fuse_norms, bool):
+            raise ValueError(
+                f"QuantConfig.fuse_norms={self.fuse_norms!r} is not supported; "
+                "allowed: True or False"
+            )
         # Frozen and hashable: torch.compile options and caches want hashable configs.
         object.__setattr__(self, "overrides", _FrozenMapping(self.overrides))
         object.__setattr__(self, "modules_to_not_convert", tuple(self.modules_to_not_convert))
@@ -309,15 +320,16 @@ class QuantConfig:
                 [p, None if s is None else s.to_dict()] for p, s in self.overrides.items()
             ],
             "modules_to_not_convert": list(self.modules_to_not_convert),
+            "fuse_norms": self.fuse_norms,
         }
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> QuantConfig:
-        unknown = set(d) - {"scheme", "overrides", "modules_to_not_convert"}
+        unknown = set(d) - {"scheme", "overrides", "modules_to_not_convert", "fuse_norms"}
         if unknown:
             raise ValueError(
                 f"QuantConfig dict has unknown keys {sorted(unknown)}; "
-                "allowed: scheme, overrides, modules_to_not_convert"
+                "allowed: scheme, overrides, modules_to_not_convert, fuse_norms"
             )
         overrides = d.get("overrides", [])
         if isinstance(overrides, Mapping):
@@ -326,6 +338,8 @@ class QuantConfig:
             scheme=scheme_from_dict(d.get("scheme")),
             overrides={p: scheme_from_dict(s) for p, s in overrides},
             modules_to_not_convert=tuple(d.get("modules_to_not_convert", ("lm_head",))),
+            # programs saved before fusion existed have no key: they load with the default
+            fuse_norms=d.get("fuse_norms", True),
         )
 
     def to_json(self) -> str:

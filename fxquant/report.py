@@ -1,31 +1,42 @@
-"""The report: what happened to each linear-like layer, read back from a quantized program.
+"""The report: what happened to each linear-like layer and norm, read back from a program.
 
 The rewrite pass leaves one JSON row per site in ``node.meta["custom"]`` (which
 ``torch.export.save`` keeps), so this works on a program straight from ``quantize`` and on one
 reloaded from a ``.pt2``: scheme, shapes, bytes before/after, weight SQNR, or why it was skipped.
+The fusion pass adds one record per norm that feeds activation-quantizing linears (fused into
+``norm_quant``, or why not) and marks each fused linear's row with ``fused_norm``.
 """
 
 from __future__ import annotations
 
 import json
+import operator
 from dataclasses import dataclass, field
 
 import torch
+import torch.fx as fx
 from torch.export import ExportedProgram
 
 from fxquant.config import QuantConfig, scheme_from_dict
+from fxquant.passes.fuse import NORM_KEY
 from fxquant.passes.rewrite import CONFIG_KEY, META_KEY
 
-__all__ = ["Report", "report"]
+__all__ = ["Report", "read_graph", "report"]
 
 
 @dataclass
 class Report:
-    """Per-layer rows (dicts) plus the config the program was made with."""
+    """Per-layer rows and per-norm fusion records (dicts), plus the config the program was made
+    with."""
 
     rows: list[dict] = field(default_factory=list)
     config: QuantConfig | None = None
     program_bytes: int = 0  # all parameters, buffers and constants of the program
+    norms: list[dict] = field(default_factory=list)
+
+    @property
+    def fused_norms(self) -> list[dict]:
+        return [n for n in self.norms if n["status"] == "fused"]
 
     @property
     def quantized(self) -> list[dict]:
@@ -56,8 +67,34 @@ class Report:
         for r in self.skipped:
             reasons[r["reason"]] = reasons.get(r["reason"], 0) + 1
         lines += [f"  skipped {n} × {why}" for why, n in reasons.items()]
+        if self.norms:
+            lines.append(
+                f"{len(self.fused_norms)} of {len(self.norms)} norms feeding activation-quantizing "
+                "linears fused with their quantization (norm_quant)"
+            )
         lines.append(f"program constants: {_mib(self.program_bytes)}")
         return "\n".join(lines)
+
+    def norms_table(self) -> str:
+        """One line per norm next to activation-quantizing linears: fused into what, or why not."""
+        width = max((len(n["name"]) for n in self.norms), default=0)
+        lines = []
+        for n in self.norms:
+            if n["status"] == "fused":
+                what = f"fused ({n['activation']}) → {', '.join(n['linears'])}"
+            else:
+                what = f"not fused: {n['reason']}"
+            lines.append(f"{n['name'].ljust(width)}  {what}")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict:
+        """The report as JSON-ready data: config, per-layer rows, per-norm records."""
+        return {
+            "config": None if self.config is None else self.config.to_dict(),
+            "layers": self.rows,
+            "norms": self.norms,
+            "program_bytes": self.program_bytes,
+        }
 
     def __str__(self) -> str:
         header = ("layer", "scheme", "N×K", "bytes before", "bytes after", "SQNR dB", "note")
@@ -70,6 +107,8 @@ class Report:
                 note = f"K padded {r['in_features']}→{r['padded_in_features']}"
             if r.get("float_weight_kept"):
                 note = (note + "; " if note else "") + "float weight kept (used elsewhere)"
+            if r.get("fused_norm"):
+                note = (note + "; " if note else "") + f"input quantized by {r['fused_norm']}"
             table.append(
                 (
                     r["name"] or "<root>",
@@ -87,7 +126,10 @@ class Report:
             for row in table
         ]
         lines.insert(1, "  ".join("-" * w for w in widths))
-        return "\n".join(lines) + "\n\n" + self.summary()
+        text = "\n".join(lines) + "\n\n"
+        if self.norms:
+            text += "norm → quantize fusion:\n" + self.norms_table() + "\n\n"
+        return text + self.summary()
 
 
 def _scheme_str(row: dict) -> str:
@@ -102,16 +144,26 @@ def report(ep: ExportedProgram) -> Report:
     """The report of a quantized program (from ``quantize`` or ``torch.export.load``)."""
     if not isinstance(ep, ExportedProgram):
         raise ValueError(f"report() takes an ExportedProgram, got {type(ep).__name__}")
-    rows, config = [], None
-    for node in ep.graph.nodes:
-        custom = node.meta.get("custom") or {}
-        if META_KEY in custom:
-            rows.append(json.loads(custom[META_KEY]))
-        if CONFIG_KEY in custom:
-            config = QuantConfig.from_json(custom[CONFIG_KEY])
+    rows, norms, config = read_graph(ep.graph)
     # Tied weights appear under several names but are stored (and saved) once.
     storages = {}
     for t in [*ep.state_dict.values(), *ep.constants.values()]:
         if isinstance(t, torch.Tensor):
             storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-    return Report(rows=rows, config=config, program_bytes=sum(storages.values()))
+    return Report(rows=rows, config=config, program_bytes=sum(storages.values()), norms=norms)
+
+
+def read_graph(graph: fx.Graph) -> tuple[list[dict], list[dict], QuantConfig | None]:
+    """(layer rows, norm records, config) that the passes left in a graph, in graph order."""
+    rows, norms, config = [], [], None
+    for node in graph.nodes:
+        custom = node.meta.get("custom") or {}
+        if META_KEY in custom:
+            rows.append(json.loads(custom[META_KEY]))
+        # torch.export.load gives the getitems of a multi-output op (norm_quant) that op's
+        # metadata: the record is read from the op alone
+        if NORM_KEY in custom and node.target is not operator.getitem:
+            norms.append(json.loads(custom[NORM_KEY]))
+        if CONFIG_KEY in custom:
+            config = QuantConfig.from_json(custom[CONFIG_KEY])
+    return rows, norms, config

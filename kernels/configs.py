@@ -97,10 +97,16 @@ def rowwise_configs() -> list[triton.Config]:
 DECODE_MAX_M = 16  # M at or below this takes the decode path
 
 
-def is_decode(m) -> bool:
-    """Whether M takes the decode path, decided without a shape guard: a concrete M, or a
-    symbolic one whose range proves M ≤ DECODE_MAX_M. An unbounded dynamic M (one exported
-    artifact for M = 1 … thousands) takes the prefill path, which is correct for every M; a
-    plain ``m <= DECODE_MAX_M`` would guard, and torch.export rejects a dynamic M with
-    "Constraints violated"."""
+def is_decode(m, decode: bool | None = None) -> bool:
+    """Whether M takes the decode path.
+
+    ``decode`` is the caller's choice when given: the CUDA lowering puts both paths of a GEMM
+    whose M is dynamic under ``torch.cond(M <= DECODE_MAX_M, ...)`` and names the path in each
+    branch, so one exported artifact runs the decode kernel at M = 1 and the tiled one at
+    M = 2048. Otherwise it is decided without a shape guard: a concrete M, or a symbolic one
+    whose range proves M ≤ DECODE_MAX_M, takes the decode path, and an unbounded dynamic M the
+    prefill path, which is correct for every M (a plain ``m <= DECODE_MAX_M`` would guard, and
+    torch.export rejects a dynamic M with "Constraints violated")."""
+    if decode is not None:
+        return decode
     return statically_known_true(m <= DECODE_MAX_M)

@@ -122,7 +122,9 @@ def _check_block_size(block_size: int) -> None:
         )
 
 
-def float8_block_scaled_mm(xq, xs, weight, scale, bias, block_size: int, out_dtype) -> Tensor:
+def float8_block_scaled_mm(
+    xq, xs, weight, scale, bias, block_size: int, out_dtype, *, decode: bool | None = None
+) -> Tensor:
     """The launcher: check the block size and operands, pick the path, allocate, launch."""
     _check_block_size(block_size)
     fp8 = torch.float8_e4m3fn
@@ -136,18 +138,18 @@ def float8_block_scaled_mm(xq, xs, weight, scale, bias, block_size: int, out_dty
     m, k = xq.shape
     n = weight.shape[0]
     kb = -(-k // block_size)
-    decode, prefill = _kernels(block_size)
+    decode_kernel, prefill_kernel = _kernels(block_size)
     # Without a bias, scale stands in for bias_ptr: HAS_BIAS=False never reads it.
     args = (xq, xs, weight, scale, scale if bias is None else bias.contiguous())
-    if configs.is_decode(m):
+    if configs.is_decode(m, decode):
         # Split-K adds partial products into fp32, whatever the output dtype.
         out = torch.zeros((m, n), dtype=torch.float32, device=xq.device)
-        wrap_triton(decode)[_grid(m, n)](
+        wrap_triton(decode_kernel)[_grid(m, n)](
             *args, out, m, n, k, kb, HAS_BIAS=bias is not None, GROUP_M=1
         )
         return out.to(out_dtype)
     out = torch.empty((m, n), dtype=out_dtype, device=xq.device)
-    wrap_triton(prefill)[_grid(m, n)](
+    wrap_triton(prefill_kernel)[_grid(m, n)](
         *args, out, m, n, k, kb, HAS_BIAS=bias is not None, GROUP_M=_GROUP_M, SPLIT_K=1
     )
     return out
@@ -162,10 +164,13 @@ def triton_float8_block_scaled_mm(
     bias: Tensor | None,
     block_size: int,
     out_dtype: torch.dtype,
+    decode: bool | None = None,
 ) -> Tensor:
     """xq e4m3 [M, K] with xs fp32 [M, ceil(K/b)] · e4m3 W [N, K] with scale fp32
-    [ceil(N/b), ceil(K/b)]. Returns [M, N] in ``out_dtype``, accumulated in fp32."""
-    return float8_block_scaled_mm(xq, xs, weight, scale, bias, block_size, out_dtype)
+    [ceil(N/b), ceil(K/b)]. Returns [M, N] in ``out_dtype``, accumulated in fp32.
+    ``decode`` forces the decode (True) or prefill (False) path; None picks from M.
+    """
+    return float8_block_scaled_mm(xq, xs, weight, scale, bias, block_size, out_dtype, decode=decode)
 
 
 @triton_op("fxquant::triton_float8_block_linear", mutates_args=())

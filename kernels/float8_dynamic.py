@@ -112,7 +112,9 @@ def _check_operands(xq: Tensor, weight: Tensor) -> None:
         )
 
 
-def float8_scaled_mm(xq, xs, weight, scale, bias, out_dtype: torch.dtype) -> Tensor:
+def float8_scaled_mm(
+    xq, xs, weight, scale, bias, out_dtype: torch.dtype, *, decode: bool | None = None
+) -> Tensor:
     """The launcher: check the operands, pick the path, allocate, launch."""
     _check_operands(xq, weight)
     xq, xs, weight = xq.contiguous(), xs.contiguous(), weight.contiguous()
@@ -124,7 +126,7 @@ def float8_scaled_mm(xq, xs, weight, scale, bias, out_dtype: torch.dtype) -> Ten
     stride_ws = scale.expand(n).stride(0)
     # Without a bias, scale stands in for bias_ptr: HAS_BIAS=False never reads it.
     args = (xq, xs, weight, scale, scale if bias is None else bias.contiguous())
-    if configs.is_decode(m):
+    if configs.is_decode(m, decode):
         # Split-K adds partial products into fp32, whatever the output dtype.
         out = torch.zeros((m, n), dtype=torch.float32, device=xq.device)
         wrap_triton(_decode_kernel)[_grid(m, n)](
@@ -155,12 +157,14 @@ def triton_float8_scaled_mm(
     scale: Tensor,
     bias: Tensor | None,
     out_dtype: torch.dtype,
+    decode: bool | None = None,
 ) -> Tensor:
     """xq e4m3 [M, K] with xs fp32 [M, 1] or [1] · e4m3 W [N, K] with scale fp32 [N] or [1].
 
     Returns [M, N] in ``out_dtype``: (xq · Wᵀ) · xs · scale (+ bias), accumulated in fp32.
+    ``decode`` forces the decode (True) or prefill (False) path; None picks from M.
     """
-    return float8_scaled_mm(xq, xs, weight, scale, bias, out_dtype)
+    return float8_scaled_mm(xq, xs, weight, scale, bias, out_dtype, decode=decode)
 
 
 @triton_op("fxquant::triton_float8_dynamic_linear", mutates_args=())

@@ -17,7 +17,11 @@ from fxquant.kernels.int8_weight_only import channel_scaled_linear
 
 @torch.library.triton_op("fxquant::triton_float8_weight_only_linear", mutates_args=())
 def triton_float8_weight_only_linear(
-    x: Tensor, weight: Tensor, scale: Tensor, bias: Tensor | None
+    x: Tensor, weight: Tensor, scale: Tensor, bias: Tensor | None, decode: bool | None = None
 ) -> Tensor:
-    """CUDA lowering of ``fxquant::float8_weight_only_linear``: x [..., K] · e4m3 W [N, K]."""
-    return channel_scaled_linear(x, weight, scale, bias, weight_dtype=torch.float8_e4m3fn)
+    """CUDA lowering of ``fxquant::float8_weight_only_linear``: x [..., K] · e4m3 W [N, K].
+
+    ``decode`` forces the decode (True) or prefill (False) path; None picks from M."""
+    return channel_scaled_linear(
+        x, weight, scale, bias, weight_dtype=torch.float8_e4m3fn, decode=decode
+    )

@@ -197,9 +197,18 @@ def dequantize(
 
 
 def int4_linear(
-    x: Tensor, weight: Tensor, scale: Tensor, zero: Tensor, bias: Tensor | None, *, group_size: int
+    x: Tensor,
+    weight: Tensor,
+    scale: Tensor,
+    zero: Tensor,
+    bias: Tensor | None,
+    *,
+    group_size: int,
+    decode: bool | None = None,
 ) -> Tensor:
-    """x [..., K] · packed int4 W [N, Kp/2] → [..., N] in x's dtype (fused, or dequant + mm)."""
+    """x [..., K] · packed int4 W [N, Kp/2] → [..., N] in x's dtype (fused, or dequant + mm).
+
+    ``decode`` forces the fused decode (True) or prefill (False) kernel; None picks from M."""
     if x.dtype not in (torch.bfloat16, torch.float16, torch.float32):
         raise ValueError(f"x dtype is {x.dtype}; allowed: bfloat16, float16, float32")
     k = x.shape[-1]
@@ -209,12 +218,12 @@ def int4_linear(
     m = x2.shape[0]
 
     # As in configs.is_decode: only an M known without a shape guard leaves the fused kernel.
-    if statically_known_true(m >= INT4_DENSE_MIN_M):
+    if decode is None and statically_known_true(m >= INT4_DENSE_MIN_M):
         w = dequantize(weight, scale, zero, group_size=group_size, k=k, dtype=x.dtype)
         b = None if bias is None else bias.to(x.dtype)
         return torch.nn.functional.linear(x2, w, b).reshape(*x.shape[:-1], n)
 
-    decode = configs.is_decode(m)
+    decode = configs.is_decode(m, decode)
     y = output_buffer(m, n, x=x, decode=decode)
     kernel, split = (_decode_kernel, {}) if decode else (_prefill_kernel, {"SPLIT_K": 1})
     torch.library.wrap_triton(kernel)[gemm_grid(m, n)](
@@ -243,10 +252,17 @@ def int4_linear(
 
 @torch.library.triton_op("fxquant::triton_int4_weight_only_linear", mutates_args=())
 def triton_int4_weight_only_linear(
-    x: Tensor, weight: Tensor, scale: Tensor, zero: Tensor, bias: Tensor | None, group_size: int
+    x: Tensor,
+    weight: Tensor,
+    scale: Tensor,
+    zero: Tensor,
+    bias: Tensor | None,
+    group_size: int,
+    decode: bool | None = None,
 ) -> Tensor:
-    """CUDA lowering of ``fxquant::int4_weight_only_linear`` (same arguments)."""
-    return int4_linear(x, weight, scale, zero, bias, group_size=group_size)
+    """CUDA lowering of ``fxquant::int4_weight_only_linear`` (same arguments, then ``decode``:
+    force the decode (True) or prefill (False) kernel; None picks from M)."""
+    return int4_linear(x, weight, scale, zero, bias, group_size=group_size, decode=decode)
 
 
 @torch.library.triton_op("fxquant::triton_int4_dequantize", mutates_args=())

@@ -108,7 +108,9 @@ def _check_operands(xq: Tensor, weight: Tensor) -> None:
         )
 
 
-def int8_scaled_mm(xq, xs, weight, scale, bias, out_dtype: torch.dtype) -> Tensor:
+def int8_scaled_mm(
+    xq, xs, weight, scale, bias, out_dtype: torch.dtype, *, decode: bool | None = None
+) -> Tensor:
     """The launcher: check the operands, pick the path, allocate, launch."""
     _check_operands(xq, weight)
     xq, xs, weight = xq.contiguous(), xs.contiguous(), weight.contiguous()
@@ -117,7 +119,7 @@ def int8_scaled_mm(xq, xs, weight, scale, bias, out_dtype: torch.dtype) -> Tenso
     n = weight.shape[0]
     # Without a bias, scale stands in for bias_ptr: HAS_BIAS=False never reads it.
     args = (xq, xs, weight, scale, scale if bias is None else bias.contiguous())
-    if configs.is_decode(m):
+    if configs.is_decode(m, decode):
         # Split-K adds partial products into fp32, whatever the output dtype.
         out = torch.zeros((m, n), dtype=torch.float32, device=xq.device)
         wrap_triton(_decode_kernel)[_grid(m, n)](
@@ -139,12 +141,14 @@ def triton_int8_scaled_mm(
     scale: Tensor,
     bias: Tensor | None,
     out_dtype: torch.dtype,
+    decode: bool | None = None,
 ) -> Tensor:
     """xq int8 [M, K] with per-token xs fp32 [M, 1] · int8 W [N, K] with per-channel scale [N].
 
     Returns [M, N] in ``out_dtype``: (xq · Wᵀ) · xs · scale (+ bias), accumulated exactly in int32.
+    ``decode`` forces the decode (True) or prefill (False) path; None picks from M.
     """
-    return int8_scaled_mm(xq, xs, weight, scale, bias, out_dtype)
+    return int8_scaled_mm(xq, xs, weight, scale, bias, out_dtype, decode=decode)
 
 
 @triton_op("fxquant::triton_int8_dynamic_linear", mutates_args=())

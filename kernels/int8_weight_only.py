@@ -190,11 +190,18 @@ _prefill_kernel = triton.autotune(configs=configs.prefill_configs(), key=["M", "
 
 
 def channel_scaled_linear(
-    x: Tensor, weight: Tensor, scale: Tensor, bias: Tensor | None, *, weight_dtype: torch.dtype
+    x: Tensor,
+    weight: Tensor,
+    scale: Tensor,
+    bias: Tensor | None,
+    *,
+    weight_dtype: torch.dtype,
+    decode: bool | None = None,
 ) -> Tensor:
     """x [..., K] · W [N, K] (``weight_dtype``) with fp32 ``scale`` [N] → [..., N] in x's dtype.
 
-    Called from the ``triton_op`` bodies (int8 here, fp8 in ``float8_weight_only``).
+    Called from the ``triton_op`` bodies (int8 here, fp8 in ``float8_weight_only``). ``decode``
+    forces a path (see ``configs.is_decode``); None picks from M.
     """
     n, k = weight.shape
     if weight.dtype != weight_dtype:
@@ -208,7 +215,7 @@ def channel_scaled_linear(
 
     x2 = x.reshape(-1, k).contiguous()
     m = x2.shape[0]
-    decode = configs.is_decode(m)
+    decode = configs.is_decode(m, decode)
     y = output_buffer(m, n, x=x, decode=decode)
     kernel, split = (_decode_kernel, {}) if decode else (_prefill_kernel, {"SPLIT_K": 1})
     torch.library.wrap_triton(kernel)[gemm_grid(m, n)](
@@ -234,7 +241,9 @@ def channel_scaled_linear(
 
 @torch.library.triton_op("fxquant::triton_int8_weight_only_linear", mutates_args=())
 def triton_int8_weight_only_linear(
-    x: Tensor, weight: Tensor, scale: Tensor, bias: Tensor | None
+    x: Tensor, weight: Tensor, scale: Tensor, bias: Tensor | None, decode: bool | None = None
 ) -> Tensor:
-    """CUDA lowering of ``fxquant::int8_weight_only_linear``: x [..., K] · int8 W [N, K]."""
-    return channel_scaled_linear(x, weight, scale, bias, weight_dtype=torch.int8)
+    """CUDA lowering of ``fxquant::int8_weight_only_linear``: x [..., K] · int8 W [N, K].
+
+    ``decode`` forces the decode (True) or prefill (False) path; None picks from M."""
+    return channel_scaled_linear(x, weight, scale, bias, weight_dtype=torch.int8, decode=decode)

@@ -28,6 +28,9 @@ VNNI) by ``benchmarks/cpu_kernels.py`` (results in ``benchmarks/results/cpu_kern
   N divisible by 16 (padded here) and K a multiple of the group (padded at quantize time).
 - fp8 has no kernel on this CPU (``_scaled_mm`` is emulated, ~100× slower): the weight is
   upcast per call, correct but slower than fp32. The CUDA lowering is where fp8 pays.
+- The fused ``norm_quant`` (``fxquant.passes.fuse``) lowers to its reference math in aten ops
+  for Inductor to compile; the int8 linears it feeds (``int8_scaled_linear``) take the same
+  ``_weight_int8pack_mm`` path as w8a8, with their quantized input and scale from it.
 """
 
 from __future__ import annotations
@@ -55,12 +58,14 @@ _INT4_N_MULTIPLE = 16  # _convert_weight_to_int4pack_for_cpu: "expect N to be di
 # --------------------------------------------------------------------------------------------
 
 
-def _epilogue(y: Tensor, x: Tensor, n: int, bias: Tensor | None) -> Tensor:
-    """fp32 [M, N'] → x's leading dims × N, plus bias, in x's dtype."""
+def _epilogue(
+    y: Tensor, x: Tensor, n: int, bias: Tensor | None, dtype: torch.dtype | None = None
+) -> Tensor:
+    """fp32 [M, N'] → x's leading dims × N, plus bias, in ``dtype`` (default: x's)."""
     y = y[:, :n]
     if bias is not None:
         y = y + bias.float()
-    return y.reshape(x.shape[:-1] + (n,)).to(x.dtype)
+    return y.reshape(x.shape[:-1] + (n,)).to(x.dtype if dtype is None else dtype)
 
 
 def _cpu_int8_weight_only(x, qweight, scale, ones, bias):
@@ -101,6 +106,33 @@ def _float8_dynamic(x, weight, scale, bias, per_row, activation_scale_ub):
 
 def _float8_block(x, weight, scale, bias, block_size):
     return ref.float8_block_linear(x, weight, scale, bias, block_size=block_size)
+
+
+def _cpu_int8_scaled(xq, xs, qweight, scale, ones, bias, out_dtype):
+    # int8 values are exact in bf16, the input the fast kernel wants (see the module docstring)
+    x2 = xq.reshape(-1, xq.shape[-1]).to(_BF16)
+    y = torch.ops.aten._weight_int8pack_mm(x2, qweight, ones).float() * (xs.reshape(-1, 1) * scale)
+    return _epilogue(y, xq, qweight.shape[0], bias, out_dtype)
+
+
+def _float8_scaled(xq, xs, weight, scale, bias, out_dtype):
+    x2 = xq.reshape(-1, xq.shape[-1])
+    y = F.linear(x2.float(), weight.float()) * (xs.reshape(-1, 1) * scale)
+    return _epilogue(y, xq, weight.shape[0], bias, out_dtype)
+
+
+def _norm_quant(x, weight, bias, eps, rms, quant_dtype, group_size, scale_ub):
+    q, scale, _ = ref.norm_quant(
+        x,
+        weight,
+        bias,
+        eps=eps,
+        rms=rms,
+        quant_dtype=quant_dtype,
+        group_size=group_size,
+        scale_ub=scale_ub,
+    )
+    return q, scale
 
 
 # --------------------------------------------------------------------------------------------
@@ -145,6 +177,24 @@ def _(x, packed, scale_zero, bias, group_size, out_features):
     return x.new_empty((*x.shape[:-1], out_features))
 
 
+@torch.library.custom_op("fxquant::cpu_int8_scaled_linear", mutates_args=())
+def cpu_int8_scaled_linear(
+    xq: Tensor,
+    xs: Tensor,
+    qweight: Tensor,
+    scale: Tensor,
+    ones: Tensor,
+    bias: Tensor | None,
+    out_dtype: torch.dtype,
+) -> Tensor:
+    return _cpu_int8_scaled(xq, xs, qweight, scale, ones, bias, out_dtype)
+
+
+@cpu_int8_scaled_linear.register_fake
+def _(xq, xs, qweight, scale, ones, bias, out_dtype):
+    return xq.new_empty((*xq.shape[:-1], qweight.shape[0]), dtype=out_dtype)
+
+
 # --------------------------------------------------------------------------------------------
 # Prepack rules: semantic node → device node with new constants (computed once).
 # --------------------------------------------------------------------------------------------
@@ -157,6 +207,13 @@ def _prepack_int8(device_op):
         return device_op, (x, qweight, scale, ("ones", ones), bias)
 
     return rule
+
+
+def _prepack_int8_scaled(editor, node: fx.Node, consts: list[Tensor]):
+    xq, xs, qweight, scale, bias, out_dtype = node.args
+    ones = torch.ones(consts[0].shape[0], dtype=_BF16)
+    args = (xq, xs, qweight, scale, ("ones", ones), bias, out_dtype)
+    return fxq.cpu_int8_scaled_linear.default, args
 
 
 def _prepack_int4(editor, node: fx.Node, consts: list[Tensor]):
@@ -177,7 +234,8 @@ def _prepack_int4(editor, node: fx.Node, consts: list[Tensor]):
 @dataclass(frozen=True)
 class _Prepack:
     rule: Callable
-    n_consts: int  # the op's constant args after x, in order
+    n_consts: int  # how many constant args the op has, in order from ``first_const``
+    first_const: int = 1  # after x; 2 for the ops that take (xq, xs) from a norm_quant
 
 
 CPU_PREPACK = {
@@ -188,6 +246,7 @@ CPU_PREPACK = {
         _prepack_int8(fxq.cpu_int8_dynamic_linear.default), 2
     ),
     fxq.int4_weight_only_linear.default: _Prepack(_prepack_int4, 3),
+    fxq.int8_scaled_linear.default: _Prepack(_prepack_int8_scaled, 2, first_const=2),
 }
 
 # Device ops (what prepack emits) → their aten compositions.
@@ -195,6 +254,7 @@ CPU_DECOMPOSITIONS = {
     fxq.cpu_int8_weight_only_linear.default: _cpu_int8_weight_only,
     fxq.cpu_int8_dynamic_linear.default: _cpu_int8_dynamic,
     fxq.cpu_int4_weight_only_linear.default: _cpu_int4_weight_only,
+    fxq.cpu_int8_scaled_linear.default: _cpu_int8_scaled,
 }
 
 # Semantic ops → aten compositions. The ones with a prepack rule fall back to the reference math
@@ -208,6 +268,14 @@ CPU_LOWERINGS = {
     fxq.float8_weight_only_linear.default: _upcast_weight_linear,
     fxq.float8_dynamic_linear.default: _float8_dynamic,
     fxq.float8_block_linear.default: _float8_block,
+    fxq.norm_quant.default: _norm_quant,
+    fxq.int8_scaled_linear.default: lambda xq, xs, w, s, b, dtype: ref.int8_scaled_linear(
+        xq, xs, w, s, b, out_dtype=dtype
+    ),
+    fxq.float8_scaled_linear.default: _float8_scaled,
+    fxq.float8_block_scaled_linear.default: lambda xq, xs, w, s, b, bs, dtype: (
+        ref.float8_block_scaled_linear(xq, xs, w, s, b, block_size=bs, out_dtype=dtype)
+    ),
 }
 
 
@@ -220,9 +288,11 @@ def _device_type(device: str | torch.device) -> str:
 
 def lowerings(device: str | torch.device = "cpu") -> dict:
     """The op → aten composition table for a device type (semantic and device ops)."""
-    _device_type(device)
-    # The Triton kernels arrive with the kernels issue; until then CUDA runs the same aten
-    # compositions as the CPU, minus the CPU-only prepacked kernels.
+    if _device_type(device) == "cuda":
+        # Imported here: it defines the Triton kernels, which CPU-only work never needs.
+        from fxquant.passes.lower_cuda import CUDA_LOWERINGS
+
+        return dict(CUDA_LOWERINGS)
     return {**CPU_LOWERINGS, **CPU_DECOMPOSITIONS}
 
 
@@ -239,7 +309,7 @@ def prepack(editor, *, device: str | torch.device = "cpu") -> int:
         rule = CPU_PREPACK.get(node.target) if node.op == "call_function" else None
         if rule is None:
             continue
-        const_nodes = node.args[1 : 1 + rule.n_consts]
+        const_nodes = node.args[rule.first_const : rule.first_const + rule.n_consts]
         found = [editor.weight_of(n) for n in const_nodes]
         if any(f is None for f in found):
             continue

@@ -22,6 +22,8 @@ from fxquant.config import QuantConfig, name_matches, scheme_from_dict
         (lambda: QuantConfig(overrides={"(": None}), r"overrides pattern '\(' is not a regex"),
         (lambda: QuantConfig(overrides={"fc": "int8"}), r"overrides\['fc'\]='int8'"),
         (lambda: QuantConfig(modules_to_not_convert="lm_head"), r"is a string"),
+        (lambda: QuantConfig(fuse_norms="yes"), r"QuantConfig\.fuse_norms='yes'.*True or False"),
+        (lambda: QuantConfig.from_dict({"fuse": True}), r"unknown keys \['fuse'\].*fuse_norms"),
         (lambda: fxquant.from_recipe_name("int3"), r"unknown recipe 'int3'.*int8wo"),
         (lambda: QuantConfig.coerce(3), r"config=3 is not supported"),
     ],
@@ -87,3 +89,14 @@ def test_precedence_not_convert_then_overrides_in_order_then_default():
     assert cfg.scheme_for("layers.0.q_proj") == (None, "override 'q_proj'")
     assert cfg.scheme_for("layers.0.k_proj")[0] == fxquant.Float8WeightOnly()
     assert cfg.scheme_for("layers.0.fc")[0] == fxquant.Int8WeightOnly()
+
+
+def test_fuse_norms_round_trips_and_defaults_to_true_for_older_dicts():
+    cfg = QuantConfig(scheme=fxquant.Int8DynamicActivation(), fuse_norms=False)
+    assert QuantConfig.from_json(cfg.to_json()) == cfg
+    assert QuantConfig.from_dict(cfg.to_dict()).fuse_norms is False
+    older = {k: v for k, v in cfg.to_dict().items() if k != "fuse_norms"}  # a .pt2 from before
+    assert QuantConfig.from_dict(older).fuse_norms is True
+    assert QuantConfig().fuse_norms is True
+    with pytest.raises(TypeError):
+        QuantConfig(None, {}, ("lm_head",), False)  # keyword-only

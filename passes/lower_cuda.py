@@ -1,0 +1,137 @@
+"""The CUDA lowering table: each semantic ``fxquant::`` op → the Triton ops of ``fxquant.kernels``.
+
+Used by ``fxquant.passes.lower.lowerings("cuda")`` (the last pass before Inductor or
+AOTInductor on a CUDA program). Each entry is a small aten-level composition around one or two
+``fxquant::triton_*`` ops: those are ``torch.library.triton_op``s, so Inductor traces into their
+``wrap_triton`` kernels and AOTInductor embeds the compiled kernels in the package, and the
+package runs where fxquant is not installed.
+
+No prepack on CUDA: the kernels read the rewrite pass's storage layouts as they are (W [N, K]
+row-major, int4 packed along K), so a quantized ``.pt2`` lowers for either device.
+
+Imported only when a CUDA lowering is asked for: importing ``fxquant.kernels`` defines Triton
+kernels, which CPU-only work never needs.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+import fxquant.kernels.float8_block  # noqa: F401  (each import registers its fxquant::triton_* ops)
+import fxquant.kernels.float8_dynamic  # noqa: F401
+import fxquant.kernels.float8_weight_only  # noqa: F401
+import fxquant.kernels.int4_weight_only  # noqa: F401
+import fxquant.kernels.int8_dynamic  # noqa: F401
+import fxquant.kernels.int8_weight_only  # noqa: F401
+import fxquant.kernels.norm_quant  # noqa: F401
+import fxquant.kernels.quantize  # noqa: F401
+import fxquant.ops  # noqa: F401
+from fxquant.kernels.configs import DECODE_MAX_M
+
+fxq = torch.ops.fxquant
+
+
+def _rows(t: Tensor) -> Tensor:
+    return t.reshape(-1, t.shape[-1])
+
+
+def _gemm(op, args: tuple, m) -> Tensor:
+    """``op(*args)``, a GEMM whose last argument ``decode`` picks its kernel, on M rows.
+
+    When M is known (a number, or a symbol whose range settles it) the op picks its own path.
+    A dynamic M gets both paths under ``torch.cond(M <= DECODE_MAX_M, decode, prefill)``: one
+    artifact then runs the split-K GEMV at M = 1 and the tiled kernel at M = 2048, chosen when
+    it runs (the op alone could only take the path that is right for every M, the tiled one).
+    ``torch.cond`` takes tensor operands; the other arguments are closed over.
+    """
+    if statically_known_true(m <= DECODE_MAX_M) or statically_known_true(m > DECODE_MAX_M):
+        return op(*args)
+    names = [a.name for a in op._schema.arguments]
+    tensors = {n: a for n, a in zip(names, args, strict=False) if isinstance(a, Tensor)}
+    # Everything else (None bias, group size, dtype) goes in by keyword: closed-over ints would
+    # be lifted into the branches' operands, which export's placeholder naming cannot take.
+    fixed = {n: a for n, a in zip(names, args, strict=False) if n not in tensors}
+
+    def branch(decode: bool):
+        def run(*ts):
+            return op(**dict(zip(tensors, ts, strict=True)), **fixed, decode=decode)
+
+        return run
+
+    return torch.cond(m <= DECODE_MAX_M, branch(True), branch(False), tuple(tensors.values()))
+
+
+def _weight_only(op):
+    def lowering(x, *rest):
+        x2 = _rows(x)
+        y = _gemm(op, (x2, *rest), x2.shape[0])
+        return y.reshape(*x.shape[:-1], y.shape[-1])
+
+    return lowering
+
+
+def _scaled(mm):
+    """A *_scaled_mm on [..., K] activations: 2-D for the kernel, the leading dims back after.
+
+    Per-token / per-group scales ([..., 1], [..., G]) flatten with the rows; a per-tensor
+    scale ([1]) is left as it is.
+    """
+
+    def lowering(xq, xs, *rest):
+        xq2 = _rows(xq)
+        xs2 = xs if xs.dim() == 1 else _rows(xs)
+        y = _gemm(mm, (xq2, xs2, *rest), xq2.shape[0])
+        return y.reshape(*xq.shape[:-1], y.shape[-1])
+
+    return lowering
+
+
+_int8_scaled = _scaled(fxq.triton_int8_scaled_mm.default)
+_float8_scaled = _scaled(fxq.triton_float8_scaled_mm.default)
+_float8_block_scaled = _scaled(fxq.triton_float8_block_scaled_mm.default)
+
+
+def _int8_dynamic(x, weight, scale, bias):
+    xq, xs = fxq.triton_quantize_int8_per_token(_rows(x))
+    y = _int8_scaled(xq, xs, weight, scale, bias, x.dtype)
+    return y.reshape(*x.shape[:-1], weight.shape[0])
+
+
+def _float8_dynamic(x, weight, scale, bias, per_row, activation_scale_ub):
+    if per_row:
+        xq, xs = fxq.triton_quantize_fp8_per_token(_rows(x), activation_scale_ub)
+    else:
+        xq, xs, _ = fxq.triton_quantize_fp8_per_tensor(_rows(x), activation_scale_ub)
+    y = _float8_scaled(xq, xs, weight, scale, bias, x.dtype)
+    return y.reshape(*x.shape[:-1], weight.shape[0])
+
+
+def _float8_block(x, weight, scale, bias, block_size):
+    xq, xs = fxq.triton_quantize_fp8_groups(_rows(x), block_size)
+    y = _float8_block_scaled(xq, xs, weight, scale, bias, block_size, x.dtype)
+    return y.reshape(*x.shape[:-1], weight.shape[0])
+
+
+def _norm_quant(x, weight, bias, eps, rms, quant_dtype, group_size, scale_ub):
+    q, scale, _ = fxq.triton_norm_quant(
+        x, weight, bias, eps, rms, quant_dtype, group_size, scale_ub, False
+    )
+    return q, scale
+
+
+CUDA_LOWERINGS = {
+    fxq.int8_weight_only_linear.default: _weight_only(fxq.triton_int8_weight_only_linear.default),
+    fxq.int4_weight_only_linear.default: _weight_only(fxq.triton_int4_weight_only_linear.default),
+    fxq.float8_weight_only_linear.default: _weight_only(
+        fxq.triton_float8_weight_only_linear.default
+    ),
+    fxq.int8_dynamic_linear.default: _int8_dynamic,
+    fxq.float8_dynamic_linear.default: _float8_dynamic,
+    fxq.float8_block_linear.default: _float8_block,
+    fxq.int8_scaled_linear.default: _int8_scaled,
+    fxq.float8_scaled_linear.default: _float8_scaled,
+    fxq.float8_block_scaled_linear.default: _float8_block_scaled,
+    fxq.norm_quant.default: _norm_quant,
+}
