@@ -31,6 +31,11 @@ VNNI) by ``benchmarks/cpu_kernels.py`` (results in ``benchmarks/results/cpu_kern
 - The fused ``norm_quant`` (``fxquant.passes.fuse``) lowers to its reference math in aten ops
   for Inductor to compile; the int8 linears it feeds (``int8_scaled_linear``) take the same
   ``_weight_int8pack_mm`` path as w8a8, with their quantized input and scale from it.
+
+On CUDA (``lowerings("cuda")``, the table in ``lower_cuda.py``) there is no prepack: each
+semantic op becomes the Triton ops of ``fxquant.kernels`` on the rewrite's own layouts, with
+the decode (M ≤ 16) and prefill kernels of a GEMM under a ``torch.cond`` on M when M is
+dynamic.
 """
 
 from __future__ import annotations
