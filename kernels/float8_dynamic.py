@@ -9,144 +9,26 @@ them directly. The oracle is ``fxquant.reference.float8_scaled_linear`` /
 
 The GEMM multiplies e4m3 tiles with fp32 accumulation (on sm90 Triton's default lets the tensor
 cores accumulate fp8 products at their own reduced precision; the tests bound the error), then
-applies xs · ws (and the bias) in fp32 in the epilogue. A scale is read through a stride: 1 for
-one scale per row ([M, 1] activation, [N] weight), 0 for one per tensor ([1]), so one compiled
-kernel serves every mix and no branch depends on M. Paths as in ``int8_dynamic``: decode
-(M known to be ≤ ``configs.DECODE_MAX_M``, split-K into a zeroed fp32 buffer) and prefill
-(tiled).
+applies xs · ws (and the bias) in fp32 in the epilogue: it is ``int8_dynamic``'s kernel with
+``INT8=False`` (one launcher, ``int8_dynamic.scaled_mm``), paths and scale strides included.
 """
 
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 from torch import Tensor
-from torch.library import triton_op, wrap_triton
+from torch.library import triton_op
 
-from fxquant.kernels import configs, quantize
-
-_GROUP_M = 8  # prefill: tiles of 8 consecutive M blocks share their weight columns in L2
-
-
-@triton.jit
-def _float8_scaled_mm_kernel(
-    x_ptr,  # [M, K] float8_e4m3fn, contiguous
-    xs_ptr,  # fp32 activation scale: [M] (stride_xs = 1) or [1] (stride_xs = 0)
-    w_ptr,  # [N, K] float8_e4m3fn, contiguous
-    ws_ptr,  # fp32 weight scale: [N] (stride_ws = 1) or [1] (stride_ws = 0)
-    bias_ptr,  # [N] float (read only when HAS_BIAS)
-    out_ptr,  # [M, N]: the output dtype, or fp32 zeros when SPLIT_K > 1
-    M,
-    N,
-    K,
-    stride_xs,
-    stride_ws,
-    HAS_BIAS: tl.constexpr,
-    GROUP_M: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    SPLIT_K: tl.constexpr,
-):
-    # ---- tile of this program (grouped order) ---------------------------------------------
-    pid = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    grid_m = tl.cdiv(M, BLOCK_M)
-    grid_n = tl.cdiv(N, BLOCK_N)
-    per_group = GROUP_M * grid_n
-    first_m = (pid // per_group) * GROUP_M
-    group_rows = tl.minimum(grid_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % per_group) % group_rows
-    pid_n = (pid % per_group) // group_rows
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask_m = offs_m < M
-    mask_n = offs_n < N
-    x_rows = x_ptr + offs_m.to(tl.int64)[:, None] * K  # [BLOCK_M, 1]
-    w_cols = w_ptr + offs_n.to(tl.int64)[None, :] * K  # [1, BLOCK_N]: W tile read as [K, N]
-    # ---- e4m3 · e4m3 → fp32 over this program's share of K --------------------------------
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(pid_k * BLOCK_K, K, BLOCK_K * SPLIT_K):
-        offs_k = k0 + tl.arange(0, BLOCK_K)
-        mask_k = offs_k < K
-        a = tl.load(x_rows + offs_k[None, :], mask=mask_m[:, None] & mask_k[None, :], other=0.0)
-        b = tl.load(w_cols + offs_k[:, None], mask=mask_k[:, None] & mask_n[None, :], other=0.0)
-        acc = tl.dot(a, b, acc)
-    # ---- epilogue: activation × weight scales, bias (once, from split 0) -------------------
-    xs = tl.load(xs_ptr + offs_m * stride_xs, mask=mask_m, other=0.0)
-    ws = tl.load(ws_ptr + offs_n * stride_ws, mask=mask_n, other=0.0)
-    y = acc * xs[:, None] * ws[None, :]
-    if HAS_BIAS:
-        bias = tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
-        y += tl.where(pid_k == 0, bias, 0.0)[None, :]
-    out = out_ptr + offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
-    mask = mask_m[:, None] & mask_n[None, :]
-    if SPLIT_K > 1:
-        tl.atomic_add(out, y, mask=mask)
-    else:
-        tl.store(out, y.to(out_ptr.dtype.element_ty), mask=mask)
-
-
-_decode_kernel = triton.autotune(
-    configs=configs.decode_configs(), key=["N", "K"], reset_to_zero=["out_ptr"]
-)(_float8_scaled_mm_kernel)
-_prefill_kernel = triton.autotune(configs=configs.prefill_configs(), key=["N", "K"])(
-    _float8_scaled_mm_kernel
-)
-
-
-def _grid(m: int, n: int):
-    return lambda meta: (
-        triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),
-        meta["SPLIT_K"],
-    )
-
-
-def _check_operands(xq: Tensor, weight: Tensor) -> None:
-    fp8 = torch.float8_e4m3fn
-    if xq.dtype != fp8 or weight.dtype != fp8 or xq.shape[-1] != weight.shape[-1]:
-        raise ValueError(
-            f"fp8 scaled mm needs float8_e4m3fn xq [M, K] and weight [N, K]; got xq {xq.dtype} "
-            f"{tuple(xq.shape)}, weight {weight.dtype} {tuple(weight.shape)}"
-        )
+from fxquant.kernels import quantize
+from fxquant.kernels.int8_dynamic import scaled_mm
 
 
 def float8_scaled_mm(
     xq, xs, weight, scale, bias, out_dtype: torch.dtype, *, decode: bool | None = None
 ) -> Tensor:
-    """The launcher: check the operands, pick the path, allocate, launch."""
-    _check_operands(xq, weight)
-    xq, xs, weight = xq.contiguous(), xs.contiguous(), weight.contiguous()
-    scale = scale.contiguous()
-    m, k = xq.shape
-    n = weight.shape[0]
-    # expand() gives a per-tensor scale stride 0 and leaves a per-row one at stride 1.
-    stride_xs = xs.expand(m, 1).stride(0)
-    stride_ws = scale.expand(n).stride(0)
-    # Without a bias, scale stands in for bias_ptr: HAS_BIAS=False never reads it.
-    args = (xq, xs, weight, scale, scale if bias is None else bias.contiguous())
-    if configs.is_decode(m, decode):
-        # Split-K adds partial products into fp32, whatever the output dtype.
-        out = torch.zeros((m, n), dtype=torch.float32, device=xq.device)
-        wrap_triton(_decode_kernel)[_grid(m, n)](
-            *args, out, m, n, k, stride_xs, stride_ws, HAS_BIAS=bias is not None, GROUP_M=1
-        )
-        return out.to(out_dtype)
-    out = torch.empty((m, n), dtype=out_dtype, device=xq.device)
-    wrap_triton(_prefill_kernel)[_grid(m, n)](
-        *args,
-        out,
-        m,
-        n,
-        k,
-        stride_xs,
-        stride_ws,
-        HAS_BIAS=bias is not None,
-        GROUP_M=_GROUP_M,
-        SPLIT_K=1,
+    return scaled_mm(
+        xq, xs, weight, scale, bias, out_dtype, operand_dtype=torch.float8_e4m3fn, decode=decode
     )
-    return out
 
 
 @triton_op("fxquant::triton_float8_scaled_mm", mutates_args=())

@@ -7,12 +7,12 @@ the GEMM here); where the norm-fusion pass already produced the int8 activation 
 ``fxquant.reference.int8_scaled_linear`` / ``int8_dynamic_linear``.
 
 The GEMM multiplies int8 tiles into an int32 accumulator (exact: no rounding until the
-epilogue), then applies xs[m] · ws[n] (and the bias) in fp32, as the reference does. Two paths,
-one kernel: decode (M known to be ≤ ``configs.DECODE_MAX_M``: narrow M tiles, split-K) and
-prefill (tiled, grouped tile order for L2 reuse; also what an unbounded dynamic M takes, see
-``configs.is_decode``). With split-K the partial products, already scaled, are added
-into a zeroed fp32 buffer with ``atomic_add``, so decode outputs may differ between runs in the
-last bit.
+epilogue), then applies xs[m] · ws[n] (and the bias) in fp32, as the reference does. The same
+kernel, with ``INT8=False``, is the e4m3 GEMM of ``float8_dynamic``. Two paths, one kernel:
+decode (M ≤ ``configs.DECODE_MAX_M``: narrow M tiles, split-K) and prefill (tiled, grouped tile
+order for L2 reuse), picked by ``configs.is_decode`` or by the caller. With split-K the partial
+products, already scaled, are added into a zeroed fp32 buffer with ``atomic_add``, so decode
+outputs may differ between runs in the last bit.
 """
 
 from __future__ import annotations
@@ -29,16 +29,19 @@ _GROUP_M = 8  # prefill: tiles of 8 consecutive M blocks share their weight colu
 
 
 @triton.jit
-def _int8_scaled_mm_kernel(
-    x_ptr,  # [M, K] int8, contiguous
-    xs_ptr,  # [M] fp32 (the [M, 1] per-token scale)
-    w_ptr,  # [N, K] int8, contiguous
-    ws_ptr,  # [N] fp32
+def _scaled_mm_kernel(
+    x_ptr,  # [M, K] int8 or float8_e4m3fn, contiguous
+    xs_ptr,  # fp32 activation scale: [M] (stride_xs = 1) or [1] (stride_xs = 0)
+    w_ptr,  # [N, K] x's dtype, contiguous
+    ws_ptr,  # fp32 weight scale: [N] (stride_ws = 1) or [1] (stride_ws = 0)
     bias_ptr,  # [N] float (read only when HAS_BIAS)
     out_ptr,  # [M, N]: the output dtype, or fp32 zeros when SPLIT_K > 1
     M,
     N,
     K,
+    stride_xs,
+    stride_ws,
+    INT8: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     GROUP_M: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -62,17 +65,24 @@ def _int8_scaled_mm_kernel(
     mask_n = offs_n < N
     x_rows = x_ptr + offs_m.to(tl.int64)[:, None] * K  # [BLOCK_M, 1]
     w_cols = w_ptr + offs_n.to(tl.int64)[None, :] * K  # [1, BLOCK_N]: W tile read as [K, N]
-    # ---- int8 · int8 → int32 over this program's share of K -------------------------------
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
+    # ---- int8 · int8 → int32 (exact), or e4m3 · e4m3 → fp32, over this program's K share ---
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32 if INT8 else tl.float32)
     for k0 in range(pid_k * BLOCK_K, K, BLOCK_K * SPLIT_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         mask_k = offs_k < K
-        a = tl.load(x_rows + offs_k[None, :], mask=mask_m[:, None] & mask_k[None, :], other=0)
-        b = tl.load(w_cols + offs_k[:, None], mask=mask_k[:, None] & mask_n[None, :], other=0)
-        acc = tl.dot(a, b, acc, out_dtype=tl.int32)
-    # ---- epilogue: per-token × per-channel scales, bias (once, from split 0) ---------------
-    xs = tl.load(xs_ptr + offs_m, mask=mask_m, other=0.0)
-    ws = tl.load(ws_ptr + offs_n, mask=mask_n, other=0.0)
+        mask_a = mask_m[:, None] & mask_k[None, :]
+        mask_b = mask_k[:, None] & mask_n[None, :]
+        if INT8:
+            a = tl.load(x_rows + offs_k[None, :], mask=mask_a, other=0)
+            b = tl.load(w_cols + offs_k[:, None], mask=mask_b, other=0)
+            acc = tl.dot(a, b, acc, out_dtype=tl.int32)
+        else:  # the interpreter needs a float `other` for fp8 loads
+            a = tl.load(x_rows + offs_k[None, :], mask=mask_a, other=0.0)
+            b = tl.load(w_cols + offs_k[:, None], mask=mask_b, other=0.0)
+            acc = tl.dot(a, b, acc)
+    # ---- epilogue: activation × weight scales, bias (once, from split 0) -------------------
+    xs = tl.load(xs_ptr + offs_m * stride_xs, mask=mask_m, other=0.0)
+    ws = tl.load(ws_ptr + offs_n * stride_ws, mask=mask_n, other=0.0)
     y = acc.to(tl.float32) * xs[:, None] * ws[None, :]
     if HAS_BIAS:
         bias = tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
@@ -86,10 +96,10 @@ def _int8_scaled_mm_kernel(
 
 
 _decode_kernel = triton.autotune(
-    configs=configs.decode_configs(), key=["N", "K"], reset_to_zero=["out_ptr"]
-)(_int8_scaled_mm_kernel)
-_prefill_kernel = triton.autotune(configs=configs.prefill_configs(), key=["N", "K"])(
-    _int8_scaled_mm_kernel
+    configs=configs.decode_configs(), key=["N", "K", "INT8"], reset_to_zero=["out_ptr"]
+)(_scaled_mm_kernel)
+_prefill_kernel = triton.autotune(configs=configs.prefill_configs(), key=["N", "K", "INT8"])(
+    _scaled_mm_kernel
 )
 
 
@@ -100,37 +110,61 @@ def _grid(m: int, n: int):
     )
 
 
-def _check_operands(xq: Tensor, weight: Tensor) -> None:
-    if xq.dtype != torch.int8 or weight.dtype != torch.int8 or xq.shape[-1] != weight.shape[-1]:
+def scaled_mm(
+    xq: Tensor,
+    xs: Tensor,
+    weight: Tensor,
+    scale: Tensor,
+    bias: Tensor | None,
+    out_dtype: torch.dtype,
+    *,
+    operand_dtype: torch.dtype,
+    decode: bool | None = None,
+) -> Tensor:
+    """The launcher of both scaled mms (int8 here, e4m3 in ``float8_dynamic``): check the
+    operands, pick the path, allocate, launch.
+
+    A scale is read through a stride: 1 for one scale per row ([M, 1] activation, [N] weight),
+    0 for one per tensor ([1]), so one compiled kernel serves every mix and nothing branches
+    on M.
+    """
+    if (
+        xq.dtype != operand_dtype
+        or weight.dtype != operand_dtype
+        or xq.shape[-1] != weight.shape[-1]
+    ):
         raise ValueError(
-            f"int8 scaled mm needs int8 xq [M, K] and int8 weight [N, K]; got xq {xq.dtype} "
-            f"{tuple(xq.shape)}, weight {weight.dtype} {tuple(weight.shape)}"
+            f"{'int8' if operand_dtype == torch.int8 else 'fp8'} scaled mm needs "
+            f"{str(operand_dtype).removeprefix('torch.')} xq [M, K] and weight [N, K]; got xq "
+            f"{xq.dtype} {tuple(xq.shape)}, weight {weight.dtype} {tuple(weight.shape)}"
         )
+    xq, xs, weight = xq.contiguous(), xs.contiguous(), weight.contiguous()
+    scale = scale.contiguous()
+    m, k = xq.shape
+    n = weight.shape[0]
+    # expand() gives a per-tensor scale stride 0 and leaves a per-row one at stride 1.
+    strides = (xs.expand(m, 1).stride(0), scale.expand(n).stride(0))
+    # Without a bias, scale stands in for bias_ptr: HAS_BIAS=False never reads it.
+    args = (xq, xs, weight, scale, scale if bias is None else bias.contiguous())
+    flags = {"INT8": operand_dtype == torch.int8, "HAS_BIAS": bias is not None}
+    if configs.is_decode(m, decode):
+        # Split-K adds partial products into fp32, whatever the output dtype.
+        out = torch.zeros((m, n), dtype=torch.float32, device=xq.device)
+        wrap_triton(_decode_kernel)[_grid(m, n)](*args, out, m, n, k, *strides, **flags, GROUP_M=1)
+        return out.to(out_dtype)
+    out = torch.empty((m, n), dtype=out_dtype, device=xq.device)
+    wrap_triton(_prefill_kernel)[_grid(m, n)](
+        *args, out, m, n, k, *strides, **flags, GROUP_M=_GROUP_M, SPLIT_K=1
+    )
+    return out
 
 
 def int8_scaled_mm(
     xq, xs, weight, scale, bias, out_dtype: torch.dtype, *, decode: bool | None = None
 ) -> Tensor:
-    """The launcher: check the operands, pick the path, allocate, launch."""
-    _check_operands(xq, weight)
-    xq, xs, weight = xq.contiguous(), xs.contiguous(), weight.contiguous()
-    scale = scale.contiguous()
-    m, k = xq.shape
-    n = weight.shape[0]
-    # Without a bias, scale stands in for bias_ptr: HAS_BIAS=False never reads it.
-    args = (xq, xs, weight, scale, scale if bias is None else bias.contiguous())
-    if configs.is_decode(m, decode):
-        # Split-K adds partial products into fp32, whatever the output dtype.
-        out = torch.zeros((m, n), dtype=torch.float32, device=xq.device)
-        wrap_triton(_decode_kernel)[_grid(m, n)](
-            *args, out, m, n, k, HAS_BIAS=bias is not None, GROUP_M=1
-        )
-        return out.to(out_dtype)
-    out = torch.empty((m, n), dtype=out_dtype, device=xq.device)
-    wrap_triton(_prefill_kernel)[_grid(m, n)](
-        *args, out, m, n, k, HAS_BIAS=bias is not None, GROUP_M=_GROUP_M, SPLIT_K=1
+    return scaled_mm(
+        xq, xs, weight, scale, bias, out_dtype, operand_dtype=torch.int8, decode=decode
     )
-    return out
 
 
 @triton_op("fxquant::triton_int8_scaled_mm", mutates_args=())

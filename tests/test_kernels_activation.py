@@ -30,6 +30,7 @@ from fxquant.kernels import float8_dynamic as f8d  # noqa: E402
 from fxquant.kernels import int8_dynamic as i8d  # noqa: E402
 
 pytestmark = pytest.mark.interpreter
+assert f8d.triton_float8_scaled_mm  # imported for its op registrations
 
 fxq = torch.ops.fxquant
 # Interpreted on CPU tensors without a GPU; compiled, on the GPU, where there is one.
@@ -261,8 +262,7 @@ def test_split_k_decode(split_k, monkeypatch):
     # program without work in the first, and only split 0 may add the bias.
     meta = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32, "SPLIT_K": split_k}
     cfg = [triton.Config(meta, num_warps=4, num_stages=2)]
-    monkeypatch.setattr(i8d._decode_kernel, "configs", cfg)
-    monkeypatch.setattr(f8d._decode_kernel, "configs", cfg)
+    monkeypatch.setattr(i8d._decode_kernel, "configs", cfg)  # int8 and fp8 share it
     monkeypatch.setattr(f8b._kernels(32)[0], "configs", cfg)
     w, b = _weight(37, 70)
     x = _x((5, 70), torch.bfloat16)
