@@ -51,7 +51,7 @@ import torch.nn.functional as F
 
 import fxquant.ops  # noqa: F401  (registers the fxquant:: ops)
 from fxquant.passes.plan import FLOAT_DTYPES, node_value
-from fxquant.passes.rewrite import _COPIED_META, META_KEY, counters
+from fxquant.passes.rewrite import COPIED_META, META_KEY, counters
 
 __all__ = ["NORM_KEY", "ActivationQuant", "fuse_norms"]
 
@@ -383,7 +383,7 @@ def _fuse(editor, m: NormMatch, quant: ActivationQuant, record: dict) -> None:
     with graph.inserting_after(q):
         scale = graph.call_function(operator.getitem, (fused, 1))
     for new in (fused, q, scale):
-        for key in _COPIED_META:
+        for key in COPIED_META:
             if key in m.out.meta and key != "custom":
                 new.meta[key] = m.out.meta[key]
     if editor.fake_mode is not None:

@@ -40,7 +40,7 @@ from fxquant.reference import sqnr
 
 META_KEY = "fxquant"  # node.meta["custom"][META_KEY]: the layer's report row, as JSON
 CONFIG_KEY = "fxquant_config"  # ... and on the first site, the whole QuantConfig, as JSON
-_COPIED_META = (
+COPIED_META = (
     "nn_module_stack",
     "stack_trace",
     "source_fn_stack",
@@ -316,7 +316,7 @@ def _swap(graph: fx.Graph, node: fx.Node, target, args: tuple, fake_mode) -> fx.
     trace, report row) and, in an exported graph, a fresh ``meta["val"]``."""
     with graph.inserting_before(node):
         new = graph.call_function(target, args)
-    for key in _COPIED_META:
+    for key in COPIED_META:
         if key in node.meta:
             new.meta[key] = node.meta[key]
     if fake_mode is not None:
