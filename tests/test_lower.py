@@ -8,7 +8,7 @@ from torch.export import Dim
 
 import fxquant
 from conftest import Mixed
-from fxquant.passes.lower import CPU_DECOMPOSITIONS, CPU_LOWERINGS, lower
+from fxquant.passes.lower import CPU_DECOMPOSITIONS, CPU_LOWERINGS, lower, lowerings
 from fxquant.passes.rewrite import counters
 from fxquant.reference import sqnr
 
@@ -30,13 +30,29 @@ def _floor_db(recipe: str, dtype: torch.dtype) -> float:
     return 80.0
 
 
+def _ops(prefix: str | None = None) -> set:
+    """fxquant's linear and norm_quant ops: semantic ones (no prefix) or a device's own."""
+    names = [n for n in dir(torch.ops.fxquant) if n.endswith("_linear") or n == "norm_quant"]
+    if prefix is None:
+        names = [n for n in names if not n.startswith(("cpu_", "triton_"))]
+    else:
+        names = [n for n in names if n.startswith(prefix)]
+    return {getattr(torch.ops.fxquant, n).default for n in names}
+
+
 def test_every_op_has_a_cpu_lowering():
-    ops = {
-        getattr(torch.ops.fxquant, name).default
-        for name in dir(torch.ops.fxquant)
-        if name.endswith("_linear") or name == "norm_quant"  # norm_quant: passes/fuse.py
-    }
+    # Checked against what is registered now (other test modules may have imported the Triton
+    # ops, which are not CPU lowerings' business).
+    ops = _ops() | _ops("cpu_")
     assert ops and ops == set(CPU_LOWERINGS) | set(CPU_DECOMPOSITIONS)
+
+
+def test_every_semantic_op_has_a_cuda_lowering():
+    pytest.importorskip("triton")
+    from fxquant.passes.lower_cuda import CUDA_LOWERINGS
+
+    assert set(CUDA_LOWERINGS) == _ops()
+    assert lowerings("cuda") == CUDA_LOWERINGS
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
