@@ -44,14 +44,15 @@ def _gemm(op, args: tuple, m) -> Tensor:
     A dynamic M gets both paths under ``torch.cond(M <= DECODE_MAX_M, decode, prefill)``: one
     artifact then runs the split-K GEMV at M = 1 and the tiled kernel at M = 2048, chosen when
     it runs (the op alone could only take the path that is right for every M, the tiled one).
-    ``torch.cond`` takes tensor operands; the other arguments are closed over.
+    ``torch.cond`` takes the tensor arguments as operands; the rest go in by keyword.
     """
     if statically_known_true(m <= DECODE_MAX_M) or statically_known_true(m > DECODE_MAX_M):
         return op(*args)
     names = [a.name for a in op._schema.arguments]
     tensors = {n: a for n, a in zip(names, args, strict=False) if isinstance(a, Tensor)}
-    # Everything else (None bias, group size, dtype) goes in by keyword: closed-over ints would
-    # be lifted into the branches' operands, which export's placeholder naming cannot take.
+    # Everything else (None bias, group size, dtype) goes in by keyword through the branch:
+    # passed positionally, Dynamo lifted the ints into the branches' operands, which export's
+    # placeholder naming pass cannot take ("'int' object has no attribute 'name'").
     fixed = {n: a for n, a in zip(names, args, strict=False) if n not in tensors}
 
     def branch(decode: bool):
