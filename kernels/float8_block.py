@@ -28,6 +28,7 @@ from torch import Tensor
 from torch.library import triton_op, wrap_triton
 
 from fxquant.kernels import configs, quantize
+from fxquant.kernels.int8_weight_only import tile_coords
 
 _GROUP_M = 8  # prefill: tiles of 8 consecutive M blocks share their weight columns in L2
 _MIN_BLOCK = 16  # tl.dot needs every tile dimension >= 16
@@ -53,15 +54,8 @@ def _float8_block_scaled_mm_kernel(
     SPLIT_K: tl.constexpr,
 ):
     # ---- tile of this program (grouped order) ---------------------------------------------
-    pid = tl.program_id(0)
+    pid_m, pid_n = tile_coords(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     pid_k = tl.program_id(1)
-    grid_m = tl.cdiv(M, BLOCK_M)
-    grid_n = tl.cdiv(N, BLOCK_N)
-    per_group = GROUP_M * grid_n
-    first_m = (pid // per_group) * GROUP_M
-    group_rows = tl.minimum(grid_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % per_group) % group_rows
-    pid_n = (pid % per_group) // group_rows
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_m = offs_m < M
