@@ -17,6 +17,11 @@ from typing import Any
 import torch
 
 from fxquant.config import QuantConfig
+from fxquant.passes.float8_regions import (
+    copy_graph_module,
+    float8_regions,
+    uses_float8_training,
+)
 from fxquant.passes.fuse import fuse_norms
 from fxquant.passes.lower import lowerings, prepack
 from fxquant.passes.rewrite import DynamoEditor, rewrite
@@ -47,6 +52,9 @@ def fxquant_backend(
             f"fxquant backend options {sorted(unknown)} are not known; allowed: {list(_OPTIONS)}"
         )
     config = QuantConfig.coerce(options.get("config", DEFAULT_RECIPE))
+    inductor_config = dict(options.get("inductor_config") or {})
+    if uses_float8_training(config):
+        return _float8_training(gm, example_inputs, config, inductor_config)
     editor = DynamoEditor(gm, example_inputs)
     rewrite(editor, config)
     if config.fuse_norms:
@@ -66,7 +74,7 @@ def fxquant_backend(
         compiled = compile_fx(
             gm,
             example_inputs,
-            config_patches=dict(options.get("inductor_config") or {}),
+            config_patches=inductor_config,
             decompositions=decompositions,
         )
 
@@ -75,3 +83,45 @@ def fxquant_backend(
             return compiled(*args)
 
     return run
+
+
+def _float8_training(gm, example_inputs, config: QuantConfig, inductor_config: dict):
+    """The training branch: FP8 autocast regions (``fxquant.passes.float8_regions``), compiled
+    by Inductor with autograd (AOTAutograd traces the FP8 backward too), wrapped in the runtime
+    that keeps the delayed-scaling state (``fxquant.float8_state``)."""
+    from torch._inductor.compile_fx import compile_fx
+
+    from fxquant.float8_state import Float8TrainingProgram
+
+    fg = float8_regions(gm, example_inputs, config)
+    last_reports.append(fg.rows)
+    del last_reports[:-16]
+    # model.eval() runs the graph as the user wrote it; compiled on first use, by Dynamo, so it
+    # gets its own guards and dynamic shapes.
+    original = copy_graph_module(gm)[0]
+    eval_fn = _Lazy(
+        lambda: torch.compile(original, backend="inductor", options=inductor_config or None)
+    )
+    compiled = compile_fx(
+        fg.gm, [*example_inputs, *fg.extra_inputs], config_patches=inductor_config
+    )
+    return Float8TrainingProgram(
+        compiled,
+        n_outputs=fg.n_outputs,
+        states=fg.states,
+        root=fg.root,
+        eval_fn=eval_fn,
+        autocast_during_eval=any(s.use_autocast_during_eval for s in config.schemes),
+    )
+
+
+class _Lazy:
+    """A callable made on first call."""
+
+    def __init__(self, make) -> None:
+        self._make, self._fn = make, None
+
+    def __call__(self, *args):
+        if self._fn is None:
+            self._fn = self._make()
+        return self._fn(*args)

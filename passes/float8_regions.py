@@ -1,0 +1,238 @@
+"""FP8 autocast regions: decide which linears of a Dynamo training graph run in FP8, and rewrite
+them to ``fxquant.float8_training.float8_training_linear``.
+
+Where it sits: the training branch of the backend (``fxquant.backend``). A region is the part of
+the graph the config assigns a ``Float8Recipe``: ``modules_to_not_convert`` and ``overrides`` by
+module name, then ``module_filter(module, fqn)`` when given, else accelerate's default (skip the
+first and the last linear of the model, in ``named_modules()`` order), then what the shapes allow
+(dims divisible by 16 unless ``pad_inner_dim``; by 32 / 128 for MX / block). Every decision is a
+report row. Outside a region the graph is untouched.
+
+The rewritten graph is a copy (Dynamo keeps using the graph it handed over). With delayed
+scaling it gains inputs (per site a forward and a backward scale, then one amax sink [sites, 2])
+and outputs (per site the forward amaxes): ``fxquant.float8_state.Float8TrainingProgram`` feeds
+and reads them.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+
+import torch
+import torch.fx as fx
+
+from fxquant.config import Float8Recipe, QuantConfig
+from fxquant.float8_state import LayerState, state_for
+from fxquant.float8_training import float8_training_linear
+from fxquant.passes.plan import LayerPlan, Site, _shape_problem, find_sites
+from fxquant.passes.rewrite import COPIED_META, DynamoEditor, _row, counters
+
+__all__ = [
+    "Float8Graph",
+    "copy_graph_module",
+    "float8_regions",
+    "plan_regions",
+    "uses_float8_training",
+]
+
+
+def uses_float8_training(config: QuantConfig) -> bool:
+    """Whether a config asks for FP8 training (then it may ask for nothing else)."""
+    schemes = config.schemes
+    fp8 = [s for s in schemes if isinstance(s, Float8Recipe)]
+    if fp8 and len(fp8) != len(schemes):
+        others = sorted({type(s).__name__ for s in schemes if not isinstance(s, Float8Recipe)})
+        raise ValueError(
+            f"a config with a Float8Recipe (FP8 training) cannot also assign inference schemes "
+            f"({', '.join(others)}); use None to keep layers in high precision"
+        )
+    return bool(fp8)
+
+
+def _root_and_linears(gm: fx.GraphModule):
+    """The module whose frame Dynamo is compiling (the root the weight names are relative to)
+    and its Linear names in ``named_modules()`` order, or (None, None). Dynamo hands a backend
+    no module; the frame it is tracing still holds it, and the model's ``training`` flag and
+    its submodules (for ``module_filter``) are read from there."""
+    from torch._dynamo.symbolic_convert import InstructionTranslator
+
+    tx = InstructionTranslator.current_tx()
+    for node in gm.graph.find_nodes(op="placeholder"):
+        grapharg = node.meta.get("grapharg")
+        if tx is None or grapharg is None or not isinstance(grapharg.example, torch.nn.Parameter):
+            continue
+        source = grapharg.source
+        while getattr(source, "base", None) is not None:
+            source = source.base
+        root = tx.f_locals.get(getattr(source, "local_name", None))
+        if isinstance(root, torch.nn.Module):
+            linears = [n for n, m in root.named_modules() if isinstance(m, torch.nn.Linear)]
+            return root, linears
+    return None, None
+
+
+def plan_regions(
+    sites: list[Site],
+    config: QuantConfig,
+    *,
+    root: torch.nn.Module | None,
+    linears: list[str] | None,
+) -> list[LayerPlan]:
+    """The region decision for each site, in graph order."""
+    if linears is None:  # no root module found: the graph's own call order stands in
+        linears = list(dict.fromkeys(s.module_name for s in sites))
+    ends = {linears[0], linears[-1]} if linears else set()
+    plans = []
+    for site in sites:
+        scheme, why = config.scheme_for(site.module_name)
+        if scheme is not None and config.module_filter is not None:
+            if root is None:
+                raise ValueError(
+                    "QuantConfig.module_filter needs the compiled module, which fxquant could "
+                    "not find for this graph; use overrides / modules_to_not_convert instead"
+                )
+            module = root.get_submodule(site.module_name) if site.module_name else root
+            if not config.module_filter(module, site.module_name):
+                scheme, why = None, "module_filter returned False"
+            else:
+                why += "; module_filter returned True"
+        elif scheme is not None and site.module_name in ends:
+            first = site.module_name == linears[0]
+            scheme, why = (
+                None,
+                (
+                    f"{'first' if first else 'last'} Linear of the model (accelerate's default "
+                    "filter; pass module_filter to choose yourself)"
+                ),
+            )
+        if scheme is not None:
+            problem = _shape_problem(site, scheme)
+            if problem is not None:
+                scheme, why = None, problem
+        plans.append(LayerPlan(site, scheme, why))
+    return plans
+
+
+@dataclass
+class Float8Graph:
+    """The rewritten graph and what its runtime needs."""
+
+    gm: fx.GraphModule
+    rows: list[dict]
+    states: list[LayerState]  # per delayed-scaling site, in input order
+    n_outputs: int  # the outputs of the original graph (amaxes follow)
+    extra_inputs: list[torch.Tensor]  # example values of the added inputs
+    root: torch.nn.Module | None
+
+
+def copy_graph_module(gm: fx.GraphModule) -> tuple[fx.GraphModule, dict[fx.Node, fx.Node]]:
+    """A copy of a Dynamo GraphModule that AOTAutograd still accepts as one; node metadata is
+    shared (shallow), not deep-copied."""
+    graph = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {}
+    graph.output(graph.graph_copy(gm.graph, env))
+    for old, new in env.items():
+        if hasattr(old, "_dynamo_source"):  # AOTAutograd matches inputs to Dynamo's sources
+            new._dynamo_source = old._dynamo_source
+    new_gm = fx.GraphModule(gm, graph)
+    new_gm.meta.update(gm.meta)
+    if hasattr(gm, "_param_name_to_source"):
+        new_gm._param_name_to_source = gm._param_name_to_source
+    return new_gm, env
+
+
+def float8_regions(gm: fx.GraphModule, example_inputs, config: QuantConfig) -> Float8Graph:
+    """Plan the regions of a Dynamo graph and rewrite a copy of it."""
+    root, linears = _root_and_linears(gm)
+    plans = plan_regions(
+        find_sites(gm.graph, DynamoEditor(gm, example_inputs).weight_of),
+        config,
+        root=root,
+        linears=linears,
+    )
+    new_gm, env = copy_graph_module(gm)
+    graph = new_gm.graph
+    chosen = [p for p in plans if p.scheme is not None]
+    delayed = [p for p in chosen if p.scheme.scaling == "delayed"]
+
+    anchor = [n for n in graph.nodes if n.op == "placeholder"][-1]
+
+    def add_input(name: str) -> fx.Node:
+        nonlocal anchor
+        with graph.inserting_after(anchor):
+            anchor = graph.placeholder(name)
+        anchor._dynamo_source = None  # ours, not the user's: no source for Dynamo to guard
+        return anchor
+
+    states, extra_inputs, scale_nodes = [], [], []
+    for p in delayed:
+        s = state_for(p.site.weight, p.scheme, p.site.weight_fqn)
+        states.append(s)
+        extra_inputs += [s.fwd_scale, s.bwd_scale]
+        name = "fxquant_" + (p.name.replace(".", "_") or "root")
+        scale_nodes.append((add_input(f"{name}_fwd_scale"), add_input(f"{name}_bwd_scale")))
+    sink = None
+    if delayed:
+        sink = add_input("fxquant_amax_sink")
+        # requires grad as the graph's calls will (Dynamo guards grad mode: a no-grad call
+        # compiles its own graph), so AOTAutograd builds the backward that fills it
+        extra_inputs.append(
+            torch.zeros(
+                len(delayed),
+                2,
+                device=states[0].fwd_scale.device,
+                requires_grad=torch.is_grad_enabled(),
+            )
+        )
+
+    amax_nodes = []
+    rows = []
+    index = {p.site.node: i for i, p in enumerate(delayed)}
+    for plan in plans:
+        row = _row(plan)
+        rows.append(row)
+        if plan.scheme is None:
+            continue
+        recipe = plan.scheme
+        padded = recipe.padded_in_features(plan.site.in_features)
+        row.update(padded_in_features=padded, bytes_after=row["bytes_before"])
+        node = env[plan.site.node]
+        x, w = env_arg(env, plan.site.x), env[plan.site.weight_node]
+        bias = env_arg(env, plan.site.bias)
+        i = index.get(plan.site.node)
+        with graph.inserting_before(node):
+            if plan.site.transposed:  # Conv1D / mm: W is stored [K, N]
+                w = graph.call_function(torch.t, (w,))
+            if i is None:
+                fs = bs = sink_i = None
+            else:
+                fs, bs = scale_nodes[i]
+                sink_i = graph.call_function(operator.getitem, (sink, i))
+            call = graph.call_function(
+                float8_training_linear, (x, w, bias, fs, bs, sink_i), {"recipe": recipe}
+            )
+            y = graph.call_function(operator.getitem, (call, 0))
+            if i is not None:
+                amax_nodes.append(graph.call_function(operator.getitem, (call, 1)))
+        for key in COPIED_META:
+            if key in node.meta:
+                y.meta[key] = node.meta[key]
+        node.replace_all_uses_with(y)
+        graph.erase_node(node)
+        counters["float8_training"] += 1
+
+    output = next(n for n in graph.nodes if n.op == "output")
+    outs = output.args[0]
+    if not isinstance(outs, (tuple, list)):
+        raise TypeError(f"a Dynamo graph returns a tuple of outputs, this one {type(outs)}")
+    n_outputs = len(outs)
+    if amax_nodes:
+        output.args = (type(outs)([*outs, *amax_nodes]),)
+    graph.lint()
+    new_gm.recompile()
+    return Float8Graph(new_gm, rows, states, n_outputs, extra_inputs, root)
+
+
+def env_arg(env: dict[fx.Node, fx.Node], a):
+    return env[a] if isinstance(a, fx.Node) else a
