@@ -91,9 +91,11 @@ def _float8_training(gm, example_inputs, config: QuantConfig, inductor_config: d
     that keeps the delayed-scaling state (``fxquant.float8_state``)."""
     from torch._inductor.compile_fx import compile_fx
 
-    from fxquant.float8_state import Float8TrainingProgram
+    from fxquant.float8_state import Float8TrainingProgram, remember_owners
 
     fg = float8_regions(gm, example_inputs, config)
+    if fg.root is not None:
+        remember_owners(fg.root)
     last_reports.append(fg.rows)
     del last_reports[:-16]
     # model.eval() runs the graph as the user wrote it; compiled on first use, by Dynamo, so it
@@ -108,8 +110,8 @@ def _float8_training(gm, example_inputs, config: QuantConfig, inductor_config: d
     return Float8TrainingProgram(
         compiled,
         n_outputs=fg.n_outputs,
-        states=fg.states,
-        root=fg.root,
+        sites=fg.sites,
+        probe=fg.probe,
         eval_fn=eval_fn,
         autocast_during_eval=any(s.use_autocast_during_eval for s in config.schemes),
     )

@@ -23,6 +23,7 @@ from the model's parameters.
 
 from __future__ import annotations
 
+import gc
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -127,12 +128,42 @@ def update_states(states: list[LayerState]) -> None:
         s.update()
 
 
+# id(parameter) → (weakref to it, weakref to the module that owns it)
+_OWNERS: dict[int, tuple[weakref.ref, weakref.ref]] = {}
+
+
+def remember_owners(root: torch.nn.Module) -> None:
+    """Note which module owns each parameter of ``root`` (the compile that found it)."""
+    for module in root.modules():
+        for p in module.parameters(recurse=False):
+            _OWNERS[id(p)] = (weakref.ref(p), weakref.ref(module))
+
+
+def owner_of(param: torch.Tensor) -> torch.nn.Module | None:
+    """The module holding ``param`` in its ``_parameters``. Remembered at compile time; for
+    another instance reusing the compiled graph, found once through the garbage collector's
+    referrers (the ``_parameters`` dict, then its module) and remembered."""
+    entry = _OWNERS.get(id(param))
+    if entry is not None and entry[0]() is param and entry[1]() is not None:
+        return entry[1]()
+    for d in gc.get_referrers(param):
+        if not isinstance(d, dict):
+            continue
+        for m in gc.get_referrers(d):
+            if isinstance(m, torch.nn.Module) and m.__dict__.get("_parameters") is d:
+                _OWNERS[id(param)] = (weakref.ref(param), weakref.ref(m))
+                return m
+    return None
+
+
 class Float8TrainingProgram:
     """The callable the backend returns for a graph with FP8 regions.
 
     ``compiled`` takes the graph's own inputs, then per delayed-scaling site its forward and
     backward scales, then the amax sink; it returns the graph's outputs, then per site the
-    forward amaxes. ``eval_fn`` runs the graph in high precision (``model.eval()``).
+    forward amaxes. ``eval_fn`` runs the graph in high precision (``model.eval()``): whether the
+    model is training is read, on every call, from the module owning a weight of the region
+    (``model.eval()`` reaches every submodule; Dynamo does not guard on it).
     """
 
     def __init__(
@@ -140,50 +171,54 @@ class Float8TrainingProgram:
         compiled: Callable,
         *,
         n_outputs: int,
-        states: list[LayerState],
-        root: torch.nn.Module | None,
+        sites: list,
+        probe: int | torch.Tensor | None,
         eval_fn: Callable,
         autocast_during_eval: bool,
     ) -> None:
         self.compiled = compiled
         self.n_outputs = n_outputs
-        self.states = states
-        self._root = None if root is None else weakref.ref(root)
+        self.sites = sites  # fxquant.passes.float8_regions.StateSite
+        self.probe = probe
         self.eval_fn = eval_fn
         self.autocast_during_eval = autocast_during_eval
 
-    def _training(self) -> bool:
-        root = None if self._root is None else self._root()
-        return True if root is None else root.training
+    def _training(self, args) -> bool:
+        if self.probe is None:
+            return True
+        weight = args[self.probe] if isinstance(self.probe, int) else self.probe
+        owner = owner_of(weight)
+        return True if owner is None else owner.training
 
     def __call__(self, *args):
-        training = self._training()
+        training = self._training(args)
         if not training and not self.autocast_during_eval:
             return self.eval_fn(*args)
-        if not self.states:
+        if not self.sites:
             return self.compiled(*args)
+        states = [state_for(s.resolve(args), s.recipe, s.fqn) for s in self.sites]
         record = training and torch.is_grad_enabled()
         if record:
-            update_states(self.states)
-        extra = [t for s in self.states for t in (s.fwd_scale, s.bwd_scale)]
-        device = self.states[0].fwd_scale.device
+            update_states(states)
+        extra = [t for s in states for t in (s.fwd_scale, s.bwd_scale)]
         sink = torch.zeros(
-            len(self.states), 2, device=device, requires_grad=torch.is_grad_enabled()
+            len(states), 2, device=extra[0].device, requires_grad=torch.is_grad_enabled()
         )
         if record:
-            sink.register_hook(self._record_backward)
+            sink.register_hook(lambda grad: _record_backward(states, grad))
         out = self.compiled(*args, *extra, sink)
         user, amaxes = out[: self.n_outputs], out[self.n_outputs :]
         if record:
-            for s, a in zip(self.states, amaxes, strict=True):
+            for s, a in zip(states, amaxes, strict=True):
                 torch.maximum(s.fwd_amax_history[0], a, out=s.fwd_amax_history[0])
                 s.pending = True
         return type(out)(user) if isinstance(out, tuple) else list(user)
 
-    def _record_backward(self, grad: torch.Tensor) -> None:
-        with torch.no_grad():
-            for s, g in zip(self.states, grad, strict=True):
-                torch.maximum(s.bwd_amax_history[0], g, out=s.bwd_amax_history[0])
+
+def _record_backward(states: list[LayerState], grad: torch.Tensor) -> None:
+    with torch.no_grad():
+        for s, g in zip(states, grad, strict=True):
+            torch.maximum(s.bwd_amax_history[0], g, out=s.bwd_amax_history[0])
 
 
 def _layer_states(model: torch.nn.Module) -> dict[str, LayerState]:

@@ -23,7 +23,7 @@ import torch
 import torch.fx as fx
 
 from fxquant.config import Float8Recipe, QuantConfig
-from fxquant.float8_state import LayerState, state_for
+from fxquant.float8_state import state_for
 from fxquant.float8_training import float8_training_linear
 from fxquant.passes.plan import LayerPlan, Site, _shape_problem, find_sites
 from fxquant.passes.rewrite import COPIED_META, DynamoEditor, _row, counters
@@ -53,8 +53,8 @@ def uses_float8_training(config: QuantConfig) -> bool:
 def _root_and_linears(gm: fx.GraphModule):
     """The module whose frame Dynamo is compiling (the root the weight names are relative to)
     and its Linear names in ``named_modules()`` order, or (None, None). Dynamo hands a backend
-    no module; the frame it is tracing still holds it, and the model's ``training`` flag and
-    its submodules (for ``module_filter``) are read from there."""
+    no module; the frame it is tracing still holds it, and the first/last rule and
+    ``module_filter`` read its submodules."""
     from torch._dynamo.symbolic_convert import InstructionTranslator
 
     tx = InstructionTranslator.current_tx()
@@ -114,16 +114,32 @@ def plan_regions(
     return plans
 
 
+@dataclass(frozen=True)
+class StateSite:
+    """Where a delayed-scaling site's weight comes from at run time: the position of its
+    placeholder among the graph's inputs, or the tensor itself when it is a graph attribute.
+    The state is looked up from the weight on every call, because Dynamo reuses a compiled
+    graph for another instance of the same model whose guards pass."""
+
+    weight: int | torch.Tensor
+    recipe: Float8Recipe
+    fqn: str
+
+    def resolve(self, args) -> torch.Tensor:
+        return args[self.weight] if isinstance(self.weight, int) else self.weight
+
+
 @dataclass
 class Float8Graph:
     """The rewritten graph and what its runtime needs."""
 
     gm: fx.GraphModule
     rows: list[dict]
-    states: list[LayerState]  # per delayed-scaling site, in input order
+    sites: list[StateSite]  # per delayed-scaling site, in input order
     n_outputs: int  # the outputs of the original graph (amaxes follow)
     extra_inputs: list[torch.Tensor]  # example values of the added inputs
-    root: torch.nn.Module | None
+    probe: int | torch.Tensor | None  # a weight of the region: its Linear says train or eval
+    root: torch.nn.Module | None  # the module compiled (owner of the weights), if found
 
 
 def copy_graph_module(gm: fx.GraphModule) -> tuple[fx.GraphModule, dict[fx.Node, fx.Node]]:
@@ -165,10 +181,15 @@ def float8_regions(gm: fx.GraphModule, example_inputs, config: QuantConfig) -> F
         anchor._dynamo_source = None  # ours, not the user's: no source for Dynamo to guard
         return anchor
 
-    states, extra_inputs, scale_nodes = [], [], []
+    positions = {n: i for i, n in enumerate(gm.graph.find_nodes(op="placeholder"))}
+
+    def where(site: Site) -> int | torch.Tensor:
+        return positions.get(site.weight_node, site.weight)
+
+    sites, extra_inputs, scale_nodes = [], [], []
     for p in delayed:
+        sites.append(StateSite(where(p.site), p.scheme, p.site.weight_fqn))
         s = state_for(p.site.weight, p.scheme, p.site.weight_fqn)
-        states.append(s)
         extra_inputs += [s.fwd_scale, s.bwd_scale]
         name = "fxquant_" + (p.name.replace(".", "_") or "root")
         scale_nodes.append((add_input(f"{name}_fwd_scale"), add_input(f"{name}_bwd_scale")))
@@ -181,7 +202,7 @@ def float8_regions(gm: fx.GraphModule, example_inputs, config: QuantConfig) -> F
             torch.zeros(
                 len(delayed),
                 2,
-                device=states[0].fwd_scale.device,
+                device=extra_inputs[0].device,
                 requires_grad=torch.is_grad_enabled(),
             )
         )
@@ -220,6 +241,7 @@ def float8_regions(gm: fx.GraphModule, example_inputs, config: QuantConfig) -> F
                 y.meta[key] = node.meta[key]
         node.replace_all_uses_with(y)
         graph.erase_node(node)
+        env[plan.site.node] = y  # a later site whose input this was reads y
         counters["float8_training"] += 1
 
     output = next(n for n in graph.nodes if n.op == "output")
@@ -231,7 +253,8 @@ def float8_regions(gm: fx.GraphModule, example_inputs, config: QuantConfig) -> F
         output.args = (type(outs)([*outs, *amax_nodes]),)
     graph.lint()
     new_gm.recompile()
-    return Float8Graph(new_gm, rows, states, n_outputs, extra_inputs, root)
+    probe = where(chosen[0].site) if chosen else None
+    return Float8Graph(new_gm, rows, sites, n_outputs, extra_inputs, probe, root)
 
 
 def env_arg(env: dict[fx.Node, fx.Node], a):

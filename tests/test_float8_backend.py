@@ -1,0 +1,344 @@
+"""FP8 training through ``torch.compile(model, backend="fxquant")``: it compiles whole, trains
+like fp32, keeps TE's delayed-scaling state per layer, switches off in eval, saves and resumes,
+and agrees across ranks."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import fxquant
+from conftest import TinyLlama
+from fxquant import Float8Recipe, QuantConfig
+from fxquant.backend import last_reports
+from fxquant.float8_state import fp8_state_dict, load_fp8_state_dict
+from fxquant.reference import sqnr
+
+VOCAB = 96
+
+
+def batches(steps: int, *, seed: int = 1, b: int = 4, t: int = 32):
+    """A noisy bigram task: the next token is perm[token] with probability 3/4, else uniform
+    (so the best loss is about 1.7 nats, not 0, and curves stay comparable to the end)."""
+    g = torch.Generator().manual_seed(seed)
+    perm = torch.randperm(VOCAB, generator=g)
+    for _ in range(steps):
+        x = torch.empty(b, t + 1, dtype=torch.long)
+        x[:, 0] = torch.randint(0, VOCAB, (b,), generator=g)
+        for i in range(t):
+            noise = torch.randint(0, VOCAB, (b,), generator=g)
+            keep = torch.rand(b, generator=g) < 0.75
+            x[:, i + 1] = torch.where(keep, perm[x[:, i]], noise)
+        yield x[:, :-1], x[:, 1:]
+
+
+def make_model() -> TinyLlama:
+    torch.manual_seed(0)
+    model = TinyLlama(vocab=VOCAB).train()
+    nn.init.normal_(model.embed_tokens.weight, std=0.02)  # tied to lm_head: sane logits
+    return model
+
+
+def loss_fn(model, x, y):
+    return F.cross_entropy(model(x).flatten(0, 1), y.flatten())
+
+
+def compile_fp8(model, recipe_or_config):
+    config = recipe_or_config
+    if isinstance(config, Float8Recipe):
+        config = QuantConfig(scheme=config)
+    return torch.compile(model, backend="fxquant", options={"config": config})
+
+
+def train(recipe: Float8Recipe | None, steps: int, *, grad_at: int | None = None):
+    """Losses per step; with ``grad_at``, also the SQNR (dB) of every gradient at that step
+    against fp32 eager on the same weights and batch."""
+    model = make_model()
+    run = model if recipe is None else compile_fp8(model, recipe)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    losses, grad_sqnr = [], None
+    for i, (x, y) in enumerate(batches(steps)):
+        loss = loss_fn(run, x, y)
+        loss.backward()
+        if i == grad_at:
+            fp8 = {n: p.grad.clone() for n, p in model.named_parameters()}
+            model.zero_grad()
+            loss_fn(model, x, y).backward()
+            grad_sqnr = {n: sqnr(p.grad, fp8[n]) for n, p in model.named_parameters()}
+            for n, p in model.named_parameters():
+                p.grad = fp8[n]
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    return losses, grad_sqnr
+
+
+@pytest.fixture(scope="module")
+def fp32_losses():
+    return train(None, 200)[0]
+
+
+# Stated tolerances (measured on this CPU: the last-20 means differ by 0.01-0.07 nats, the
+# largest per-step gap is 0.18-0.32, the worst gradient SQNR at step 20 is 18-21 dB).
+LAST20_TOL = 0.15  # nats, mean loss of the last 20 steps vs fp32's
+STEP_TOL = 0.6  # nats, any single step
+GRAD_SQNR_FLOOR = 14.0  # dB, every parameter's gradient at step 20 vs fp32 on the same weights
+
+
+def _compare(name, losses, fp32, grad_sqnr):
+    n = len(losses)
+    print(f"\n{name}: step  fp32   fp8")
+    for i in range(0, n, 20):
+        print(f"{name}: {i:4d}  {fp32[i]:.3f}  {losses[i]:.3f}")
+    tail = slice(n - 20, n)
+    last_fp8 = sum(losses[tail]) / 20
+    last_fp32 = sum(fp32[:n][tail]) / 20
+    print(f"{name}: last-20 mean fp32 {last_fp32:.4f} fp8 {last_fp8:.4f}")
+    print(f"{name}: worst gradient SQNR {min(grad_sqnr.values()):.1f} dB")
+    assert abs(last_fp8 - last_fp32) <= LAST20_TOL
+    assert max(abs(a - b) for a, b in zip(losses, fp32, strict=False)) <= STEP_TOL
+    assert min(grad_sqnr.values()) >= GRAD_SQNR_FLOOR, grad_sqnr
+    assert losses[-1] < 0.6 * losses[0]  # it learned
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "name, recipe",
+    [
+        ("delayed", Float8Recipe(scaling="delayed", amax_history_len=16)),
+        ("current", Float8Recipe(scaling="current")),
+    ],
+)
+def test_fp8_training_follows_fp32_for_200_steps(name, recipe, fp32_losses):
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    losses, grad_sqnr = train(recipe, 200, grad_at=20)
+    _compare(name, losses, fp32_losses, grad_sqnr)
+    # it compiled whole: one graph, no breaks, no fallback
+    assert not torch._dynamo.utils.counters["graph_break"]
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "name, recipe",
+    [
+        ("row", Float8Recipe(scaling="current", granularity="row")),
+        ("mxfp8", Float8Recipe(scaling="mxfp8")),
+        ("block", Float8Recipe(scaling="block")),
+    ],
+)
+def test_other_recipes_follow_fp32_for_60_steps(name, recipe, fp32_losses):
+    losses, grad_sqnr = train(recipe, 60, grad_at=20)
+    _compare(name, losses, fp32_losses, grad_sqnr)
+
+
+# --------------------------------------------------------------------------------------------
+# Regions
+# --------------------------------------------------------------------------------------------
+
+
+class Odd(nn.Module):
+    """first (16→32) → mid (32→20, N not divisible by 16) → mid2 (20→32) → last (32→16)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = nn.Linear(16, 32)
+        self.mid = nn.Linear(32, 20)
+        self.mid2 = nn.Linear(20, 32)
+        self.body = nn.Linear(32, 32)
+        self.last = nn.Linear(32, 16)
+
+    def forward(self, x):
+        return self.last(self.body(self.mid2(self.mid(self.first(x)))))
+
+
+def _regions(config) -> dict[str, str]:
+    torch.manual_seed(0)
+    model = Odd()
+    compile_fp8(model, config)(torch.randn(8, 16))
+    return {r["name"]: r["reason"] if r["status"] == "skipped" else "fp8" for r in last_reports[-1]}
+
+
+def test_default_region_skips_first_and_last_and_pads_odd_dims():
+    got = _regions(Float8Recipe())
+    assert got["first"].startswith("first Linear of the model")
+    assert got["last"].startswith("last Linear of the model")
+    assert got["mid"] == got["mid2"] == got["body"] == "fp8"  # 20 is padded to 32
+    rows = {r["name"]: r for r in last_reports[-1]}
+    assert rows["mid2"]["padded_in_features"] == 32
+
+
+def test_without_padding_dims_not_divisible_by_16_are_skipped():
+    got = _regions(Float8Recipe(pad_inner_dim=False))
+    assert "out_features=20 not divisible by 16" in got["mid"]
+    assert "in_features=20 not divisible by 16" in got["mid2"]
+    assert got["body"] == "fp8"
+
+
+def test_module_filter_and_overrides_choose_the_region():
+    seen = []
+
+    def only_wide(module, fqn):
+        seen.append((type(module).__name__, fqn))
+        return module.out_features >= 32
+
+    cfg = QuantConfig(scheme=Float8Recipe(), module_filter=only_wide, overrides={"body": None})
+    got = _regions(cfg)
+    assert got["first"] == "fp8"  # the filter replaces the first/last default
+    assert got["mid"] == "module_filter returned False"
+    assert got["last"] == "module_filter returned False"
+    assert got["body"].startswith("override 'body'")
+    assert ("Linear", "mid2") in seen and all(name == "Linear" for name, _ in seen)
+
+
+def test_a_training_config_cannot_mix_in_inference_schemes():
+    cfg = QuantConfig(scheme=Float8Recipe(), overrides={"body": fxquant.Int8WeightOnly()})
+    with pytest.raises(Exception, match="cannot also assign inference schemes"):
+        compile_fp8(Odd(), cfg)(torch.randn(8, 16))
+
+
+# --------------------------------------------------------------------------------------------
+# State: eval, no_grad, save/resume
+# --------------------------------------------------------------------------------------------
+
+
+def _steps(model, run, n, *, seed=1):
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    losses = []
+    for x, y in batches(n, seed=seed):
+        loss = loss_fn(run, x, y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    return losses
+
+
+def test_scales_update_once_per_step_and_freeze_under_no_grad_and_eval():
+    model = make_model()
+    run = compile_fp8(model, Float8Recipe(amax_history_len=4))
+    x, _ = next(batches(1))
+    _steps(model, run, 1)
+    sd0 = fp8_state_dict(model)
+    assert sd0["layers.0.k_proj.input.scale"] == 1  # step 0 runs at scale 1
+    assert sd0["layers.0.k_proj.input.amax_history"][0] > 0  # ... and records its amax
+    assert sd0["layers.0.k_proj.grad_output.amax_history"][0] > 0
+    assert "layers.0.q_proj.input.scale" not in sd0  # the first Linear is not FP8
+    with torch.no_grad():
+        run(x)
+    model.eval()
+    torch.testing.assert_close(run(x), model(x))  # high precision in eval
+    model.train()
+    sd1 = fp8_state_dict(model)
+    assert all(torch.equal(sd0[k], sd1[k]) for k in sd0)
+    _steps(model, run, 1)
+    sd2 = fp8_state_dict(model)
+    amax = sd0["layers.0.k_proj.input.amax_history"][0]
+    torch.testing.assert_close(sd2["layers.0.k_proj.input.scale"], 448.0 / amax)
+
+
+def test_use_autocast_during_eval_runs_fp8_with_frozen_scales():
+    model = make_model()
+    recipe = Float8Recipe(amax_history_len=4, use_autocast_during_eval=True)
+    run = compile_fp8(model, recipe)
+    _steps(model, run, 3)
+    x, _ = next(batches(1, seed=5))
+    model.eval()
+    before = fp8_state_dict(model)
+    out = run(x)
+    assert not torch.allclose(out, model(x), rtol=1e-4, atol=1e-4)  # FP8, not fp32
+    assert sqnr(model(x), out) > 20
+    assert all(torch.equal(before[k], v) for k, v in fp8_state_dict(model).items())
+
+
+def test_fp8_state_dict_round_trip_resumes_with_identical_scales(tmp_path):
+    recipe = Float8Recipe(amax_history_len=8)
+    a = make_model()
+    run_a = compile_fp8(a, recipe)
+    _steps(a, run_a, 4)
+    torch.save({"model": a.state_dict(), "fp8": fp8_state_dict(run_a)}, tmp_path / "ckpt.pt")
+
+    b = make_model()
+    ckpt = torch.load(tmp_path / "ckpt.pt")
+    b.load_state_dict(ckpt["model"])
+    run_b = compile_fp8(b, recipe)
+    load_fp8_state_dict(run_b, ckpt["fp8"])
+    la = _steps(a, run_a, 3, seed=7)
+    lb = _steps(b, run_b, 3, seed=7)
+    assert la == lb
+    sa, sb = fp8_state_dict(run_a), fp8_state_dict(run_b)
+    assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+    # without the state the same weights start over at scale 1: not a resume
+    c = make_model()
+    c.load_state_dict(ckpt["model"])
+    run_c = compile_fp8(c, recipe)
+    assert _steps(c, run_c, 3, seed=7) != la
+
+
+def test_load_fp8_state_dict_rejects_a_mismatched_state():
+    model = make_model()
+    sd = {"nope.input.amax_history": torch.zeros(4)}
+    with pytest.raises(ValueError, match="no parameter 'nope.weight'"):
+        load_fp8_state_dict(model, sd)
+    sd = {"layers.0.k_proj.input.amax_history": torch.zeros(4)}
+    with pytest.raises(ValueError, match="lacks key"):
+        load_fp8_state_dict(model, sd)
+
+
+# --------------------------------------------------------------------------------------------
+# Two ranks (gloo): amaxes all-reduced with MAX, so both compute the same scales
+# --------------------------------------------------------------------------------------------
+
+_RANK_SCRIPT = textwrap.dedent(
+    """
+    import os, sys, torch, torch.distributed as dist
+    sys.path.insert(0, {tests!r})
+    import test_float8_backend as t
+    from fxquant import Float8Recipe
+    from fxquant.float8_state import fp8_state_dict
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    torch.set_num_threads(1)
+    model = t.make_model()
+    run = t.compile_fp8(model, Float8Recipe(amax_history_len=4))
+    t._steps(model, run, 3, seed=10 + rank)  # each rank sees different data
+    torch.save(fp8_state_dict(model), os.path.join({out!r}, f"rank{{rank}}.pt"))
+    dist.destroy_process_group()
+    """
+)
+
+
+@pytest.mark.slow
+def test_two_gloo_ranks_compute_identical_scales(tmp_path):
+    script = tmp_path / "rank.py"
+    tests = os.path.dirname(__file__)
+    script.write_text(_RANK_SCRIPT.format(tests=tests, out=str(tmp_path)))
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT="29513", WORLD_SIZE="2")
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script)],
+            env=dict(env, RANK=str(r)),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for r in range(2)
+    ]
+    for p in procs:
+        out, _ = p.communicate(timeout=600)
+        assert p.returncode == 0, out[-3000:]
+    s0, s1 = (torch.load(tmp_path / f"rank{r}.pt") for r in range(2))
+    scales = [k for k in s0 if k.endswith(".scale")]
+    assert all(torch.equal(s0[k], s1[k]) for k in scales)
+    assert any(s0[k] != 1 for k in scales)  # the scales did move
+    # the histories (apart from row 0, this step's own amaxes) agree too
+    assert all(torch.equal(s0[k][1:], s1[k][1:]) for k in s0 if k.endswith("amax_history"))
