@@ -20,6 +20,7 @@ import torch
 from torch.export import ExportedProgram
 
 from fxquant.config import QuantConfig, Scheme
+from fxquant.passes.float8_regions import inference_config, uses_float8_training
 from fxquant.passes.fuse import fuse_norms
 from fxquant.passes.lower import lower
 from fxquant.passes.rewrite import ProgramEditor, rewrite
@@ -42,7 +43,9 @@ def quantize(
         model: an ``nn.Module`` (captured here with ``torch.export.export``) or an
             ``ExportedProgram``.
         config: a ``QuantConfig``, a single scheme (applied to every layer but ``lm_head``) or a
-            recipe name such as ``"int8wo"``.
+            recipe name such as ``"int8wo"``. A config with a ``Float8Recipe`` exports the FP8
+            inference graph of a model trained with it: the same regions, delayed-scaling
+            input scales frozen in (``fxquant.passes.float8_regions.inference_config``).
         example_inputs, example_kwargs, dynamic_shapes: passed to ``torch.export.export`` when
             ``model`` is a module (``example_inputs`` is then required).
         progress: show a progress bar while weights are quantized.
@@ -54,6 +57,14 @@ def quantize(
         ``fxquant.report(ep)`` says what happened to each layer and norm.
     """
     config = QuantConfig.coerce(config)
+    if uses_float8_training(config):
+        if not isinstance(model, torch.nn.Module) or isinstance(model, ExportedProgram):
+            raise ValueError(
+                "quantize() with a Float8Recipe needs the trained nn.Module (its FP8 regions "
+                "and delayed-scaling state live on its modules), not an ExportedProgram"
+            )
+        model = getattr(model, "_orig_mod", model)  # a torch.compile'd module
+        config = inference_config(model, config)
     if isinstance(model, ExportedProgram):
         if example_inputs is not None or dynamic_shapes is not None:
             raise ValueError(

@@ -24,6 +24,7 @@ __all__ = [
     "Float8Block",
     "Float8Dynamic",
     "Float8Recipe",
+    "Float8Static",
     "Float8WeightOnly",
     "Int4WeightOnly",
     "Int8DynamicActivation",
@@ -172,6 +173,33 @@ class Float8Dynamic(Scheme):
     @property
     def per_row(self) -> bool:
         return self.granularity == "row"
+
+
+@_register
+@dataclass(frozen=True, kw_only=True)
+class Float8Static(Scheme):
+    """float8 e4m3 weights (one per-tensor scale) × activations quantized with a fixed
+    per-tensor scale: the inference form of an FP8-trained layer with delayed scaling, whose
+    trained input scale is frozen in (``fxquant.quantize`` with a ``Float8Recipe`` makes one per
+    layer). Values beyond ``448 · activation_scale`` saturate.
+
+    Args:
+        activation_scale: the activation's dequant multiplier (``1 / scale`` of Transformer
+            Engine's input role), a positive finite number.
+    """
+
+    name: ClassVar[str] = "float8_static"
+    quantizes_activation: ClassVar[bool] = True
+    activation_scale: float
+
+    def __post_init__(self) -> None:
+        a = self.activation_scale
+        if isinstance(a, bool) or not isinstance(a, (int, float)) or not 0 < a < float("inf"):
+            raise ValueError(
+                f"Float8Static.activation_scale={a!r} is not supported; allowed: a positive "
+                "finite number (the activation's dequant multiplier)"
+            )
+        object.__setattr__(self, "activation_scale", float(a))
 
 
 @_register

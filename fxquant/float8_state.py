@@ -221,7 +221,8 @@ def _record_backward(states: list[LayerState], grad: torch.Tensor) -> None:
             torch.maximum(s.bwd_amax_history[0], g, out=s.bwd_amax_history[0])
 
 
-def _layer_states(model: torch.nn.Module) -> dict[str, LayerState]:
+def layer_states(model: torch.nn.Module) -> dict[str, LayerState]:
+    """{layer name: state} for the FP8 layers of a model (or its torch.compile wrapper)."""
     model = getattr(model, "_orig_mod", model)  # a torch.compile'd module
     found = {}
     for name, p in model.named_parameters():
@@ -237,7 +238,7 @@ def fp8_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     ``"<layer>.<role>.scale"`` (0-d) for roles input, weight, output, grad_output, grad_input,
     and ``"<layer>.pending"`` (amaxes recorded but not yet applied). Copies, safe to save."""
     sd: dict[str, torch.Tensor] = {}
-    for layer, s in _layer_states(model).items():
+    for layer, s in layer_states(model).items():
         metas = (
             (FWD_ROLES, s.fwd_amax_history, s.fwd_scale),
             (BWD_ROLES, s.bwd_amax_history, s.bwd_scale),

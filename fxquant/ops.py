@@ -100,6 +100,20 @@ def _(x, weight, scale, bias, per_row, activation_scale_ub):
     return _out_like(x, weight.shape[0])
 
 
+@torch.library.custom_op(f"{_LIB}::float8_static_linear", mutates_args=())
+def float8_static_linear(
+    x: Tensor, weight: Tensor, scale: Tensor, activation_scale: Tensor, bias: Tensor | None
+) -> Tensor:
+    """x quantized to e4m3 with the fixed per-tensor ``activation_scale`` [1] · e4m3 W [N, K]
+    with ``scale`` [1]."""
+    return ref.float8_static_linear(x, weight, scale, activation_scale, bias)
+
+
+@float8_static_linear.register_fake
+def _(x, weight, scale, activation_scale, bias):
+    return _out_like(x, weight.shape[0])
+
+
 @torch.library.custom_op(f"{_LIB}::float8_block_linear", mutates_args=())
 def float8_block_linear(
     x: Tensor, weight: Tensor, scale: Tensor, bias: Tensor | None, block_size: int

@@ -219,6 +219,16 @@ def float8_dynamic_linear(x, weight, scale, bias=None, *, per_row: bool, activat
     return float8_scaled_linear(xq, xs, weight, scale, bias, out_dtype=x.dtype)
 
 
+def quantize_fp8_static(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """x → e4m3 with a given per-tensor dequant scale [1]; values beyond ±448·scale saturate."""
+    return _to_fp8(x.float(), scale)
+
+
+def float8_static_linear(x, weight, scale, activation_scale, bias=None):
+    xq = quantize_fp8_static(x, activation_scale)
+    return float8_scaled_linear(xq, activation_scale, weight, scale, bias, out_dtype=x.dtype)
+
+
 def float8_block_linear(x, weight, scale, bias=None, *, block_size: int):
     xq, xs = quantize_fp8_groups(x, group_size=block_size)
     return float8_block_scaled_linear(

@@ -17,12 +17,13 @@ and reads them.
 from __future__ import annotations
 
 import operator
+import re
 from dataclasses import dataclass
 
 import torch
 import torch.fx as fx
 
-from fxquant.config import Float8Recipe, QuantConfig
+from fxquant.config import Float8Recipe, QuantConfig, Scheme
 from fxquant.float8_state import state_for
 from fxquant.float8_training import float8_training_linear
 from fxquant.passes.plan import LayerPlan, Site, _shape_problem, find_sites
@@ -30,6 +31,7 @@ from fxquant.passes.rewrite import COPIED_META, DynamoEditor, _row, counters
 
 __all__ = [
     "Float8Graph",
+    "inference_config",
     "copy_graph_module",
     "float8_regions",
     "plan_regions",
@@ -72,6 +74,37 @@ def _root_and_linears(gm: fx.GraphModule):
     return None, None
 
 
+def region_choice(
+    name: str,
+    config: QuantConfig,
+    *,
+    root: torch.nn.Module | None,
+    linears: list[str],
+) -> tuple[Float8Recipe | None, str]:
+    """The recipe for the linear ``name`` (or None) and why, before shapes are considered:
+    names first, then ``module_filter`` or the first/last rule."""
+    scheme, why = config.scheme_for(name)
+    if scheme is None:
+        return None, why
+    if config.module_filter is not None:
+        if root is None:
+            raise ValueError(
+                "QuantConfig.module_filter needs the compiled module, which fxquant could "
+                "not find for this graph; use overrides / modules_to_not_convert instead"
+            )
+        module = root.get_submodule(name) if name else root
+        if not config.module_filter(module, name):
+            return None, "module_filter returned False"
+        return scheme, why + "; module_filter returned True"
+    if linears and name in (linears[0], linears[-1]):
+        which = "first" if name == linears[0] else "last"
+        return None, (
+            f"{which} Linear of the model (accelerate's default filter; pass module_filter "
+            "to choose yourself)"
+        )
+    return scheme, why
+
+
 def plan_regions(
     sites: list[Site],
     config: QuantConfig,
@@ -82,36 +115,48 @@ def plan_regions(
     """The region decision for each site, in graph order."""
     if linears is None:  # no root module found: the graph's own call order stands in
         linears = list(dict.fromkeys(s.module_name for s in sites))
-    ends = {linears[0], linears[-1]} if linears else set()
     plans = []
     for site in sites:
-        scheme, why = config.scheme_for(site.module_name)
-        if scheme is not None and config.module_filter is not None:
-            if root is None:
-                raise ValueError(
-                    "QuantConfig.module_filter needs the compiled module, which fxquant could "
-                    "not find for this graph; use overrides / modules_to_not_convert instead"
-                )
-            module = root.get_submodule(site.module_name) if site.module_name else root
-            if not config.module_filter(module, site.module_name):
-                scheme, why = None, "module_filter returned False"
-            else:
-                why += "; module_filter returned True"
-        elif scheme is not None and site.module_name in ends:
-            first = site.module_name == linears[0]
-            scheme, why = (
-                None,
-                (
-                    f"{'first' if first else 'last'} Linear of the model (accelerate's default "
-                    "filter; pass module_filter to choose yourself)"
-                ),
-            )
+        scheme, why = region_choice(site.module_name, config, root=root, linears=linears)
         if scheme is not None:
             problem = _shape_problem(site, scheme)
             if problem is not None:
                 scheme, why = None, problem
         plans.append(LayerPlan(site, scheme, why))
     return plans
+
+
+def inference_config(model: torch.nn.Module, config: QuantConfig) -> QuantConfig:
+    """The inference config ``fxquant.quantize`` uses for a model trained with ``config``: the
+    same regions, each layer's recipe as an inference scheme. Delayed scaling freezes the
+    layer's trained input scale in (``Float8Static``; the weight, now constant, takes its own
+    per-tensor scale); current scaling becomes ``Float8Dynamic`` (tensor or row), block becomes
+    ``Float8Block(128)``, MXFP8 ``Float8Block(32)`` (no E8M0 inference op yet: fp32 scales on
+    the same 32-wide groups). A layer trained with fprop in high precision stays in float."""
+    from fxquant.config import Float8Block, Float8Dynamic, Float8Static
+    from fxquant.float8_state import layer_states
+
+    linears = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
+    states = layer_states(model)
+    overrides: dict[str, Scheme | None] = {}
+    for name in linears:
+        recipe, _ = region_choice(name, config, root=model, linears=linears)
+        scheme: Scheme | None = None
+        if recipe is None or recipe.override_linear_precision[0]:
+            scheme = None
+        elif recipe.scaling == "delayed":
+            state = states.get(name)
+            trained = state is not None and bool(state.fwd_amax_history.any() or state.pending)
+            if trained:
+                scheme = Float8Static(activation_scale=1.0 / float(state.fwd_scale[0]))
+        elif recipe.scaling == "current":
+            scheme = Float8Dynamic(granularity=recipe.granularity)
+        else:
+            scheme = Float8Block(block_size=recipe.block_size)
+        overrides[re.escape(name)] = scheme
+    return QuantConfig(
+        scheme=None, overrides=overrides, modules_to_not_convert=(), fuse_norms=config.fuse_norms
+    )
 
 
 @dataclass(frozen=True)

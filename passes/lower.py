@@ -109,6 +109,11 @@ def _float8_dynamic(x, weight, scale, bias, per_row, activation_scale_ub):
     return _epilogue(y, x, weight.shape[0], bias)
 
 
+def _float8_static(x, weight, scale, activation_scale, bias):
+    xq = ref.quantize_fp8_static(x, activation_scale)
+    return _float8_scaled(xq, activation_scale, weight, scale, bias, x.dtype)
+
+
 def _float8_block(x, weight, scale, bias, block_size):
     return ref.float8_block_linear(x, weight, scale, bias, block_size=block_size)
 
@@ -272,6 +277,7 @@ CPU_LOWERINGS = {
     ),
     fxq.float8_weight_only_linear.default: _upcast_weight_linear,
     fxq.float8_dynamic_linear.default: _float8_dynamic,
+    fxq.float8_static_linear.default: _float8_static,
     fxq.float8_block_linear.default: _float8_block,
     fxq.norm_quant.default: _norm_quant,
     fxq.int8_scaled_linear.default: lambda xq, xs, w, s, b, dtype: ref.int8_scaled_linear(

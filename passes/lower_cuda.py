@@ -28,6 +28,7 @@ import fxquant.kernels.int8_weight_only  # noqa: F401
 import fxquant.kernels.norm_quant  # noqa: F401
 import fxquant.kernels.quantize  # noqa: F401
 import fxquant.ops  # noqa: F401
+from fxquant import reference as ref
 from fxquant.kernels.configs import DECODE_MAX_M
 
 fxq = torch.ops.fxquant
@@ -109,6 +110,12 @@ def _float8_dynamic(x, weight, scale, bias, per_row, activation_scale_ub):
     return y.reshape(*x.shape[:-1], weight.shape[0])
 
 
+def _float8_static(x, weight, scale, activation_scale, bias):
+    # a fixed scale needs no reduction: Inductor fuses this cast into one pointwise kernel
+    xq = ref.quantize_fp8_static(x, activation_scale)
+    return _float8_scaled(xq, activation_scale, weight, scale, bias, x.dtype)
+
+
 def _float8_block(x, weight, scale, bias, block_size):
     xq, xs = fxq.triton_quantize_fp8_groups(_rows(x), block_size)
     y = _float8_block_scaled(xq, xs, weight, scale, bias, block_size, x.dtype)
@@ -130,6 +137,7 @@ CUDA_LOWERINGS = {
     ),
     fxq.int8_dynamic_linear.default: _int8_dynamic,
     fxq.float8_dynamic_linear.default: _float8_dynamic,
+    fxq.float8_static_linear.default: _float8_static,
     fxq.float8_block_linear.default: _float8_block,
     fxq.int8_scaled_linear.default: _int8_scaled,
     fxq.float8_scaled_linear.default: _float8_scaled,

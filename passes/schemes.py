@@ -17,6 +17,7 @@ from fxquant import reference as ref
 from fxquant.config import (
     Float8Block,
     Float8Dynamic,
+    Float8Static,
     Float8WeightOnly,
     Int4WeightOnly,
     Int8DynamicActivation,
@@ -114,6 +115,16 @@ def _(scheme, w):
         q, s = ref.quantize_fp8_per_tensor(w)
         dq = q.float() * s
     return QuantizedWeight({"qweight": q, "scale": s}, dq)
+
+
+@register(
+    Float8Static,
+    op_args=lambda s, x, c, b: (fxq.float8_static_linear.default, (x, *c, b)),
+)
+def _(scheme, w):
+    q, s = ref.quantize_fp8_per_tensor(w)
+    xs = torch.tensor([scheme.activation_scale], dtype=torch.float32)
+    return QuantizedWeight({"qweight": q, "scale": s, "activation_scale": xs}, q.float() * s)
 
 
 @register(

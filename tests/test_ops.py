@@ -25,6 +25,7 @@ def _cases(x_shape, n, dtype):
     qf, sf = ref.quantize_fp8_per_channel(w)
     qt, st = ref.quantize_fp8_per_tensor(w)
     qb, sb = ref.quantize_fp8_blocks(w, block_size=64)
+    xs = torch.tensor([2.5 / 448])
     return [
         (fxq.int8_weight_only_linear, (x, q8, s8, b), ref.int8_weight_only_linear, {}),
         (fxq.int8_dynamic_linear, (x, q8, s8, None), ref.int8_dynamic_linear, {}),
@@ -33,6 +34,8 @@ def _cases(x_shape, n, dtype):
         (fxq.float8_dynamic_linear, (x, qf, sf, b, True, None), ref.float8_dynamic_linear, {}),
         (fxq.float8_dynamic_linear, (x, qt, st, b, False, 1.0), ref.float8_dynamic_linear, {}),
         (fxq.float8_block_linear, (x, qb, sb, b, 64), ref.float8_block_linear, {}),
+        # a fixed activation scale small enough that the tails of x saturate
+        (fxq.float8_static_linear, (x, qt, st, xs, b), ref.float8_static_linear, {}),
     ]
 
 
