@@ -241,6 +241,39 @@ def smollm2_latency_section() -> str:
     return "\n".join(out).rstrip()
 
 
+def fp8_training_section() -> str:
+    how = "python benchmarks/fp8_training.py"
+    rec, missing = _load("fp8_training.json", how)
+    out = ["### FP8 training on the CPU (emulated GEMMs)", ""]
+    if rec is None:
+        return "\n".join(out + [missing])
+    m = rec.get("model", {})
+    out += [
+        f"From `{how}` → `benchmarks/results/fp8_training.json`; {_machine(rec)}.",
+        "",
+        f"A Llama-shaped decoder (d={m.get('d')}, {m.get('layers')} layers), {rec.get('steps')} "
+        f"AdamW steps, batch {m.get('batch')}×{m.get('seq')} tokens, the same data and weights "
+        "for every row. **FP8 GEMMs are emulated in fp32 here: slower than fp32 by "
+        "construction**; the point is that the loss follows fp32. Step time is the median after "
+        "the first (compiling) step.",
+        "",
+    ]
+    rows = [
+        [
+            r["name"],
+            _f(r.get("first_step_s"), ".0f"),
+            _f(r.get("median_step_ms"), ".0f"),
+            _f(r.get("step_time_vs_fp32_inductor"), ".2f"),
+            _f(r.get("loss_last10"), ".3f"),
+            _f(r.get("loss_gap_vs_fp32"), "+.3f"),
+        ]
+        for r in rec.get("results", [])
+    ]
+    head = ["row", "first step s", "ms/step", "× fp32 Inductor time", "loss (last 10)", "vs fp32"]
+    out += [_table(head, rows)]
+    return "\n".join(out)
+
+
 def gpu_section() -> str:
     how = "bash benchmarks/gpu/run.sh"
     path = RESULTS / "gpu" / "gpu.json"
@@ -336,6 +369,7 @@ def build_block() -> str:
         latency_section(),
         smollm2_latency_section(),
         demo_section(),
+        fp8_training_section(),
         gpu_section(),
     ]
     return "\n\n".join(parts)

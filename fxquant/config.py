@@ -474,6 +474,13 @@ class QuantConfig:
                 f"QuantConfig.module_filter={self.module_filter!r} is not callable; allowed: None "
                 "or a function (module, fqn) -> bool"
             )
+        if self.module_filter is not None and not any(
+            isinstance(s, Float8Recipe) for s in self.schemes
+        ):
+            raise ValueError(
+                "QuantConfig.module_filter applies to Float8Recipe (FP8 training) regions only; "
+                "for inference schemes use overrides / modules_to_not_convert"
+            )
         # Frozen and hashable: torch.compile options and caches want hashable configs.
         object.__setattr__(self, "overrides", _FrozenMapping(self.overrides))
         object.__setattr__(self, "modules_to_not_convert", tuple(self.modules_to_not_convert))

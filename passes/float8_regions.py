@@ -57,9 +57,12 @@ def _root_and_linears(gm: fx.GraphModule):
     and its Linear names in ``named_modules()`` order, or (None, None). Dynamo hands a backend
     no module; the frame it is tracing still holds it, and the first/last rule and
     ``module_filter`` read its submodules."""
-    from torch._dynamo.symbolic_convert import InstructionTranslator
+    try:
+        from torch._dynamo.symbolic_convert import InstructionTranslator
 
-    tx = InstructionTranslator.current_tx()
+        tx = InstructionTranslator.current_tx()
+    except (ImportError, AttributeError):  # a torch without it: fall back to call order
+        return None, None
     for node in gm.graph.find_nodes(op="placeholder"):
         grapharg = node.meta.get("grapharg")
         if tx is None or grapharg is None or not isinstance(grapharg.example, torch.nn.Parameter):

@@ -307,3 +307,19 @@ def test_recipe_rejects_bad_values_with_reasons():
     assert "not divisible by 16" in r.unsupported_reason(out_features=20, in_features=64)
     assert Float8Recipe().unsupported_reason(out_features=20, in_features=100) is None
     assert Float8Recipe().padded_in_features(100) == 112
+
+
+def test_recipe_and_static_scheme_round_trip_through_config_json():
+    from fxquant.config import Float8Static, QuantConfig
+
+    cfg = QuantConfig(
+        scheme=Float8Recipe(scaling="current", granularity="row", margin=1),
+        overrides={"x": Float8Recipe(override_linear_precision=(False, False, True))},
+    )
+    assert QuantConfig.from_json(cfg.to_json()) == cfg
+    cfg = QuantConfig(scheme=Float8Static(activation_scale=0.25))
+    assert QuantConfig.from_json(cfg.to_json()) == cfg
+    with pytest.raises(ValueError, match="module_filter applies to Float8Recipe"):
+        QuantConfig(scheme=Float8Static(activation_scale=1.0), module_filter=lambda m, n: True)
+    with pytest.raises(ValueError, match="activation_scale=0"):
+        Float8Static(activation_scale=0)
