@@ -26,7 +26,7 @@ import torch.fx as fx
 from fxquant.config import Float8Recipe, QuantConfig, Scheme
 from fxquant.float8_state import state_for
 from fxquant.float8_training import float8_training_linear
-from fxquant.passes.plan import LayerPlan, Site, _shape_problem, find_sites
+from fxquant.passes.plan import LayerPlan, Site, find_sites, plan_sites
 from fxquant.passes.rewrite import COPIED_META, DynamoEditor, _row, counters
 
 __all__ = [
@@ -118,15 +118,11 @@ def plan_regions(
     """The region decision for each site, in graph order."""
     if linears is None:  # no root module found: the graph's own call order stands in
         linears = list(dict.fromkeys(s.module_name for s in sites))
-    plans = []
-    for site in sites:
-        scheme, why = region_choice(site.module_name, config, root=root, linears=linears)
-        if scheme is not None:
-            problem = _shape_problem(site, scheme)
-            if problem is not None:
-                scheme, why = None, problem
-        plans.append(LayerPlan(site, scheme, why))
-    return plans
+    return plan_sites(
+        sites,
+        config,
+        choose=lambda site: region_choice(site.module_name, config, root=root, linears=linears),
+    )
 
 
 def inference_config(model: torch.nn.Module, config: QuantConfig) -> QuantConfig:

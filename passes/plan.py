@@ -133,11 +133,17 @@ def find_sites(graph: fx.Graph, weight_of: WeightLookup) -> list[Site]:
     return sites
 
 
-def plan_sites(sites: list[Site], config: QuantConfig) -> list[LayerPlan]:
-    """Decide each site's scheme from the config and what the shapes allow."""
+def plan_sites(
+    sites: list[Site],
+    config: QuantConfig,
+    *,
+    choose: Callable[[Site], tuple[Scheme | None, str]] | None = None,
+) -> list[LayerPlan]:
+    """Decide each site's scheme from the config (or ``choose``, which FP8 regions pass) and
+    what the shapes allow."""
     plans = []
     for site in sites:
-        scheme, why = config.scheme_for(site.module_name)
+        scheme, why = (choose or (lambda s: config.scheme_for(s.module_name)))(site)
         if scheme is not None:
             problem = _shape_problem(site, scheme)
             if problem is not None:
