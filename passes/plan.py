@@ -10,6 +10,7 @@ prints it and the tests assert on it.
 from __future__ import annotations
 
 import operator
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -81,7 +82,10 @@ class Site:
 
     @property
     def module_name(self) -> str:
-        return self.weight_fqn.removesuffix(".weight")
+        """The calling ``nn.Linear``'s name when the node records it, else the weight's owner:
+        a weight tied to an embedding (lm_head) is named after the embedding in a Dynamo graph,
+        which first met it there, but the linear that uses it is still ``lm_head``."""
+        return _linear_module_name(self.node) or self.weight_fqn.removesuffix(".weight")
 
     def weight_nk(self) -> torch.Tensor:
         """The weight as [N, K], the layout every fxquant op takes."""
@@ -99,6 +103,24 @@ class LayerPlan:
     @property
     def name(self) -> str:
         return self.site.module_name
+
+
+def _linear_module_name(node: fx.Node) -> str | None:
+    stack = node.meta.get("nn_module_stack")
+    if not stack:
+        return None
+    path, cls = list(stack.values())[-1]
+    is_linear = (
+        issubclass(cls, torch.nn.Linear) if isinstance(cls, type) else str(cls).endswith("Linear")
+    )
+    if not is_linear or not isinstance(path, str):
+        return None
+    if not path.startswith("L["):
+        return path  # torch.export: already the fully qualified name
+    # Dynamo: L['self'].layers.0.q_proj, L['self']._modules['fc'], L['fn'][0]
+    parts = re.findall(r"\['([^']*)'\]|\[(\d+)\]|\.(\w+)", path)
+    names = [a or b or c for a, b, c in parts][1:]  # the first is the root
+    return ".".join(n for n in names if n not in ("_modules", "_parameters", "_buffers"))
 
 
 def node_value(node: object):
