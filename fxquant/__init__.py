@@ -25,6 +25,7 @@ from fxquant.config import (
     from_recipe_name,
 )
 from fxquant.float8_state import fp8_state_dict, load_fp8_state_dict
+from fxquant.hf import from_hf
 from fxquant.report import Report, report
 
 __version__ = "0.1.0"
@@ -44,6 +45,7 @@ __all__ = [
     "aot_compile",
     "fp8_state_dict",
     "from_accelerate",
+    "from_hf",
     "from_recipe_name",
     "load_fp8_state_dict",
     "quantize",

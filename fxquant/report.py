@@ -58,7 +58,7 @@ class Report:
             f"{len(self.skipped)} kept in float",
         ]
         lines += [f"  {n:4d} × {s}" for s, n in by_scheme.items()]
-        if before:
+        if before and after < before:  # FP8 training keeps its master weights: no line
             lines.append(
                 f"quantized weights: {_mib(before)} → {_mib(after)} "
                 f"({before / max(after, 1):.2f}× smaller)"

@@ -210,6 +210,46 @@ def test_a_training_config_cannot_mix_in_inference_schemes():
         compile_fp8(Odd(), cfg)(torch.randn(8, 16))
 
 
+class Broken(nn.Module):
+    """Four 32-wide linears with a graph break in the middle: Dynamo compiles two graphs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b, self.c, self.d = (nn.Linear(32, 32) for _ in range(4))
+
+    def forward(self, x):
+        x = self.b(self.a(x))
+        torch._dynamo.graph_break()
+        return self.d(self.c(x))
+
+
+def test_a_graph_break_splits_the_region_but_not_the_state():
+    torch.manual_seed(0)
+    model = Broken()
+    run = compile_fp8(
+        model, QuantConfig(scheme=Float8Recipe(amax_history_len=2), module_filter=lambda m, n: True)
+    )
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for _ in range(3):
+        run(torch.randn(16, 32)).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+    sd = fp8_state_dict(model)
+    assert {k.split(".")[0] for k in sd} == {"a", "b", "c", "d"}  # both graphs, one registry
+    assert all(sd[f"{n}.input.scale"] != 1 for n in "abcd")  # every layer updated
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 2
+
+
+def test_bf16_training_keeps_bf16_gradients():
+    model = make_model().to(torch.bfloat16)
+    run = compile_fp8(model, Float8Recipe(scaling="current"))
+    x, y = next(batches(1))
+    loss_fn(run, x, y).backward()
+    grads = [p.grad for p in model.parameters()]
+    assert all(g.dtype == torch.bfloat16 and g.isfinite().all() for g in grads)
+    assert model.layers[1].up_proj.weight.grad.abs().sum() > 0
+
+
 # --------------------------------------------------------------------------------------------
 # State: eval, no_grad, save/resume
 # --------------------------------------------------------------------------------------------

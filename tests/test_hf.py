@@ -1,0 +1,221 @@
+"""from_hf: Hugging Face quantization configs → QuantConfig with the same numerics, or a
+NotImplementedError that names what is missing; the docs table covers every field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import fxquant
+from fxquant import Float8Block, Float8Dynamic, Float8WeightOnly, Int8WeightOnly, from_hf
+from fxquant.hf import HF_CONFIGS, docs_table, transformers_fields
+
+DOCS = Path(__file__).parents[1] / "docs" / "hf_configs.md"
+
+# The configs of the Transformers quantization reference (HfQuantizer is the bridge, not a config)
+ISSUE_CONFIGS = [
+    "QuantoConfig",
+    "AqlmConfig",
+    "VptqConfig",
+    "AwqConfig",
+    "EetqConfig",
+    "GPTQConfig",
+    "BitsAndBytesConfig",
+    "HiggsConfig",
+    "HqqConfig",
+    "MetalConfig",
+    "Mxfp4Config",
+    "NVFP4Config",
+    "FbgemmFp8Config",
+    "CompressedTensorsConfig",
+    "TorchAoConfig",
+    "BitNetQuantConfig",
+    "SpQRConfig",
+    "FineGrainedFP8Config",
+    "QuarkConfig",
+    "FourOverSixConfig",
+    "FPQuantConfig",
+    "AutoRoundConfig",
+    "SinqConfig",
+    "GgufConfig",
+]
+
+
+def test_every_config_has_an_entry_and_the_docs_are_current():
+    import transformers
+
+    assert sorted(e["class"] for e in HF_CONFIGS.values()) == sorted(ISSUE_CONFIGS)
+    text = DOCS.read_text()
+    if f"transformers {transformers.__version__};" not in text:
+        pytest.skip(
+            f"docs/hf_configs.md was made for another transformers than "
+            f"{transformers.__version__}: check the fields and regenerate (python -m fxquant.hf)"
+        )
+    fields = transformers_fields()
+    for entry in HF_CONFIGS.values():
+        if entry["status"] == "mapped":  # every field of a mapped config says how
+            assert set(entry["fields"]) == set(fields[entry["class"]]), entry["class"]
+    assert text == docs_table(fields, transformers.__version__), "python -m fxquant.hf"
+
+
+@pytest.mark.parametrize(
+    "config, scheme",
+    [
+        ({"quant_method": "eetq", "weights": "int8"}, Int8WeightOnly()),
+        (
+            {"quant_method": "fbgemm_fp8", "activation_scale_ub": 1200.0},
+            Float8Dynamic(granularity="row", activation_scale_ub=1200.0),
+        ),
+        # DeepSeek-V3's config.json
+        (
+            {
+                "quant_method": "fp8",
+                "activation_scheme": "dynamic",
+                "fmt": "e4m3",
+                "weight_block_size": [128, 128],
+            },
+            Float8Block(block_size=128),
+        ),
+        ({"quant_method": "quanto", "weights": "float8"}, Float8WeightOnly()),
+        ({"quant_method": "torchao", "quant_type": "float8_weight_only"}, Float8WeightOnly()),
+        (
+            {
+                "quant_method": "torchao",
+                "quant_type": {
+                    "default": {
+                        "_type": "Float8DynamicActivationFloat8WeightConfig",
+                        "_data": {"granularity": [{"_type": "PerRow", "_data": {}}] * 2},
+                    }
+                },
+            },
+            Float8Dynamic(granularity="row"),
+        ),
+        (
+            {
+                "quant_method": "compressed-tensors",
+                "config_groups": {
+                    "group_0": {
+                        "targets": ["Linear"],
+                        "weights": {
+                            "num_bits": 8,
+                            "type": "float",
+                            "strategy": "channel",
+                            "dynamic": False,
+                        },
+                        "input_activations": {
+                            "num_bits": 8,
+                            "type": "float",
+                            "strategy": "token",
+                            "dynamic": True,
+                        },
+                    }
+                },
+            },
+            Float8Dynamic(granularity="row"),
+        ),
+        (
+            {"quant_method": "compressed-tensors", "config_groups": {"FP8_BLOCK": ["Linear"]}},
+            Float8Block(block_size=128),
+        ),
+    ],
+)
+def test_configs_that_map_get_the_scheme_with_the_same_numerics(config, scheme):
+    assert from_hf(config).scheme == scheme
+
+
+def test_transformers_objects_map_too():
+    from transformers import FbgemmFp8Config, FineGrainedFP8Config
+
+    cfg = from_hf(FbgemmFp8Config(activation_scale_ub=900.0, modules_to_not_convert=["lm_head"]))
+    assert cfg.scheme == Float8Dynamic(granularity="row", activation_scale_ub=900.0)
+    assert cfg.modules_to_not_convert == ("lm_head",)
+    cfg = from_hf(FineGrainedFP8Config(weight_block_size=(64, 64), modules_to_convert=["mlp.up"]))
+    assert cfg.scheme is None and dict(cfg.overrides) == {r"mlp\.up": Float8Block(block_size=64)}
+
+
+def test_ignore_and_targets_become_name_rules():
+    cfg = from_hf(
+        {
+            "quant_method": "compressed-tensors",
+            "ignore": ["lm_head", "re:.*gate$"],
+            "config_groups": {
+                "g": {
+                    "targets": ["re:.*proj$"],
+                    "weights": {"num_bits": 8, "type": "float", "strategy": "channel"},
+                }
+            },
+        }
+    )
+    assert cfg.modules_to_not_convert == ("lm_head", ".*gate$")
+    assert cfg.scheme is None and dict(cfg.overrides) == {".*proj$": Float8WeightOnly()}
+
+
+@pytest.mark.parametrize(
+    "config, match",
+    [
+        (
+            {"quant_method": "gptq", "bits": 4},
+            "GPTQConfig is not supported yet: GPTQ needs calibration",
+        ),
+        ({"quant_method": "aqlm"}, "additive codebooks"),
+        ({"quant_method": "bitsandbytes", "load_in_4bit": True}, "NF4/FP4"),
+        ({"quant_method": "torchao", "quant_type": "int8_weight_only"}, r"amax / 127\.5"),
+        ({"quant_method": "quanto", "weights": "int2"}, "no int2 format"),
+        ({"quant_method": "quanto", "weights": "int8", "activations": "int8"}, "calibrates"),
+        ({"quant_method": "fp8", "activation_scheme": "static"}, "static activation scales"),
+        ({"quant_method": "fp8", "weight_block_size": [128, 64]}, "square blocks"),
+        ({"quant_method": "fp8", "scale_fmt": "ue8m0"}, "ue8m0"),
+        (
+            {"quant_method": "fp8", "weight_block_size": [128, 128], "bogus": 1},
+            r"fields \['bogus'\] are not known",
+        ),
+        (
+            {
+                "quant_method": "compressed-tensors",
+                "config_groups": {
+                    "g": {"weights": {"num_bits": 8, "type": "int", "strategy": "channel"}}
+                },
+            },
+            r"amax / 127\.5 \(int8\)",
+        ),
+        (
+            {
+                "quant_method": "compressed-tensors",
+                "config_groups": {
+                    "g": {
+                        "weights": {"num_bits": 8, "type": "float", "strategy": "tensor"},
+                        "input_activations": {
+                            "num_bits": 8,
+                            "type": "float",
+                            "strategy": "tensor",
+                            "dynamic": False,
+                        },
+                    }
+                },
+            },
+            "static ones need calibration",
+        ),
+    ],
+)
+def test_configs_that_do_not_map_say_what_is_missing(config, match):
+    with pytest.raises(NotImplementedError, match=match):
+        from_hf(config)
+
+
+def test_an_unrecognisable_config_is_a_value_error():
+    with pytest.raises(ValueError, match="cannot tell which quantization config"):
+        from_hf({"bits": 4})
+
+
+def test_from_hf_config_quantizes_a_model(tiny_llama):
+    x = torch.randint(0, 96, (1, 8))
+    cfg = from_hf({"quant_method": "fbgemm_fp8", "activation_scale_ub": 1200.0})
+    rows = fxquant.report(fxquant.quantize(tiny_llama, cfg, example_inputs=(x,))).rows
+    quantized = [r for r in rows if r["status"] == "quantized"]
+    assert len(quantized) == 14 and all(
+        r["scheme"]
+        == {"type": "Float8Dynamic", "granularity": "row", "activation_scale_ub": 1200.0}
+        for r in quantized
+    )
