@@ -225,6 +225,11 @@ def run(
 
     rows: list[dict] = []
     timed: dict[str, dict[str, Callable]] = {"prefill": {}, "decode": {}}
+    # Every compiled candidate adds cache entries (two, with automatic dynamic seq) to the same
+    # forward; past Dynamo's default limit of 8 a frame silently runs *uncompiled*, which a run
+    # of this script once measured as "fp8-row backend" and "torchao compile" rows.
+    torch._dynamo.config.recompile_limit = 64
+    torch._dynamo.config.accumulated_recompile_limit = 1024
     with tempfile.TemporaryDirectory(prefix="fxq_smollm2_") as tmp:
         for name, scheme, path, build in candidates(schemes, peers):
             row = {"candidate": name, "scheme": scheme, "path": path}
@@ -234,8 +239,12 @@ def run(
                 print(f"  {name}: {ao_status}", flush=True)
                 continue
             t1 = time.perf_counter()
+            graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
             try:
                 fn, info = build(wrapper, ep, warm_ids, Path(tmp))
+                compiled = torch._dynamo.utils.counters["stats"]["unique_graphs"] > graphs
+                if path in ("backend", "inductor") and not compiled:
+                    raise RuntimeError("torch.compile compiled no graph: it would run eagerly")
                 logits = fn(prefill_ids)
                 tokens = evaluate.greedy_decode(fn, prompt, new_tokens=new_tokens)
             except Exception as e:  # noqa: BLE001 - a failing candidate is a result
