@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,7 @@ from fxquant.passes.float8_regions import inference_config, uses_float8_training
 from fxquant.passes.fuse import fuse_norms
 from fxquant.passes.lower import lower
 from fxquant.passes.rewrite import ProgramEditor, rewrite
+from fxquant.passes.schemes import QuantizedWeight
 
 __all__ = ["aot_compile", "atomic_path", "quantize"]
 
@@ -36,6 +37,7 @@ def quantize(
     example_kwargs: dict[str, Any] | None = None,
     dynamic_shapes: Any = None,
     progress: bool = False,
+    weights: Mapping[str, QuantizedWeight] | None = None,
 ) -> ExportedProgram:
     """Quantize every linear-like layer the config assigns a scheme.
 
@@ -49,6 +51,9 @@ def quantize(
         example_inputs, example_kwargs, dynamic_shapes: passed to ``torch.export.export`` when
             ``model`` is a module (``example_inputs`` is then required).
         progress: show a progress bar while weights are quantized.
+        weights: constants made elsewhere (``fxquant.calibrate``, a checkpoint loader), by
+            weight name, used instead of quantizing those float weights; each must have the
+            layout of the scheme the plan gives its layer (else ``ValueError``).
 
     Returns:
         A new ``ExportedProgram`` whose chosen layers call ``fxquant::`` ops on quantized
@@ -92,7 +97,7 @@ def quantize(
             f"got {type(model).__name__}"
         )
     editor = ProgramEditor(ep)
-    rewrite(editor, config, progress=progress)
+    rewrite(editor, config, progress=progress, weights=weights)
     if config.fuse_norms:
         fuse_norms(editor)
     return editor.finish()

@@ -20,6 +20,7 @@ import copy
 import json
 import re
 from collections import Counter
+from collections.abc import Mapping
 
 import torch
 import torch.fx as fx
@@ -35,7 +36,7 @@ from tqdm.auto import tqdm
 
 from fxquant.config import QuantConfig
 from fxquant.passes.plan import LayerPlan, find_sites, node_value, plan_sites
-from fxquant.passes.schemes import handler_for
+from fxquant.passes.schemes import QuantizedWeight, check_layout, handler_for
 from fxquant.reference import sqnr
 
 META_KEY = "fxquant"  # node.meta["custom"][META_KEY]: the layer's report row, as JSON
@@ -232,10 +233,23 @@ def fqn_from_source(source_name: str) -> str:
     return ".".join(n for n in names if n not in ("_modules", "_parameters", "_buffers"))
 
 
-def rewrite(editor, config: QuantConfig, *, progress: bool = False) -> list[dict]:
-    """Plan and rewrite every linear-like site; returns the report rows (one per site)."""
+def rewrite(
+    editor,
+    config: QuantConfig,
+    *,
+    progress: bool = False,
+    weights: Mapping[str, QuantizedWeight] | None = None,
+) -> list[dict]:
+    """Plan and rewrite every linear-like site; returns the report rows (one per site).
+
+    ``weights`` maps a weight's name (``model.layers.0.mlp.up_proj.weight``) to constants made
+    elsewhere (GPTQ, a loaded checkpoint), used instead of quantizing the graph's float weight;
+    each must have the layout its planned scheme stores, and each must be used.
+    """
     graph = editor.graph
     plans = plan_sites(find_sites(graph, editor.weight_of), config)
+    weights = dict(weights or {})
+    used: set[str] = set()
     cache: dict[tuple, tuple[list[fx.Node], dict]] = {}  # (weight, scheme) → constants, row
     rows = []
     for plan in tqdm(plans, desc="quantizing", unit="layer", disable=not progress):
@@ -250,18 +264,34 @@ def rewrite(editor, config: QuantConfig, *, progress: bool = False) -> list[dict
             row.update(bytes_after=0, sqnr_db=first["sqnr_db"], shared_with=first["name"])
         else:
             w = site.weight_nk().detach().contiguous()
-            q = handler_for(plan.scheme).quantize(plan.scheme, w)
+            given = weights.get(site.weight_fqn)
+            if given is None:
+                q = handler_for(plan.scheme).quantize(plan.scheme, w)
+            else:
+                check_layout(plan.scheme, site.weight_fqn, tuple(w.shape), given)
+                q = given
+                used.add(site.weight_fqn)
+                row["weights"] = "given"
             prefix = _constant_prefix(editor, site.weight_fqn, plan.scheme)
             nodes = [editor.add_constant(f"{prefix}{n}", t) for n, t in q.tensors.items()]
             row.update(
                 bytes_after=q.nbytes,
-                sqnr_db=round(sqnr(w.float(), q.dequantized), 2),
+                sqnr_db=None if q.dequantized is None else round(sqnr(w.float(), q.dequantized), 2),
                 padded_in_features=plan.scheme.padded_in_features(site.in_features),
             )
             cache[key] = (nodes, row)
         new = _replace(editor, plan, nodes)
         counters[plan.scheme.name] += 1
         rows.append((new, row))
+    unused = sorted(set(weights) - used)
+    if unused:
+        # A name the plan skipped or never saw: silently keeping its float weight would be wrong.
+        reasons = {r["weight"]: r["reason"] for _, r in rows if r["status"] == "skipped"}
+        raise ValueError(
+            f"precomputed weights were given for {len(unused)} weight(s) the plan did not "
+            f"quantize: "
+            + ", ".join(f"{n} ({reasons.get(n, 'no linear uses it')})" for n in unused[:5])
+        )
     result = []
     for node, row in rows:
         if row["status"] == "quantized":

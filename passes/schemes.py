@@ -33,7 +33,9 @@ class QuantizedWeight:
     """A weight in a scheme's storage form: the constants the op takes, in argument order."""
 
     tensors: dict[str, torch.Tensor]
-    dequantized: torch.Tensor  # fp32 [N, K], for the report's SQNR
+    # fp32 [N, K], for the report's SQNR against the graph's float weight; None when that
+    # weight is not the one these constants came from (a checkpoint loaded into a skeleton)
+    dequantized: torch.Tensor | None
 
     @property
     def nbytes(self) -> int:
@@ -56,6 +58,25 @@ def register(scheme_type: type[Scheme], *, op_args):
         return quantize
 
     return wrap
+
+
+def check_layout(scheme: Scheme, weight_name: str, shape: tuple, given: QuantizedWeight) -> None:
+    """Raise unless ``given`` has the constants (names, shapes, dtypes) the scheme's op takes for
+    a weight of ``shape``: a precomputed weight (calibration, a loaded checkpoint) must be exactly
+    what the rewrite would have stored, or the op would read it wrong."""
+    # Quantizing zeros is cheap, exact about layout, and the all-zero path never NaNs.
+    want = handler_for(scheme).quantize(scheme, torch.zeros(shape)).tensors
+    got = given.tensors
+
+    def layout(ts):
+        return {k: (tuple(t.shape), t.dtype) for k, t in ts.items()}
+
+    if list(got) != list(want) or layout(got) != layout(want):
+        raise ValueError(
+            f"precomputed weight for {weight_name!r} does not match the scheme "
+            f"{scheme.to_dict()} for a weight of shape {list(shape)}: expected constants "
+            f"{layout(want)}, got {layout(got)}"
+        )
 
 
 def handler_for(scheme: Scheme) -> Handler:

@@ -310,3 +310,39 @@ def test_all_zero_weights_and_inputs_give_zeros_not_nan(recipe):
         assert torch.isfinite(y).all()
         torch.testing.assert_close(y, model(x), atol=0.05, rtol=0.05)
     assert all(r["status"] == "quantized" for r in fxquant.report(qep).rows)
+
+
+def test_precomputed_weights_are_used_checked_and_all_consumed():
+    """``quantize(weights=...)`` stores given constants as they are (calibration and checkpoint
+    loaders rely on it), refuses a wrong layout and a name the plan did not quantize."""
+    from fxquant import reference as ref
+    from fxquant.passes.schemes import QuantizedWeight
+
+    class Two(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = torch.nn.Linear(32, 16)
+            self.lm_head = torch.nn.Linear(16, 8)
+
+        def forward(self, x):
+            return self.lm_head(self.a(x))
+
+    torch.manual_seed(0)
+    model, x = Two(), torch.randn(2, 32)
+    other = torch.randn(16, 32)  # a weight the graph does not hold: it must still be the one used
+    q, s = ref.quantize_int8_per_channel(other)
+    given = {"a.weight": QuantizedWeight({"qweight": q, "scale": s}, None)}
+    qep = fxquant.quantize(model, "int8wo", example_inputs=(x,), weights=given)
+    torch.testing.assert_close(qep.state_dict["a.qweight"], q)
+    row = fxquant.report(qep).rows[0]
+    assert row["weights"] == "given" and row["sqnr_db"] is None
+    with torch.no_grad():
+        want = model.lm_head(ref.int8_weight_only_linear(x, q, s, model.a.bias))
+    torch.testing.assert_close(qep.module()(x), want)
+
+    bad = {"a.weight": QuantizedWeight({"qweight": q[:, :8], "scale": s}, None)}
+    with pytest.raises(ValueError, match=r"'a.weight' does not match .*Int8WeightOnly.*\[16, 32\]"):
+        fxquant.quantize(model, "int8wo", example_inputs=(x,), weights=bad)
+    skipped = {"lm_head.weight": QuantizedWeight({"qweight": q, "scale": s}, None)}
+    with pytest.raises(ValueError, match=r"lm_head.weight \(.*modules_to_not_convert"):
+        fxquant.quantize(model, "int8wo", example_inputs=(x,), weights=skipped)
