@@ -4,15 +4,23 @@
 ``report`` says what happened to each layer; ``aot_compile`` lowers and packages it with
 AOTInductor; ``torch.compile(model, backend="fxquant")`` does the same in process, and with a
 ``Float8Recipe`` trains with FP8 GEMMs (``fp8_state_dict`` / ``load_fp8_state_dict`` keep its
-delayed-scaling state).
+delayed-scaling state). ``calibrate`` runs GPTQ, AWQ or SmoothQuant over real data first, then
+quantizes.
 Importing fxquant registers the ``fxquant::`` ops, which loading a saved ``.pt2`` needs.
 """
 
 from fxquant import ops  # noqa: F401  (registers the fxquant:: ops)
 from fxquant.accelerate import from_accelerate
 from fxquant.api import aot_compile, quantize
+from fxquant.calibrate import AWQ, GPTQ, SmoothQuant, calibrate
+from fxquant.checkpoints import load_quantized, read_quantized, save_compressed_tensors
 from fxquant.config import (
+    MXFP4,
+    MXFP8,
+    NVFP4,
     RECIPES,
+    BitNetTernary,
+    Bnb4WeightOnly,
     Float8Block,
     Float8Dynamic,
     Float8Recipe,
@@ -20,6 +28,8 @@ from fxquant.config import (
     Int4WeightOnly,
     Int8DynamicActivation,
     Int8WeightOnly,
+    IntxWeightOnly,
+    LLMInt8,
     QuantConfig,
     Scheme,
     from_recipe_name,
@@ -31,7 +41,11 @@ from fxquant.report import Report, report
 __version__ = "0.1.0"
 
 __all__ = [
+    "AWQ",
+    "GPTQ",
     "RECIPES",
+    "BitNetTernary",
+    "Bnb4WeightOnly",
     "Float8Block",
     "Float8Dynamic",
     "Float8Recipe",
@@ -39,15 +53,25 @@ __all__ = [
     "Int4WeightOnly",
     "Int8DynamicActivation",
     "Int8WeightOnly",
+    "IntxWeightOnly",
+    "LLMInt8",
+    "MXFP4",
+    "MXFP8",
+    "NVFP4",
     "QuantConfig",
     "Report",
     "Scheme",
+    "SmoothQuant",
     "aot_compile",
+    "calibrate",
     "fp8_state_dict",
     "from_accelerate",
     "from_hf",
     "from_recipe_name",
     "load_fp8_state_dict",
+    "load_quantized",
     "quantize",
+    "read_quantized",
     "report",
+    "save_compressed_tensors",
 ]

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 __all__ = [
+    "BitNetTernary",
+    "Bnb4WeightOnly",
     "Float8Block",
     "Float8Dynamic",
     "Float8Recipe",
@@ -29,6 +31,11 @@ __all__ = [
     "Int4WeightOnly",
     "Int8DynamicActivation",
     "Int8WeightOnly",
+    "IntxWeightOnly",
+    "LLMInt8",
+    "MXFP4",
+    "MXFP8",
+    "NVFP4",
     "QuantConfig",
     "RECIPES",
     "Scheme",
@@ -114,6 +121,91 @@ class Int4WeightOnly(Scheme):
     def padded_in_features(self, in_features: int) -> int:
         g = self.group_size
         return -(-in_features // g) * g
+
+
+@_register
+@dataclass(frozen=True, kw_only=True)
+class IntxWeightOnly(Scheme):
+    """int2 / int3 weights (and int4 with a float zero point) in groups of ``group_size`` along
+    K; activations stay in float. Storage w = (u - z) * s, codes u packed along K
+    (``fxquant.reference_lowbit``: 4 per byte, 8 per 3 bytes, 2 per byte).
+
+    Args:
+        bits: 2 or 3; 4 only with ``zero_point="float"`` (an integer-zero int4 is
+            ``Int4WeightOnly``, which has the fast CPU kernel).
+        group_size: elements of K sharing one scale and zero point: 32, 64, 128 or 256.
+        symmetric: ``True``: s = amax / (2**(bits-1) - 1), codes centred on z = 2**(bits-1)
+            (integer zero points only); ``False`` (default): the group's range onto
+            [0, 2**bits - 1] with a zero point.
+        zero_point: ``"int"`` (default): uint8 z, range widened to include 0, K zero-padded
+            to a group multiple (as ``Int4WeightOnly``); ``"float"``: fp32 z on the group's own
+            [min, max] range (HQQ's and quanto's grid); K must be a multiple of the group.
+        optimizer: ``None`` (round to nearest) or ``"hqq"``: HQQ's calibration-free
+            half-quadratic refinement of the zero points (``fxquant.hqq``; needs
+            ``zero_point="float"``).
+    """
+
+    name: ClassVar[str] = "intx_weight_only"
+    bits: int = 3
+    group_size: int = 64
+    symmetric: bool = False
+    zero_point: str = "int"
+    optimizer: str | None = None
+
+    def __post_init__(self) -> None:
+        n = "IntxWeightOnly"
+        _check_choice(n, "bits", self.bits, (2, 3, 4))
+        _check_choice(n, "group_size", self.group_size, (32, 64, 128, 256))
+        _check_choice(n, "symmetric", self.symmetric, (True, False))
+        _check_choice(n, "zero_point", self.zero_point, ("int", "float"))
+        _check_choice(n, "optimizer", self.optimizer, (None, "hqq"))
+        if self.zero_point == "float" and self.symmetric:
+            raise ValueError(
+                "IntxWeightOnly(symmetric=True, zero_point='float') is not supported: a "
+                "symmetric grid has the fixed zero point 2**(bits-1); allowed: symmetric with "
+                "zero_point='int', or zero_point='float' with symmetric=False"
+            )
+        if self.optimizer == "hqq" and self.zero_point != "float":
+            raise ValueError(
+                f"IntxWeightOnly(optimizer='hqq', zero_point={self.zero_point!r}) is not "
+                "supported: HQQ's zero points are floats; allowed: zero_point='float'"
+            )
+        if self.bits == 4 and self.zero_point == "int":
+            raise ValueError(
+                "IntxWeightOnly(bits=4, zero_point='int') is not supported: that is "
+                "Int4WeightOnly(group_size=..., symmetric=...); allowed: bits 2 or 3, or bits=4 "
+                "with zero_point='float'"
+            )
+
+    def unsupported_reason(self, *, out_features: int, in_features: int) -> str | None:
+        if self.zero_point == "float" and in_features % self.group_size:
+            return (
+                f"in_features={in_features} is not a multiple of group_size={self.group_size} "
+                "(float zero points use the group's own range, so zero padding would change it)"
+            )
+        return None
+
+    def padded_in_features(self, in_features: int) -> int:
+        g = self.group_size
+        return -(-in_features // g) * g
+
+
+@_register
+@dataclass(frozen=True, kw_only=True)
+class BitNetTernary(Scheme):
+    """BitNet b1.58: ternary weights {-1, 0, 1} with one per-tensor scale (mean |W|) × int8
+    activations quantized per token at run time (absmax / 127), as transformers' ``BitLinear``
+    (``BitNetQuantConfig``). The weight is packed 4 values per byte in transformers' layout
+    (along the output dim), so out_features must be a multiple of 4.
+    """
+
+    name: ClassVar[str] = "bitnet"
+    quantizes_activation: ClassVar[bool] = True
+
+    def unsupported_reason(self, *, out_features: int, in_features: int) -> str | None:
+        if out_features % 4:
+            return f"out_features={out_features} is not a multiple of 4 (4 ternary rows a byte)"
+        return None
 
 
 @_register
@@ -218,6 +310,73 @@ class Float8Block(Scheme):
 
     def __post_init__(self) -> None:
         _check_choice("Float8Block", "block_size", self.block_size, (32, 64, 128, 256))
+
+
+@_register
+@dataclass(frozen=True, kw_only=True)
+class Bnb4WeightOnly(Scheme):
+    """bitsandbytes 4-bit weights (``load_in_4bit``): NF4 or FP4 codes with one absmax per block
+    of ``block_size``; activations stay in float (``fxquant.reference_bnb``).
+
+    Recipes ``nf4`` and ``fp4``. Blocks run along the flattened weight W [N, K], exactly as
+    bitsandbytes cuts them: with K a multiple of ``block_size`` (every real model) that is
+    blocks along K inside each output row; otherwise a block may span two rows and the last
+    one is short, as in bnb. Nothing is padded; a layer with an odd K is skipped (its rows
+    would share a byte).
+
+    Args:
+        quant_type: ``"nf4"`` (QLoRA's NormalFloat levels) or ``"fp4"`` (bnb's E2M1 table).
+        block_size: values per absmax: 64 (bnb's default), 128, 256, 512, 1024, 2048, 4096.
+        double_quant: bnb's ``bnb_4bit_use_double_quant``: the fp32 absmax values, minus their
+            mean, are quantized again to 8 bits (bnb's dynamic map) in blocks of 256.
+    """
+
+    name: ClassVar[str] = "bnb4_weight_only"
+    quant_type: str = "nf4"
+    block_size: int = 64
+    double_quant: bool = False
+
+    def __post_init__(self) -> None:
+        n = "Bnb4WeightOnly"
+        _check_choice(n, "quant_type", self.quant_type, ("nf4", "fp4"))
+        _check_choice(n, "block_size", self.block_size, (64, 128, 256, 512, 1024, 2048, 4096))
+        _check_choice(n, "double_quant", self.double_quant, (True, False))
+
+    def unsupported_reason(self, *, out_features: int, in_features: int) -> str | None:
+        if in_features % 2:
+            return (
+                f"in_features={in_features} is odd: two 4-bit values share a byte along K, "
+                "and fxquant keeps each output row's bytes to itself"
+            )
+        return None
+
+
+@_register
+@dataclass(frozen=True, kw_only=True)
+class LLMInt8(Scheme):
+    """bitsandbytes LLM.int8 (``load_in_8bit``): int8 activations per token × int8 weights per
+    output channel, with the activation's outlier feature columns (any |x| >= ``threshold`` in
+    the current input) computed in float against the dequantized int8 weight, as bnb does
+    (``fxquant.reference_bnb``). Activations and weights are put on the fp16 grid first, as
+    bnb's fp16 kernels do.
+
+    Args:
+        threshold: bnb's ``llm_int8_threshold`` (default 6.0); 0 turns the outlier
+            decomposition off (plain vector-wise int8).
+    """
+
+    name: ClassVar[str] = "llm_int8"
+    quantizes_activation: ClassVar[bool] = True
+    threshold: float = 6.0
+
+    def __post_init__(self) -> None:
+        t = self.threshold
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 <= t < float("inf"):
+            raise ValueError(
+                f"LLMInt8.threshold={t!r} is not supported; allowed: a finite number >= 0 "
+                "(0 turns the outlier decomposition off; bitsandbytes' default is 6.0)"
+            )
+        object.__setattr__(self, "threshold", float(t))
 
 
 @_register
@@ -349,6 +508,117 @@ class Float8Recipe(Scheme):
         return in_features
 
 
+# --------------------------------------------------------------------------------------------
+# Microscaling formats (reference math: fxquant.reference_mx). Blocks run along K, so K must be
+# a multiple of the block; such a layer is skipped with the reason, never padded (a zero-padded
+# activation block would still need a real scale, and the checkpoints these formats come from
+# never pad).
+# --------------------------------------------------------------------------------------------
+
+_MX_RULES = ("floor", "ceil", "even")
+
+
+def _block_reason(scheme: str, in_features: int, block: int) -> str | None:
+    if in_features % block:
+        return f"in_features={in_features} is not a multiple of {block} ({scheme} blocks along K)"
+    return None
+
+
+@_register
+@dataclass(frozen=True, kw_only=True)
+class MXFP8(Scheme):
+    """OCP MXFP8: e4m3 weights and activations, one power-of-two (E8M0) scale per 32 values
+    along K (weights per output row, activations per token, at run time).
+
+    Recipe ``mxfp8``. ``fxquant.quantize`` with an MXFP8-trained ``Float8Recipe`` exports this
+    scheme with ``scale_rule="ceil"``, the rule its training casts used.
+
+    Args:
+        scale_rule: the shared exponent: ``"floor"`` (default), floor(log2(amax)) - 8 as the
+            OCP spec and torchao's default (the block's largest values may saturate at 448);
+            ``"ceil"``, ceil(log2(amax / 448)) as Transformer Engine and torchao's RCEIL (nothing
+            saturates).
+    """
+
+    name: ClassVar[str] = "mxfp8"
+    quantizes_activation: ClassVar[bool] = True
+    scale_rule: str = "floor"
+
+    def __post_init__(self) -> None:
+        _check_choice("MXFP8", "scale_rule", self.scale_rule, ("floor", "ceil"))
+
+    def unsupported_reason(self, *, out_features: int, in_features: int) -> str | None:
+        return _block_reason("MXFP8", in_features, 32)
+
+
+@_register
+@dataclass(frozen=True, kw_only=True)
+class MXFP4(Scheme):
+    """OCP MXFP4: e2m1 weights (two per byte), one E8M0 scale per 32 values along K; activations
+    in float, or quantized to MXFP4 per token at run time.
+
+    Recipe ``mxfp4`` (weight-only, the form gpt-oss ships). Sizes: 4.25 bits a weight.
+
+    Args:
+        activations: ``False`` (default): activations stay in float (w4a16); ``True``: they are
+            MXFP4-quantized too (w4a4, compressed-tensors' ``MXFP4`` preset).
+        scale_rule: the shared exponent: ``"floor"`` (default), floor(log2(amax)) - 2, the OCP
+            spec's and torchao's default (values above 6 × scale saturate); ``"ceil"``,
+            ceil(log2(amax / 6)), triton_kernels' ``downcast_to_mxfp`` (ROUND_UP, how
+            transformers quantizes gpt-oss) and fouroversix; ``"even"``, amax rounded to one
+            mantissa bit first, torchao's EVEN and compressed-tensors' rule.
+    """
+
+    name: ClassVar[str] = "mxfp4"
+    activations: bool = False
+    scale_rule: str = "floor"
+
+    def __post_init__(self) -> None:
+        _check_choice("MXFP4", "activations", self.activations, (True, False))
+        _check_choice("MXFP4", "scale_rule", self.scale_rule, _MX_RULES)
+
+    @property
+    def quantizes_activation(self) -> bool:  # type: ignore[override]
+        return self.activations
+
+    def unsupported_reason(self, *, out_features: int, in_features: int) -> str | None:
+        return _block_reason("MXFP4", in_features, 32)
+
+
+@_register
+@dataclass(frozen=True, kw_only=True)
+class NVFP4(Scheme):
+    """NVIDIA NVFP4: e2m1 values (two per byte), one e4m3 scale per 16 values along K and one
+    fp32 scale per tensor (amax / (6 · 448)); activations quantized the same way at run time
+    (their tensor scale from the whole activation's amax), or kept in float.
+
+    Recipe ``nvfp4`` (w4a4). Sizes: 4.5 bits a weight.
+
+    Args:
+        activations: ``True`` (default): w4a4; ``False``: weights only, activations in float.
+        scale_rule: ``"six"`` (default): every block's amax maps to 6 (standard NVFP4);
+            ``"four_over_six"``: each block is quantized with its amax mapped to 6 and to 4 and
+            keeps the lower squared error (Four Over Six, ``FourOverSixConfig``'s default
+            ``"mse"``); the tensor scale is then amax / (6 · 256), as fouroversix does. Weights
+            and activations use the same rule.
+    """
+
+    name: ClassVar[str] = "nvfp4"
+    activations: bool = True
+    scale_rule: str = "six"
+
+    def __post_init__(self) -> None:
+        _check_choice("NVFP4", "activations", self.activations, (True, False))
+        _check_choice("NVFP4", "scale_rule", self.scale_rule, ("six", "four_over_six"))
+
+    @property
+    def quantizes_activation(self) -> bool:  # type: ignore[override]
+        return self.activations
+
+    def unsupported_reason(self, *, out_features: int, in_features: int) -> str | None:
+        return _block_reason("NVFP4", in_features, 16)
+
+
 def _check_int(cls_name: str, field_name: str, value: Any, *, minimum: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(
@@ -381,6 +651,16 @@ RECIPES: dict[str, Scheme] = {
     "fp8-row": Float8Dynamic(granularity="row"),
     "fp8-tensor": Float8Dynamic(granularity="tensor"),
     "fp8-block": Float8Block(block_size=128),
+    "mxfp8": MXFP8(),
+    "mxfp4": MXFP4(),
+    "nvfp4": NVFP4(),
+    "nf4": Bnb4WeightOnly(quant_type="nf4"),
+    "fp4": Bnb4WeightOnly(quant_type="fp4"),
+    "llm-int8": LLMInt8(),
+    "int3wo-64": IntxWeightOnly(bits=3, group_size=64),
+    "int2wo-32": IntxWeightOnly(bits=2, group_size=32),
+    "hqq-int4-64": IntxWeightOnly(bits=4, group_size=64, zero_point="float", optimizer="hqq"),
+    "bitnet": BitNetTernary(),
 }
 
 

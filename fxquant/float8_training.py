@@ -26,6 +26,7 @@ import torch.nn.functional as F
 
 from fxquant.config import Float8Recipe
 from fxquant.reference import EPS
+from fxquant.reference_mx import e8m0_exponent
 
 __all__ = [
     "E4M3",
@@ -102,13 +103,11 @@ def cast_mx(t: torch.Tensor, dtype: torch.dtype, *, dim: int) -> torch.Tensor:
     tensor, its exponent ``ceil(log2(amax / fp8_max))`` so nothing saturates. A short last block
     takes its scale from the values it has; an all-zero block gets scale 1."""
     b, k = _blocked(t, dim, MX_BLOCK)
-    ratio = b.abs().amax(dim=-1, keepdim=True) / fp8_max(dtype)
-    # frexp: ratio = m · 2**e with m in [0.5, 1), so ceil(log2(ratio)) is e, or e - 1 when
-    # ratio is exactly a power of two (m == 0.5). Exact, unlike log2 in floating point.
-    m, e = torch.frexp(ratio)
-    exp = torch.where(m == 0.5, e - 1, e)
-    exp = torch.where(ratio > 0, exp, torch.zeros_like(exp)).clamp(E8M0_MIN_EXP, E8M0_MAX_EXP)
-    scale = torch.ldexp(torch.ones_like(ratio), exp)
+    # the "ceil" rule of fxquant.reference_mx, shared with the MXFP8 inference op, so an
+    # MXFP8-trained layer exports (``MXFP8(scale_rule="ceil")``) with the casts it trained with
+    amax = b.abs().amax(dim=-1, keepdim=True)
+    exp = e8m0_exponent(amax, elem_max=fp8_max(dtype), rule="ceil")
+    scale = torch.ldexp(torch.ones_like(amax), exp)
     return _unblocked(_saturate(b / scale, dtype) * scale, k, dim)
 
 

@@ -8,9 +8,12 @@ transformers is not imported: objects are read by attribute, so plain dicts work
 A config maps only where an fxquant scheme computes what the original does: the same grid, the
 same scale rule, the same activation handling. Where one detail differs (torchao and
 compressed-tensors scale symmetric int8 by amax / 127.5, fxquant by amax / 127) the config is
-refused, not approximated. ``HF_CONFIGS`` says, per config and per field, how it is honoured;
-docs/hf_configs.md is generated from it (``python -m fxquant.hf > docs/hf_configs.md``) and a
-test checks it covers every field transformers defines.
+refused, not approximated. The exception is the scope of Mxfp4Config and NVFP4Config, whose
+integrations quantize only what their own kernels take (gpt-oss's experts; bias-free linears,
+decoded with bf16 activations): their rows say "Approximated" and how. ``HF_CONFIGS`` says,
+per config and per field, how it is honoured; docs/hf_configs.md is generated from it
+(``python -m fxquant.hf > docs/hf_configs.md``) and a test checks it covers every field
+transformers defines.
 """
 
 from __future__ import annotations
@@ -20,10 +23,16 @@ from collections.abc import Mapping
 from typing import Any
 
 from fxquant.config import (
+    MXFP4,
+    NVFP4,
+    BitNetTernary,
+    Bnb4WeightOnly,
     Float8Block,
     Float8Dynamic,
     Float8WeightOnly,
     Int8WeightOnly,
+    IntxWeightOnly,
+    LLMInt8,
     QuantConfig,
     Scheme,
 )
@@ -73,8 +82,10 @@ HF_CONFIGS: dict[str, dict[str, Any]] = {
         "fields": {
             "weights": "'int8' → Int8WeightOnly, 'float8' → Float8WeightOnly (per output "
             "channel, absmax / qmax, as quanto); 'int4' refused (quanto's affine groups "
-            "carry a float shift, Int4WeightOnly an integer zero point), 'int2' refused (no "
-            "int2 format yet)",
+            "carry a float shift, Int4WeightOnly an integer zero point), 'int2' refused "
+            "(quanto's groups are 128, 96, 64 or 32 wide or per channel depending on K, and "
+            "dequantize u·s - shift in the weight dtype; the nearest fxquant scheme, "
+            "IntxWeightOnly(bits=2, zero_point='float'), computes (u - z)·s in fp32)",
             "activations": "None honoured; 'int8' / 'float8' refused (quanto calibrates "
             "static activation scales; no calibration yet)",
             "modules_to_not_convert": _SKIP,
@@ -105,7 +116,14 @@ HF_CONFIGS: dict[str, dict[str, Any]] = {
             "channel weights alone → Float8WeightOnly; fp8 b×b block weights + dynamic 1×b "
             "group activations → Float8Block(b); presets FP8_DYNAMIC, FP8_BLOCK. Integer "
             "schemes refused (symmetric scale amax / 127.5 or / 7.5), static activations "
-            "refused (calibration), FP4 refused (no format yet). targets 'Linear' → default "
+            "refused (calibration). FP4: NVFP4 weights (tensor_group, 16) alone → "
+            "NVFP4(activations=False) (same two-level rule, except for blocks whose e4m3 "
+            "scale falls below 2**-6: fxquant clamps it there as torchao, compressed-tensors "
+            "rounds it and turns a zero into 0.125), with "
+            "NVFP4 activations refused (their tensor scale is calibrated, fxquant's per "
+            "call); MX weights (group 32, uint8 scales) → MXFP4(scale_rule='even', "
+            "compressed-tensors' power-of-two rounding), with dynamic MX activations → "
+            "activations=True; presets NVFP4A16, MXFP4A16, MXFP4. targets 'Linear' → default "
             "scheme, 're:<regex>' or names → overrides",
             "format": "accepted (the checkpoint layout; quantizing from float does not use it)",
             "quantization_status": "accepted, informational",
@@ -142,16 +160,64 @@ HF_CONFIGS: dict[str, dict[str, Any]] = {
     },
     "bitsandbytes": {
         "class": "BitsAndBytesConfig",
-        "status": "refused",
-        "why": "NF4/FP4 "
-        "(blocks of 64, absmax, double quant) and LLM.int8 (outlier columns in "
-        "float) have no fxquant format yet",
+        "status": "mapped",
+        # config.json carries the flags twice, as the object's private attributes too
+        "private_fields": ("_load_in_4bit", "_load_in_8bit"),
+        "fields": {
+            "load_in_8bit": "True → LLMInt8 (int8 per token × int8 per output channel, outlier "
+            "columns in float against the dequantized int8 weight, inputs on the fp16 grid: "
+            "bnb's own rule)",
+            "load_in_4bit": "True → Bnb4WeightOnly (bnb's NF4/FP4 tables, absmax per block of "
+            "64 over the flattened weight: bnb's default block, which transformers does not "
+            "change); neither flag set is refused (nothing to quantize)",
+            "llm_int8_threshold": "LLMInt8(threshold=...); 0 or less → no outlier "
+            "decomposition, as in bnb",
+            "llm_int8_skip_modules": "QuantConfig.modules_to_not_convert (names, for 8-bit and "
+            "4-bit alike; None keeps fxquant's default, lm_head)",
+            "llm_int8_enable_fp32_cpu_offload": "accepted, no effect: it only lets a device_map "
+            "keep modules on the CPU in fp32; fxquant has no device_map (list such modules in "
+            "llm_int8_skip_modules)",
+            "llm_int8_has_fp16_weight": "accepted: bnb keeps an fp16 master weight for "
+            "fine-tuning but re-quantizes it with the same rule every forward and computes the "
+            "outlier columns with the dequantized int8 weight either way, so inference "
+            "numerics are the same; fxquant keeps no fp16 copy (no training)",
+            "bnb_4bit_compute_dtype": "float32 (the default) honoured exactly; bfloat16 / "
+            "float16 accepted: the weights quantize to the same codes, and fxquant decodes and "
+            "accumulates in fp32 and returns the activation's dtype instead of rounding the "
+            "decoded weight to the compute dtype first (at least as precise)",
+            "bnb_4bit_quant_type": "'nf4' / 'fp4' → Bnb4WeightOnly(quant_type=...)",
+            "bnb_4bit_use_double_quant": "Bnb4WeightOnly(double_quant=True): the absmax "
+            "values minus their mean quantized to 8 bits with bnb's dynamic map in blocks of "
+            "256, as bnb",
+            "bnb_4bit_quant_storage": "accepted: bnb only reinterprets the packed bytes as "
+            "that dtype (for FSDP); fxquant stores uint8, the same bytes",
+        },
     },
     "hqq": {
         "class": "HqqConfig",
-        "status": "refused",
-        "why": "HQQ's half-quadratic "
-        "optimiser of zero points and scales is not built; int3/int2 formats are missing",
+        "status": "mapped",
+        # config.json holds HQQ's own dict (BaseQuantizeConfig) instead of the arguments
+        "private_fields": ("quant_config",),
+        "fields": {
+            "nbits": "4, 3, 2 → IntxWeightOnly(bits=nbits, zero_point='float', "
+            "optimizer='hqq'): HQQ's grid (the group's [min, max] onto [0, 2**nbits - 1], "
+            "inverse scale capped at 2e4, float zero point) and its default solver "
+            "(fxquant.hqq: p = 0.7, β = 10, κ = 1.01, 20 iterations, early stop), in fp32 as "
+            "HQQ runs on CPU (on CUDA HQQ runs it in fp16 and keeps scale and zero in the "
+            "compute dtype, so results differ by that rounding); 8 and 1 refused (no 8-bit "
+            "asymmetric or 1-bit format)",
+            "group_size": "32, 64, 128, 256 honoured; other sizes and None (whole rows) "
+            "refused; layers whose K is not a multiple are skipped (HQQ would need groups "
+            "spanning rows)",
+            "view_as_float": "accepted: HQQ only reinterprets the packed bytes as floats for "
+            "storage; the numerics are the same",
+            "axis": "1 (groups along K; None means 1, as in transformers) honoured; 0 (groups "
+            "strided along the output dim) refused",
+            "dynamic_config": "{layer tag: params} → QuantConfig.overrides (the tag, e.g. "
+            "'self_attn.q_proj', matches every module name ending in it); layers no tag "
+            "names stay in float, as in transformers",
+            "skip_modules": _SKIP,
+        },
     },
     "sinq": {
         "class": "SinqConfig",
@@ -183,30 +249,87 @@ HF_CONFIGS: dict[str, dict[str, Any]] = {
     },
     "bitnet": {
         "class": "BitNetQuantConfig",
-        "status": "refused",
-        "why": "ternary BitNet weights with int8 per-token activations have no fxquant format yet",
+        "status": "mapped",
+        "fields": {
+            "linear_class": "'bitlinear' and 'autobitlinear' → BitNetTernary: ternary "
+            "weights round(W / mean(abs(W))) clamped to ±1 and int8 activations per token "
+            "(127 / amax, clamp [-128, 127]), both with transformers' eps 1e-5, integer "
+            "products scaled once in fp32 (AutoBitLinear multiplies the dequantized operands "
+            "in the model dtype instead: same grids, different rounding order)",
+            "quantization_mode": "'offline' and 'online' both honoured: they say when "
+            "transformers quantizes the weight (in the checkpoint, or at each forward), not "
+            "how; fxquant quantizes it once with the same rule",
+            "use_rms_norm": "False honoured; True refused (it puts an RMSNorm with its own "
+            "trained weights inside each BitLinear, a layer the float model does not have)",
+            "rms_norm_eps": "accepted; used only with use_rms_norm=True, which is refused",
+            "modules_to_not_convert": _SKIP,
+        },
     },
     "mxfp4": {
         "class": "Mxfp4Config",
-        "status": "refused",
-        "why": "MXFP4 (E2M1 values, E8M0 scales per 32) has no fxquant format yet",
+        "status": "mapped",
+        "fields": {
+            "modules_to_not_convert": _SKIP + ". Approximated scope: transformers quantizes "
+            "only gpt-oss's MoE experts (batched matmuls, which are not linear nodes, so fxquant "
+            "leaves them in float) and keeps attention and router linears in bf16; fxquant "
+            "applies MXFP4(scale_rule='ceil') weight-only (e2m1, E8M0 per 32, the exponent "
+            "rounded up as triton_kernels' downcast_to_mxfp, which transformers uses) to every "
+            "linear-like layer it plans. List linears to keep in float here",
+            "dequantize": "True → no layer quantized (the model stays in high precision)",
+        },
     },
     "nvfp4": {
         "class": "NVFP4Config",
-        "status": "refused",
-        "why": "NVFP4 (E2M1 values, E4M3 "
-        "scales per 16 and an fp32 tensor scale) has no fxquant format yet",
+        "status": "mapped",
+        "fields": {
+            "modules_to_not_convert": _SKIP + ". → NVFP4(activations=True, "
+            "scale_rule='six'): e2m1 weights, e4m3 scales per 16, fp32 tensor scale amax / "
+            "(6 · 448), activations quantized per call the same way. Approximated: the Hub "
+            "kernel transformers loads (packing not inspectable here) runs decode GEMVs with "
+            "bf16 activations (W4A16) and only bias-free linears with K and N multiples of 16; "
+            "fxquant quantizes activations at every M and takes biased linears too",
+        },
     },
     "fouroversix": {
         "class": "FourOverSixConfig",
-        "status": "refused",
-        "why": "NVFP4 with a "
-        "per-block choice of 4 or 6 as the scale target has no fxquant format yet",
+        "status": "mapped",
+        "fields": {
+            "dtype": "'nvfp4' → NVFP4; 'mxfp4' → MXFP4(activations=True, scale_rule='ceil') "
+            "(fouroversix's MXFP4: amax / 6 rounded up to a power of two), static_6 only; "
+            "other dtypes refused",
+            "scale_rule": "'mse' → NVFP4(scale_rule='four_over_six') (each 16-block keeps "
+            "the lower squared error of amax → 6 and amax → 4, tensor scale amax / (6 · 256)); "
+            "'static_6' → NVFP4(scale_rule='six') (block scales below 2**-6 are clamped there, "
+            "as torchao; fouroversix leaves them unclamped); 'mae', 'abs_max', 'static_4' "
+            "refused (not built)",
+            "weight_dtype": "None or equal to dtype; anything else refused",
+            "activation_dtype": "None or equal to dtype (weights and activations both "
+            "quantized); anything else refused",
+            "weight_scale_rule": "None or equal to scale_rule; anything else refused (one "
+            "rule for weights and activations)",
+            "activation_scale_rule": "None or equal to scale_rule; anything else refused",
+            "gradient_dtype": "accepted, no effect (training only)",
+            "gradient_scale_rule": "accepted, no effect (training only)",
+            "keep_master_weights": "accepted: the weights quantize with the same rule once "
+            "instead of every forward; no training",
+            "matmul_backend": "accepted: every backend computes the dequantized product with "
+            "fp32 accumulation, as fxquant",
+            "quantize_backend": "accepted: the backends implement the same rounding",
+            "output_dtype": "accepted: fxquant returns the activation's dtype (bf16 for a "
+            "bf16 model) instead of forcing it",
+            "weight_scale_2d": "False honoured; True (16×16 weight scale tiles, for training) "
+            "refused",
+            "module_config_overrides": "None or empty honoured; per-module overrides refused",
+            "modules_to_not_convert": _SKIP,
+        },
     },
     "fp_quant": {
         "class": "FPQuantConfig",
         "status": "refused",
-        "why": "FP-Quant's Hadamard-rotated MXFP4/NVFP4 has no fxquant format yet",
+        "why": "FP-Quant rotates each group of weights and activations by a Hadamard (or "
+        "GSR) transform before MXFP4/NVFP4 quantization: fxquant has both formats but no "
+        "rotation pass; transform_init='identity' is refused too, as its abs_max / QuEST "
+        "scale rules are not checked against fxquant's",
     },
     "metal": {
         "class": "MetalConfig",
@@ -269,7 +392,12 @@ def from_hf(config: Any) -> QuantConfig:
     if isinstance(config, Mapping):
         # a config.json dict may carry keys a transformers object would have rejected: a key we
         # do not know could change the numerics, so it is refused rather than ignored
-        unknown = set(fields) - set(entry["fields"]) - {"quant_method", "fmt"}
+        unknown = (
+            set(fields)
+            - set(entry["fields"])
+            - set(entry.get("private_fields", ()))
+            - {"quant_method", "fmt"}
+        )
         if unknown:
             raise NotImplementedError(
                 f"{entry['class']} fields {sorted(unknown)} are not known to fxquant; known: "
@@ -353,7 +481,11 @@ def _quanto(f: dict[str, Any]) -> QuantConfig:
         why = {
             "int4": "quanto's int4 groups are affine with a float shift; Int4WeightOnly "
             "stores an integer zero point, so the grids differ",
-            "int2": "there is no int2 format yet",
+            "int2": "quanto's int2 groups are 128, 96, 64 or 32 wide or per channel "
+            "depending on K, with a float shift dequantized as u·s - shift in the weight "
+            "dtype; IntxWeightOnly(bits=2, zero_point='float') has the same grid rule but "
+            "computes (u - z)·s in fp32, so it is not the same numerics (use it directly to "
+            "accept that)",
         }.get(weights, "unknown weight type")
         raise _refuse(cls, "weights", weights, why)
     return QuantConfig(scheme=schemes[weights], **_skip(f))
@@ -450,6 +582,15 @@ def _torchao(f: dict[str, Any]) -> QuantConfig:
     return QuantConfig(scheme=scheme, **_skip(f))
 
 
+_CT_NV4 = {"type": "float", "num_bits": 4, "strategy": "tensor_group", "group_size": 16}
+# FP4 groups of 32 with uint8 (E8M0 exponent) scales: compressed-tensors' MXFP4
+_CT_MX4 = {
+    "type": "float",
+    "num_bits": 4,
+    "strategy": "group",
+    "group_size": 32,
+    "scale_dtype": "uint8",
+}
 _CT_PRESETS = {
     "FP8_DYNAMIC": (
         {"type": "float", "num_bits": 8, "strategy": "channel"},
@@ -459,21 +600,69 @@ _CT_PRESETS = {
         {"type": "float", "num_bits": 8, "strategy": "block", "block_structure": [128, 128]},
         {"type": "float", "num_bits": 8, "strategy": "group", "group_size": 128, "dynamic": True},
     ),
+    "NVFP4A16": (_CT_NV4, None),
+    "NVFP4": (_CT_NV4, {**_CT_NV4, "dynamic": "local"}),  # refused: calibrated tensor scale
+    "MXFP4A16": (_CT_MX4, None),
+    "MXFP4": (_CT_MX4, {**_CT_MX4, "dynamic": True}),
 }
+
+
+def _ct_fp4(name: str, w: Mapping, a: Mapping | None) -> Scheme:
+    """compressed-tensors' FP4 groups: NVFP4 (tensor_group of 16, e4m3 scales) or MXFP4 (groups
+    of 32, uint8 E8M0 scales)."""
+    cls = "CompressedTensorsConfig"
+    key = f"config_groups[{name!r}]"
+    ws, g = w.get("strategy"), w.get("group_size")
+    scale_dtype = str(w.get("scale_dtype")).removeprefix("torch.")
+    if ws == "tensor_group" and g == 16:
+        if a is not None:
+            raise _refuse(
+                cls,
+                f"{key}.input_activations",
+                dict(a),
+                "NVFP4 activations take a tensor scale calibrated offline (static_minmax); "
+                "fxquant computes it from each call's activation",
+            )
+        return NVFP4(activations=False, scale_rule="six")
+    if ws == "group" and g == 32 and scale_dtype == "uint8":
+        if a is None:
+            return MXFP4(activations=False, scale_rule="even")
+        if (
+            a.get("type") == "float"
+            and a.get("num_bits") == 4
+            and a.get("strategy") == "group"
+            and a.get("group_size") == 32
+            and a.get("dynamic") is True
+        ):
+            return MXFP4(activations=True, scale_rule="even")
+        raise _refuse(
+            cls,
+            f"{key}.input_activations",
+            dict(a),
+            "MXFP4 weights map alone or with dynamic MXFP4 activations (groups of 32)",
+        )
+    raise _refuse(
+        cls,
+        f"{key}.weights",
+        dict(w),
+        "FP4 maps as NVFP4 (strategy 'tensor_group', group_size 16) or MXFP4 (strategy "
+        "'group', group_size 32, scale_dtype uint8)",
+    )
 
 
 def _ct_scheme(name: str, w: Mapping | None, a: Mapping | None) -> Scheme:
     cls = "CompressedTensorsConfig"
     if w is None:
         raise _refuse(cls, f"config_groups[{name!r}].weights", None, "weights must be quantized")
+    if w.get("type") == "float" and w.get("num_bits") == 4:
+        return _ct_fp4(name, w, a)
     if w.get("type") != "float" or w.get("num_bits") != 8:
         raise _refuse(
             cls,
             f"config_groups[{name!r}].weights",
             dict(w),
             "only fp8 weights map: compressed-tensors scales symmetric integers by "
-            "amax / 127.5 (int8) or amax / 7.5 (int4), fxquant by amax / 127 and / 7; "
-            "FP4 has no format yet",
+            "amax / 127.5 (int8) or amax / 7.5 (int4), fxquant by amax / 127 and / 7",
         )
     ws = w.get("strategy")
     if a is None:
@@ -568,13 +757,218 @@ def _compressed_tensors(f: dict[str, Any]) -> QuantConfig:
     return QuantConfig(scheme=default, overrides=overrides, **skip)
 
 
+_BNB_COMPUTE_DTYPES = ("float32", "bfloat16", "float16")
+_BNB_STORAGE_DTYPES = ("uint8", "int8", "float16", "bfloat16", "float32", "float64")
+
+
+def _dtype_name(value: Any, default: str) -> str:
+    """torch.bfloat16, 'bfloat16' or 'torch.bfloat16' → 'bfloat16' (None → default)."""
+    if value is None:
+        return default
+    return str(value).removeprefix("torch.")
+
+
+def _bnb_flag(f: dict[str, Any], name: str) -> bool:
+    value = f.get(name, f.get(f"_{name}", False))
+    private = f.get(f"_{name}")
+    if private is not None and bool(private) != bool(value):
+        raise _refuse(
+            "BitsAndBytesConfig", name, value, f"it disagrees with _{name}={private!r} in the dict"
+        )
+    return bool(value)
+
+
+def _bitsandbytes(f: dict[str, Any]) -> QuantConfig:
+    cls = "BitsAndBytesConfig"
+    in4, in8 = _bnb_flag(f, "load_in_4bit"), _bnb_flag(f, "load_in_8bit")
+    if in4 and in8:
+        raise ValueError(
+            f"{cls}: load_in_4bit and load_in_8bit are both True; allowed: one of them "
+            "(transformers rejects this too)"
+        )
+    if not (in4 or in8):
+        raise ValueError(
+            f"{cls}: neither load_in_4bit nor load_in_8bit is True, so the config quantizes "
+            "nothing; set one of them"
+        )
+    skip = _skip(f, "llm_int8_skip_modules")
+    if in8:
+        threshold = f.get("llm_int8_threshold", 6.0)
+        # bnb decomposes only when threshold > 0: a negative one means no outliers, like 0
+        return QuantConfig(scheme=LLMInt8(threshold=max(float(threshold), 0.0)), **skip)
+    quant_type = f.get("bnb_4bit_quant_type", "fp4")
+    if quant_type not in ("nf4", "fp4"):
+        raise _refuse(cls, "bnb_4bit_quant_type", quant_type, "bitsandbytes defines 'nf4', 'fp4'")
+    compute = _dtype_name(f.get("bnb_4bit_compute_dtype"), "float32")
+    if compute not in _BNB_COMPUTE_DTYPES:
+        raise _refuse(
+            cls, "bnb_4bit_compute_dtype", compute, f"allowed: {', '.join(_BNB_COMPUTE_DTYPES)}"
+        )
+    storage = _dtype_name(f.get("bnb_4bit_quant_storage"), "uint8")
+    if storage not in _BNB_STORAGE_DTYPES:
+        raise _refuse(
+            cls, "bnb_4bit_quant_storage", storage, f"allowed: {', '.join(_BNB_STORAGE_DTYPES)}"
+        )
+    double_quant = f.get("bnb_4bit_use_double_quant", False)
+    if not isinstance(double_quant, bool):
+        raise _refuse(cls, "bnb_4bit_use_double_quant", double_quant, "allowed: True, False")
+    scheme = Bnb4WeightOnly(quant_type=quant_type, block_size=64, double_quant=double_quant)
+    return QuantConfig(scheme=scheme, **skip)
+
+
+def _mxfp4(f: dict[str, Any]) -> QuantConfig:
+    if f.get("dequantize"):
+        return QuantConfig(scheme=None, **_skip(f))
+    return QuantConfig(scheme=MXFP4(activations=False, scale_rule="ceil"), **_skip(f))
+
+
+def _nvfp4(f: dict[str, Any]) -> QuantConfig:
+    return QuantConfig(scheme=NVFP4(activations=True, scale_rule="six"), **_skip(f))
+
+
+_FOS_RULES = {"mse": "four_over_six", "static_6": "six"}
+
+
+def _fouroversix(f: dict[str, Any]) -> QuantConfig:
+    cls = "FourOverSixConfig"
+
+    def name(key: str, default: Any = None) -> Any:
+        v = f.get(key, default)
+        return getattr(v, "value", v)  # fouroversix's str enums
+
+    dtype, rule = name("dtype", "nvfp4"), name("scale_rule", "mse")
+    for key, want in (
+        ("weight_dtype", dtype),
+        ("activation_dtype", dtype),
+        ("weight_scale_rule", rule),
+        ("activation_scale_rule", rule),
+    ):
+        if name(key) not in (None, want):
+            raise _refuse(
+                cls,
+                key,
+                name(key),
+                "fxquant uses one format and rule for weights and activations; allowed: "
+                f"None or {want!r}",
+            )
+    if f.get("weight_scale_2d"):
+        raise _refuse(cls, "weight_scale_2d", True, "16×16 weight scale tiles are not built")
+    if f.get("module_config_overrides"):
+        raise _refuse(cls, "module_config_overrides", f["module_config_overrides"], "not supported")
+    scheme: Scheme
+    if dtype == "nvfp4":
+        if rule not in _FOS_RULES:
+            raise _refuse(cls, "scale_rule", rule, "allowed: 'mse', 'static_6'")
+        scheme = NVFP4(activations=True, scale_rule=_FOS_RULES[rule])
+    elif dtype == "mxfp4":
+        if rule != "static_6":
+            raise _refuse(cls, "scale_rule", rule, "MXFP4 maps with 'static_6' only")
+        scheme = MXFP4(activations=True, scale_rule="ceil")
+    else:
+        raise _refuse(cls, "dtype", dtype, "allowed: 'nvfp4', 'mxfp4'")
+    return QuantConfig(scheme=scheme, **_skip(f))
+
+
+_HQQ_DEFAULTS = {"channel_wise": True, "optimize": True, "axis": 1, "view_as_float": False}
+
+
+def _hqq_scheme(params: Mapping[str, Any]) -> IntxWeightOnly:
+    """HQQ's ``weight_quant_params`` (or HqqConfig's arguments) → the scheme, or a refusal."""
+    cls = "HqqConfig"
+    known = {"nbits", "group_size", "round_zero", "scale_quant_params", "zero_quant_params"}
+    unknown = set(params) - known - set(_HQQ_DEFAULTS)
+    if unknown:
+        raise _refuse(cls, "quant_config", sorted(unknown), "unknown HQQ parameters")
+    p = {**_HQQ_DEFAULTS, **params}
+    nbits = p.get("nbits", 4)
+    if nbits not in (2, 3, 4):
+        raise _refuse(cls, "nbits", nbits, "allowed: 4, 3, 2 (no 8-bit asymmetric or 1-bit format)")
+    if not p["channel_wise"]:
+        raise _refuse(cls, "channel_wise", False, "a single per-tensor scale is not a format")
+    if p["axis"] not in (1, None):  # transformers turns None into 1
+        raise _refuse(cls, "axis", p["axis"], "fxquant groups run along K (axis=1)")
+    group_size = p.get("group_size", 64)
+    if group_size not in (32, 64, 128, 256):
+        raise _refuse(cls, "group_size", group_size, "allowed: 32, 64, 128, 256")
+    optimize = bool(p["optimize"])
+    # HQQ rounds the initial zero point for 4 bits only (its BaseQuantizeConfig's rule), and
+    # fxquant's solver does the same; any other combination is a different starting point
+    round_zero = p.get("round_zero", nbits == 4)
+    if round_zero != (nbits == 4 and optimize):
+        raise _refuse(
+            cls,
+            "round_zero",
+            round_zero,
+            f"fxquant rounds the initial zero point exactly when HQQ's default does (nbits=4 "
+            f"with optimize=True); got nbits={nbits}, optimize={optimize}",
+        )
+    for key in ("scale_quant_params", "zero_quant_params"):
+        if params.get(key) is not None:
+            raise _refuse(cls, key, params[key], "8-bit quantized scales / zero points not built")
+    return IntxWeightOnly(
+        bits=nbits,
+        group_size=group_size,
+        zero_point="float",
+        optimizer="hqq" if optimize else None,
+    )
+
+
+def _hqq_layer(cfg: Mapping[str, Any]) -> IntxWeightOnly:
+    """One layer's HQQ config: BaseQuantizeConfig's dict, or HqqConfig's keyword arguments."""
+    if "weight_quant_params" in cfg:
+        # offload_meta only says where HQQ keeps scale and zero (CPU or GPU memory)
+        extra = {k: cfg.get(k) for k in ("scale_quant_params", "zero_quant_params")}
+        return _hqq_scheme({**cfg["weight_quant_params"], **extra})
+    return _hqq_scheme(cfg)
+
+
+def _hqq(f: dict[str, Any]) -> QuantConfig:
+    skip = _skip(f, "skip_modules")
+    qc = f.get("quant_config")
+    dynamic = f.get("dynamic_config")
+    if qc is not None and "weight_quant_params" not in qc:
+        dynamic = qc  # the serialised form of dynamic_config: {tag: BaseQuantizeConfig}
+    if dynamic:
+        overrides = {re.escape(tag): _hqq_layer(c) for tag, c in dynamic.items()}
+        return QuantConfig(scheme=None, overrides=overrides, **skip)
+    if qc is not None:
+        return QuantConfig(scheme=_hqq_layer(qc), **skip)
+    args = {k: f[k] for k in ("nbits", "group_size", "axis", "view_as_float") if k in f}
+    return QuantConfig(scheme=_hqq_scheme(args), **skip)
+
+
+def _bitnet(f: dict[str, Any]) -> QuantConfig:
+    cls = "BitNetQuantConfig"
+    linear_class = f.get("linear_class", "bitlinear")
+    if linear_class not in ("bitlinear", "autobitlinear"):
+        raise _refuse(cls, "linear_class", linear_class, "allowed: 'bitlinear', 'autobitlinear'")
+    mode = f.get("quantization_mode", "offline")
+    if mode not in ("offline", "online"):
+        raise _refuse(cls, "quantization_mode", mode, "allowed: 'offline', 'online'")
+    if f.get("use_rms_norm"):
+        raise _refuse(
+            cls,
+            "use_rms_norm",
+            True,
+            "it adds an RMSNorm with its own trained weights inside each linear; fxquant "
+            "quantizes the model's layers and adds none",
+        )
+    return QuantConfig(scheme=BitNetTernary(), **_skip(f))
+
+
 _MAPPERS = {
+    "hqq": _hqq,
+    "bitnet": _bitnet,
+    "mxfp4": _mxfp4,
+    "nvfp4": _nvfp4,
+    "fouroversix": _fouroversix,
     "eetq": _eetq,
     "fbgemm_fp8": _fbgemm,
     "fp8": _fine_grained,
     "quanto": _quanto,
     "torchao": _torchao,
     "compressed-tensors": _compressed_tensors,
+    "bitsandbytes": _bitsandbytes,
 }
 
 
@@ -589,7 +983,8 @@ def docs_table(field_names: Mapping[str, list[str]], transformers_version: str) 
         "current. `fxquant.from_hf(cfg)`",
         "takes a transformers config object or a `quantization_config` dict. A config maps only",
         "where fxquant computes the same numerics; otherwise `from_hf` raises",
-        "`NotImplementedError` with the reason below. Nothing is approximated.",
+        "`NotImplementedError` with the reason below. Nothing is approximated, except where a",
+        'row says "Approximated" and how (the scope of `Mxfp4Config` and `NVFP4Config`).',
         "",
         "| config | field | how fxquant honours it |",
         "|---|---|---|",

@@ -21,6 +21,9 @@ import torch
 from torch import Tensor
 
 from fxquant import reference as ref
+from fxquant import reference_bnb as ref_bnb
+from fxquant import reference_lowbit as ref_lowbit
+from fxquant import reference_mx as ref_mx
 
 _LIB = "fxquant"
 
@@ -127,6 +130,64 @@ def _(x, weight, scale, bias, block_size):
     return _out_like(x, weight.shape[0])
 
 
+# Microscaling formats (``fxquant.reference_mx``): blocks along K with E8M0 (MX) or e4m3 (NVFP4)
+# scales; e2m1 weights are packed two per byte along K.
+
+
+@torch.library.custom_op(f"{_LIB}::mxfp8_linear", mutates_args=())
+def mxfp8_linear(
+    x: Tensor, weight: Tensor, scale: Tensor, bias: Tensor | None, scale_rule: str
+) -> Tensor:
+    """x quantized to MXFP8 at run time · e4m3 W [N, K] with E8M0 (uint8) scales [N, K/32]."""
+    return ref_mx.mxfp8_linear(x, weight, scale, bias, scale_rule=scale_rule)
+
+
+@mxfp8_linear.register_fake
+def _(x, weight, scale, bias, scale_rule):
+    return _out_like(x, weight.shape[0])
+
+
+@torch.library.custom_op(f"{_LIB}::mxfp4_linear", mutates_args=())
+def mxfp4_linear(
+    x: Tensor,
+    weight: Tensor,
+    scale: Tensor,
+    bias: Tensor | None,
+    activations: bool,
+    scale_rule: str,
+) -> Tensor:
+    """x (float, or MXFP4-quantized at run time if ``activations``) · packed e2m1 W [N, K/2]
+    with E8M0 (uint8) scales [N, K/32]."""
+    rule = scale_rule if activations else None
+    return ref_mx.mxfp4_linear(x, weight, scale, bias, activation_rule=rule)
+
+
+@mxfp4_linear.register_fake
+def _(x, weight, scale, bias, activations, scale_rule):
+    return _out_like(x, weight.shape[0])
+
+
+@torch.library.custom_op(f"{_LIB}::nvfp4_linear", mutates_args=())
+def nvfp4_linear(
+    x: Tensor,
+    weight: Tensor,
+    scale: Tensor,
+    tensor_scale: Tensor,
+    bias: Tensor | None,
+    activations: bool,
+    scale_rule: str,
+) -> Tensor:
+    """x (float, or NVFP4-quantized at run time if ``activations``) · packed e2m1 W [N, K/2]
+    with e4m3 block scales [N, K/16] and an fp32 ``tensor_scale`` [1]."""
+    rule = scale_rule if activations else None
+    return ref_mx.nvfp4_linear(x, weight, scale, tensor_scale, bias, activation_rule=rule)
+
+
+@nvfp4_linear.register_fake
+def _(x, weight, scale, tensor_scale, bias, activations, scale_rule):
+    return _out_like(x, weight.shape[0])
+
+
 # --------------------------------------------------------------------------------------------
 # Norm → quantize fusion (``fxquant.passes.fuse``): one op normalizes and quantizes the
 # activation once, and the linears that read it take the quantized activation and its scale.
@@ -228,3 +289,106 @@ def float8_block_scaled_linear(
 @float8_block_scaled_linear.register_fake
 def _(xq, xs, weight, scale, bias, block_size, out_dtype):
     return _scaled_out(xq, weight.shape[0], out_dtype)
+
+
+# --------------------------------------------------------------------------------------------
+# Low-bit weights (``fxquant.reference_lowbit``): int2/int3 (and float-zero int4) grouped
+# weight-only, and BitNet's ternary weights × int8 per-token activations.
+# --------------------------------------------------------------------------------------------
+
+
+@torch.library.custom_op(f"{_LIB}::intx_weight_only_linear", mutates_args=())
+def intx_weight_only_linear(
+    x: Tensor,
+    weight: Tensor,
+    scale: Tensor,
+    zero: Tensor,
+    bias: Tensor | None,
+    bits: int,
+    group_size: int,
+) -> Tensor:
+    """x float [..., K] · packed ``bits``-bit W [N, Kp*bits/8], ``scale`` fp32 and ``zero``
+    (uint8 or fp32) [N, Kp/g]; w = (u - z) * s."""
+    return ref_lowbit.intx_weight_only_linear(
+        x, weight, scale, zero, bias, bits=bits, group_size=group_size
+    )
+
+
+@intx_weight_only_linear.register_fake
+def _(x, weight, scale, zero, bias, bits, group_size):
+    return _out_like(x, weight.shape[0])
+
+
+@torch.library.custom_op(f"{_LIB}::bitnet_linear", mutates_args=())
+def bitnet_linear(x: Tensor, weight: Tensor, weight_scale: Tensor, bias: Tensor | None) -> Tensor:
+    """x quantized to int8 per token at run time (127 / amax) · ternary W packed uint8
+    [N/4, K] (transformers' layout) with the multiplier ``weight_scale`` [1] = 1 / mean|W|."""
+    return ref_lowbit.bitnet_linear(x, weight, weight_scale, bias)
+
+
+@bitnet_linear.register_fake
+def _(x, weight, weight_scale, bias):
+    return _out_like(x, 4 * weight.shape[0])
+
+
+# --------------------------------------------------------------------------------------------
+# bitsandbytes formats (``fxquant.reference_bnb``): NF4 / FP4 4-bit weights and LLM.int8.
+# --------------------------------------------------------------------------------------------
+
+
+@torch.library.custom_op(f"{_LIB}::bnb4_weight_only_linear", mutates_args=())
+def bnb4_weight_only_linear(
+    x: Tensor,
+    weight: Tensor,
+    absmax: Tensor,
+    quant_map: Tensor,
+    nested_absmax: Tensor | None,
+    nested_quant_map: Tensor | None,
+    nested_offset: Tensor | None,
+    bias: Tensor | None,
+    block_size: int,
+) -> Tensor:
+    """x float [..., K] · bnb 4-bit W [N, K]: ``weight`` uint8 [N, K/2] (bnb's flat packing,
+    high nibble first, viewed as N rows), ``absmax`` fp32 [ceil(N·K/b)] over the flattened W
+    (uint8 with double quant, and then the three ``nested_*`` tensors are given), ``quant_map``
+    fp32 [16]."""
+    return ref_bnb.bnb4_weight_only_linear(
+        x,
+        weight,
+        absmax,
+        quant_map,
+        nested_absmax,
+        nested_quant_map,
+        nested_offset,
+        bias,
+        block_size=block_size,
+    )
+
+
+@bnb4_weight_only_linear.register_fake
+def _(
+    x,
+    weight,
+    absmax,
+    quant_map,
+    nested_absmax,
+    nested_quant_map,
+    nested_offset,
+    bias,
+    block_size,
+):
+    return _out_like(x, weight.shape[0])
+
+
+@torch.library.custom_op(f"{_LIB}::llm_int8_linear", mutates_args=())
+def llm_int8_linear(
+    x: Tensor, weight: Tensor, absmax: Tensor, bias: Tensor | None, threshold: float
+) -> Tensor:
+    """LLM.int8: x [..., K] quantized per token at run time (outlier columns, |x| >= threshold,
+    in float) · int8 W [N, K] with its row absmax ``absmax`` fp32 [N] (bnb's SCB)."""
+    return ref_bnb.llm_int8_linear(x, weight, absmax, bias, threshold=threshold)
+
+
+@llm_int8_linear.register_fake
+def _(x, weight, absmax, bias, threshold):
+    return _out_like(x, weight.shape[0])

@@ -130,9 +130,9 @@ def inference_config(model: torch.nn.Module, config: QuantConfig) -> QuantConfig
     same regions, each layer's recipe as an inference scheme. Delayed scaling freezes the
     layer's trained input scale in (``Float8Static``; the weight, now constant, takes its own
     per-tensor scale); current scaling becomes ``Float8Dynamic`` (tensor or row), block becomes
-    ``Float8Block(128)``, MXFP8 ``Float8Block(32)`` (no E8M0 inference op yet: fp32 scales on
-    the same 32-wide groups). A layer trained with fprop in high precision stays in float."""
-    from fxquant.config import Float8Block, Float8Dynamic, Float8Static
+    ``Float8Block(128)``, MXFP8 ``MXFP8(scale_rule="ceil")`` (E8M0 scales per 32, the exponent
+    rule of the training casts). A layer trained with fprop in high precision stays in float."""
+    from fxquant.config import MXFP8, Float8Block, Float8Dynamic, Float8Static
     from fxquant.float8_state import layer_states
 
     linears = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
@@ -150,6 +150,8 @@ def inference_config(model: torch.nn.Module, config: QuantConfig) -> QuantConfig
                 scheme = Float8Static(activation_scale=1.0 / float(state.fwd_scale[0]))
         elif recipe.scaling == "current":
             scheme = Float8Dynamic(granularity=recipe.granularity)
+        elif recipe.scaling == "mxfp8":
+            scheme = MXFP8(scale_rule="ceil")
         else:
             scheme = Float8Block(block_size=recipe.block_size)
         overrides[re.escape(name)] = scheme

@@ -26,6 +26,9 @@ VNNI) by ``benchmarks/cpu_kernels.py`` (results in ``benchmarks/results/cpu_kern
 - int4 uses ``_weight_int4pack_mm_for_cpu`` with the weight repacked by
   ``_convert_weight_to_int4pack_for_cpu`` and a bf16 [K/g, N, 2] scale/zero table; it needs
   N divisible by 16 (padded here) and K a multiple of the group (padded at quantize time).
+  int2 / int3 (and float-zero int4, ``IntxWeightOnly``) codes are int4 codes too: they take
+  the same kernel (4 bits a code in memory at run time), their zero points folded the same way.
+  BitNet (int8 per token × ternary) lowers to its reference math in aten ops.
 - fp8 has no kernel on this CPU (``_scaled_mm`` is emulated, ~100× slower): the weight is
   upcast per call, correct but slower than fp32. The CUDA lowering is where fp8 pays.
 - The fused ``norm_quant`` (``fxquant.passes.fuse``) lowers to its reference math in aten ops
@@ -51,6 +54,9 @@ from torch.export import ExportedProgram
 
 import fxquant.ops  # noqa: F401  (registers the fxquant:: ops)
 from fxquant import reference as ref
+from fxquant import reference_bnb as ref_bnb
+from fxquant import reference_lowbit as ref_lowbit
+from fxquant import reference_mx as ref_mx
 
 fxq = torch.ops.fxquant
 _BF16 = torch.bfloat16
@@ -129,6 +135,57 @@ def _float8_scaled(xq, xs, weight, scale, bias, out_dtype):
     x2 = xq.reshape(-1, xq.shape[-1])
     y = F.linear(x2.float(), weight.float()) * (xs.reshape(-1, 1) * scale)
     return _epilogue(y, xq, weight.shape[0], bias, out_dtype)
+
+
+def _intx_weight_only(x, weight, scale, zero, bias, bits, group_size):
+    # Where prepack cannot see the weights (see _prepack_intx): unpack with shifts and masks,
+    # dequantize in fp32 and run a dense linear, the reference math in aten ops.
+    w = ref_lowbit.dequantize_intx_grouped(weight, scale, zero, bits=bits, group_size=group_size)
+    y = F.linear(x.reshape(-1, x.shape[-1]).float(), w[:, : x.shape[-1]])
+    return _epilogue(y, x, weight.shape[0], bias)
+
+
+def _bitnet(x, weight, weight_scale, bias):
+    # transformers' BitLinear: int8 activations per token, ternary weights, fp32 accumulation
+    # (|x_q · w_q| <= 128 K is exact in fp32 up to K = 2**17), one division by both multipliers.
+    xq, inv = ref_lowbit.quantize_bitnet_activation(x.reshape(-1, x.shape[-1]))
+    y = F.linear(xq.float(), ref_lowbit.unpack_bitnet(weight).float()) / (inv * weight_scale)
+    return _epilogue(y, x, 4 * weight.shape[0], bias)
+
+
+def _bnb4_weight_only(x, weight, absmax, quant_map, na, nqm, noff, bias, block_size):
+    # No CPU kernel takes NF4/FP4 codes: unpack, look the codes up, scale by the (double-quant
+    # decoded) block absmax in fp32, then a dense linear; Inductor fuses the decode into one
+    # pointwise kernel. Correct, not fast: the fp32 weight is rebuilt on every call.
+    w = ref_bnb.dequantize_4bit(weight, absmax, quant_map, na, nqm, noff, block_size=block_size)
+    y = F.linear(x.reshape(-1, x.shape[-1]).float(), w)
+    return _epilogue(y, x, weight.shape[0], bias)
+
+
+def _llm_int8(x, weight, absmax, bias, threshold):
+    # The reference in aten ops: the outlier columns are a mask (static shapes), so the float
+    # part is a second dense GEMM on the masked activation.
+    return ref_bnb.llm_int8_linear(x, weight, absmax, bias, threshold=threshold)
+
+
+# Microscaling formats: no CPU has block-scaled FP8/FP4 GEMMs, so both operands are dequantized
+# to fp32 in aten ops (frexp, bit shifts, the e2m1 decode as arithmetic) and multiplied by one
+# fp32 matmul: the reference itself, which Inductor compiles (tests/test_mx.py); correct, not
+# faster than fp32. The CUDA lowering is where these formats are meant to pay.
+
+
+def _mxfp8(x, weight, scale, bias, scale_rule):
+    return ref_mx.mxfp8_linear(x, weight, scale, bias, scale_rule=scale_rule)
+
+
+def _mxfp4(x, weight, scale, bias, activations, scale_rule):
+    rule = scale_rule if activations else None
+    return ref_mx.mxfp4_linear(x, weight, scale, bias, activation_rule=rule)
+
+
+def _nvfp4(x, weight, scale, tensor_scale, bias, activations, scale_rule):
+    rule = scale_rule if activations else None
+    return ref_mx.nvfp4_linear(x, weight, scale, tensor_scale, bias, activation_rule=rule)
 
 
 def _norm_quant(x, weight, bias, eps, rms, quant_dtype, group_size, scale_ub):
@@ -241,6 +298,31 @@ def _prepack_int4(editor, node: fx.Node, consts: list[Tensor]):
     return fxq.cpu_int4_weight_only_linear.default, args
 
 
+def _prepack_intx(editor, node: fx.Node, consts: list[Tensor]):
+    # int2 / int3 codes (and float-zero int4) are valid int4 codes: the int4 CPU kernel runs
+    # them at int4 speed (the composition below would materialise the fp32 weight per call).
+    # It computes w = (u - 8) * s + zp in bf16. With zp = (8 - z) * s as for int4, a 2-bit
+    # group would cancel two values near 8s down to at most 3s (measured: 26 dB from the
+    # reference instead of int4's 40+). So each group's codes move up by c = round(8 - z)
+    # (clamped so they stay in [0, 15]): zp = (8 - c - z) * s is 0 for an integer z and at
+    # most s/2 for a float one, and (u + c - 8) * s is as small as w itself.
+    x, _, _, _, bias, bits, group_size = node.args
+    packed, scale, zero = consts
+    n = packed.shape[0]
+    n_pad = -n % _INT4_N_MULTIPLE
+    z = zero.float()
+    shift = torch.round(8 - z).clamp(0, 16 - 2**bits)
+    u = ref_lowbit.unpack_intx(packed, bits).to(torch.int32)
+    u = u + shift.to(torch.int32).repeat_interleave(group_size, dim=1)
+    u = F.pad(u, (0, 0, 0, n_pad))
+    s = F.pad(scale, (0, 0, 0, n_pad))
+    zp = F.pad((8 - shift - z) * scale, (0, 0, 0, n_pad))
+    cpu_packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(u, 1)
+    scale_zero = torch.stack([s, zp], dim=-1).transpose(0, 1).contiguous().to(_BF16)
+    args = (x, ("packed", cpu_packed), ("scale_zero", scale_zero), bias, group_size, n)
+    return fxq.cpu_int4_weight_only_linear.default, args
+
+
 @dataclass(frozen=True)
 class _Prepack:
     rule: Callable
@@ -256,6 +338,7 @@ CPU_PREPACK = {
         _prepack_int8(fxq.cpu_int8_dynamic_linear.default), 2
     ),
     fxq.int4_weight_only_linear.default: _Prepack(_prepack_int4, 3),
+    fxq.intx_weight_only_linear.default: _Prepack(_prepack_intx, 3),
     fxq.int8_scaled_linear.default: _Prepack(_prepack_int8_scaled, 2, first_const=2),
 }
 
@@ -280,6 +363,13 @@ CPU_LOWERINGS = {
     fxq.float8_static_linear.default: _float8_static,
     fxq.float8_block_linear.default: _float8_block,
     fxq.norm_quant.default: _norm_quant,
+    fxq.intx_weight_only_linear.default: _intx_weight_only,
+    fxq.bitnet_linear.default: _bitnet,
+    fxq.bnb4_weight_only_linear.default: _bnb4_weight_only,
+    fxq.llm_int8_linear.default: _llm_int8,
+    fxq.mxfp8_linear.default: _mxfp8,
+    fxq.mxfp4_linear.default: _mxfp4,
+    fxq.nvfp4_linear.default: _nvfp4,
     fxq.int8_scaled_linear.default: lambda xq, xs, w, s, b, dtype: ref.int8_scaled_linear(
         xq, xs, w, s, b, out_dtype=dtype
     ),

@@ -19,16 +19,24 @@ import torch
 from torch import Tensor
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
-import fxquant.kernels.float8_block  # noqa: F401  (each import registers its fxquant::triton_* ops)
+import fxquant.kernels.bitnet  # noqa: F401  (each import registers its fxquant::triton_* ops)
+import fxquant.kernels.bnb4_weight_only  # noqa: F401
+import fxquant.kernels.float8_block  # noqa: F401
 import fxquant.kernels.float8_dynamic  # noqa: F401
 import fxquant.kernels.float8_weight_only  # noqa: F401
 import fxquant.kernels.int4_weight_only  # noqa: F401
 import fxquant.kernels.int8_dynamic  # noqa: F401
 import fxquant.kernels.int8_weight_only  # noqa: F401
+import fxquant.kernels.intx_weight_only  # noqa: F401
+import fxquant.kernels.llm_int8  # noqa: F401
+import fxquant.kernels.mxfp4  # noqa: F401
+import fxquant.kernels.mxfp8  # noqa: F401
 import fxquant.kernels.norm_quant  # noqa: F401
+import fxquant.kernels.nvfp4  # noqa: F401
 import fxquant.kernels.quantize  # noqa: F401
 import fxquant.ops  # noqa: F401
 from fxquant import reference as ref
+from fxquant import reference_mx as ref_mx
 from fxquant.kernels.configs import DECODE_MAX_M
 
 fxq = torch.ops.fxquant
@@ -62,7 +70,12 @@ def _gemm(op, args: tuple, m) -> Tensor:
 
         return run
 
-    return torch.cond(m <= DECODE_MAX_M, branch(True), branch(False), tuple(tensors.values()))
+    # Dynamo traces every branch from this same code, so an int of `fixed` that differs between
+    # two GEMMs (int2 and int3 layers in one program, or two group sizes in one process) would
+    # be made a dynamic input by automatic-dynamic and lifted into the operands again (the
+    # error above). The branches' tensor shapes come from the operands, so this loses nothing.
+    with torch._dynamo.config.patch(automatic_dynamic_shapes=False):
+        return torch.cond(m <= DECODE_MAX_M, branch(True), branch(False), tuple(tensors.values()))
 
 
 def _weight_only(op):
@@ -129,6 +142,32 @@ def _norm_quant(x, weight, bias, eps, rms, quant_dtype, group_size, scale_ub):
     return q, scale
 
 
+# Microscaling formats: the activation is quantized (and dequantized) in aten ops, which Inductor
+# fuses into its own kernels, and the Triton GEMM dequantizes the weight; the kernels return fp32.
+
+
+def _mxfp8(x, weight, scale, bias, scale_rule):
+    xd = ref_mx.mx_fake_quantize(_rows(x), elem="e4m3", rule=scale_rule)
+    y = fxq.triton_mxfp8_linear(xd, weight, scale, bias)
+    return y.reshape(*x.shape[:-1], weight.shape[0]).to(x.dtype)
+
+
+def _mxfp4(x, weight, scale, bias, activations, scale_rule):
+    x2 = _rows(x)
+    if activations:
+        x2 = ref_mx.mx_fake_quantize(x2, elem="e2m1", rule=scale_rule)
+    y = fxq.triton_mxfp4_linear(x2, weight, scale, bias)
+    return y.reshape(*x.shape[:-1], weight.shape[0]).to(x.dtype)
+
+
+def _nvfp4(x, weight, scale, tensor_scale, bias, activations, scale_rule):
+    x2 = _rows(x)
+    if activations:
+        x2 = ref_mx.nvfp4_fake_quantize(x2, rule=scale_rule)
+    y = fxq.triton_nvfp4_linear(x2, weight, scale, tensor_scale, bias)
+    return y.reshape(*x.shape[:-1], weight.shape[0]).to(x.dtype)
+
+
 CUDA_LOWERINGS = {
     fxq.int8_weight_only_linear.default: _weight_only(fxq.triton_int8_weight_only_linear.default),
     fxq.int4_weight_only_linear.default: _weight_only(fxq.triton_int4_weight_only_linear.default),
@@ -143,4 +182,12 @@ CUDA_LOWERINGS = {
     fxq.float8_scaled_linear.default: _float8_scaled,
     fxq.float8_block_scaled_linear.default: _float8_block_scaled,
     fxq.norm_quant.default: _norm_quant,
+    fxq.intx_weight_only_linear.default: _weight_only(fxq.triton_intx_weight_only_linear.default),
+    fxq.bitnet_linear.default: _weight_only(fxq.triton_bitnet_linear.default),
+    fxq.bnb4_weight_only_linear.default: _weight_only(fxq.triton_bnb4_weight_only_linear.default),
+    # the outlier column mask is computed inside the op (an aten reduction before the kernels)
+    fxq.llm_int8_linear.default: _weight_only(fxq.triton_llm_int8_linear.default),
+    fxq.mxfp8_linear.default: _mxfp8,
+    fxq.mxfp4_linear.default: _mxfp4,
+    fxq.nvfp4_linear.default: _nvfp4,
 }

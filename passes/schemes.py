@@ -14,7 +14,15 @@ import torch
 
 import fxquant.ops  # noqa: F401  (registers the fxquant:: ops)
 from fxquant import reference as ref
+from fxquant import reference_bnb as ref_bnb
+from fxquant import reference_lowbit as ref_lowbit
+from fxquant import reference_mx as ref_mx
 from fxquant.config import (
+    MXFP4,
+    MXFP8,
+    NVFP4,
+    BitNetTernary,
+    Bnb4WeightOnly,
     Float8Block,
     Float8Dynamic,
     Float8Static,
@@ -22,6 +30,8 @@ from fxquant.config import (
     Int4WeightOnly,
     Int8DynamicActivation,
     Int8WeightOnly,
+    IntxWeightOnly,
+    LLMInt8,
     Scheme,
 )
 
@@ -157,3 +167,105 @@ def _(scheme, w):
     n, k = w.shape
     dq = q.float() * ref.expand_block_scale(s, rows=n, cols=k, block_size=scheme.block_size)
     return QuantizedWeight({"qweight": q, "scale": s}, dq)
+
+
+# Microscaling formats: the weight's blocks run along K, as the activation's do.
+
+
+@register(
+    MXFP8,
+    op_args=lambda s, x, c, b: (fxq.mxfp8_linear.default, (x, *c, b, s.scale_rule)),
+)
+def _(scheme, w):
+    q, s = ref_mx.mx_quantize(w, elem="e4m3", rule=scheme.scale_rule)
+    return QuantizedWeight({"qweight": q, "scale": s}, ref_mx.mx_dequantize(q, s, elem="e4m3"))
+
+
+@register(
+    MXFP4,
+    op_args=lambda s, x, c, b: (
+        fxq.mxfp4_linear.default,
+        (x, *c, b, s.activations, s.scale_rule),
+    ),
+)
+def _(scheme, w):
+    packed, s = ref_mx.quantize_mxfp4_weight(w, rule=scheme.scale_rule)
+    dq = ref_mx.dequantize_mxfp4_weight(packed, s)
+    return QuantizedWeight({"qweight": packed, "scale": s}, dq)
+
+
+@register(
+    NVFP4,
+    op_args=lambda s, x, c, b: (
+        fxq.nvfp4_linear.default,
+        (x, *c, b, s.activations, s.scale_rule),
+    ),
+)
+def _(scheme, w):
+    packed, s, g = ref_mx.quantize_nvfp4_weight(w, rule=scheme.scale_rule)
+    dq = ref_mx.dequantize_nvfp4_weight(packed, s, g)
+    return QuantizedWeight({"qweight": packed, "scale": s, "tensor_scale": g}, dq)
+
+
+@register(
+    IntxWeightOnly,
+    op_args=lambda s, x, c, b: (
+        fxq.intx_weight_only_linear.default,
+        (x, *c, b, s.bits, s.group_size),
+    ),
+)
+def _(scheme, w):
+    packed, s, z = ref_lowbit.quantize_intx_grouped(
+        w,
+        bits=scheme.bits,
+        group_size=scheme.group_size,
+        symmetric=scheme.symmetric,
+        zero_point=scheme.zero_point,
+        optimizer=scheme.optimizer,
+    )
+    dq = ref_lowbit.dequantize_intx_grouped(
+        packed, s, z, bits=scheme.bits, group_size=scheme.group_size
+    )
+    return QuantizedWeight({"qweight": packed, "scale": s, "zero": z}, dq[:, : w.shape[1]])
+
+
+@register(
+    BitNetTernary,
+    op_args=lambda s, x, c, b: (fxq.bitnet_linear.default, (x, *c, b)),
+)
+def _(scheme, w):
+    packed, ws = ref_lowbit.quantize_bitnet_weight(w)
+    dq = ref_lowbit.unpack_bitnet(packed).float() / ws
+    # "weight_scale": transformers' BitLinear buffer name, and its meaning (1 / mean|W|)
+    return QuantizedWeight({"qweight": packed, "weight_scale": ws}, dq)
+
+
+def _bnb4_op_args(scheme, x, c, b):
+    # 3 constants (qweight, absmax, quant_map), or 6 with double quant (+ the nested three)
+    nested = list(c[3:]) if len(c) == 6 else [None, None, None]
+    return fxq.bnb4_weight_only_linear.default, (x, *c[:3], *nested, b, scheme.block_size)
+
+
+@register(Bnb4WeightOnly, op_args=_bnb4_op_args)
+def _(scheme, w):
+    t = ref_bnb.quantize_4bit(
+        w,
+        quant_type=scheme.quant_type,
+        block_size=scheme.block_size,
+        double_quant=scheme.double_quant,
+    )
+    names = ("qweight", "absmax", "quant_map", "nested_absmax", "nested_quant_map")
+    dq = ref_bnb.dequantize_4bit(
+        *(t.get(n) for n in names), t.get("nested_offset"), block_size=scheme.block_size
+    )
+    return QuantizedWeight(t, dq)
+
+
+@register(
+    LLMInt8,
+    op_args=lambda s, x, c, b: (fxq.llm_int8_linear.default, (x, *c, b, s.threshold)),
+)
+def _(scheme, w):
+    q, scb = ref_bnb.quantize_llm_int8_weight(w)
+    # "absmax": bnb's SCB, the row's absmax (the dequant multiplier is absmax / 127)
+    return QuantizedWeight({"qweight": q, "absmax": scb}, q.float() * (scb[:, None] / 127))

@@ -337,6 +337,56 @@ def _cases():
                 config,
             )
         )
+    cases += _lowbit_cases()
+    return cases
+
+
+def _lowbit_cases():
+    """int2 / int3 / float-zero int4 weight-only GEMMs and BitNet's two kernels."""
+    import triton
+
+    from fxquant.kernels import bitnet, intx_weight_only
+
+    cases = []
+    ints = {"M": "i32", "N": "i32", "K": "i32"}
+    m = intx_weight_only
+    for bits, zero in ((2, "*u8"), (3, "*u8"), (3, "*fp32"), (4, "*fp32")):
+        types = {
+            "x_ptr": "*bf16",
+            "w_ptr": "*u8",
+            "scale_ptr": "*fp32",
+            "zero_ptr": zero,
+            "bias_ptr": "*bf16",
+            "GROUPS": "i32",
+            **ints,
+        }
+        cases += _gemm_cases(
+            f"intx_weight_only b={bits} zero {zero}",
+            m._decode_kernel,
+            m._prefill_kernel,
+            types,
+            "y_ptr",
+            m.GROUP_M,
+            {"BITS": bits, "GROUP_SIZE": 64},
+        )
+    m = bitnet
+    types = {
+        "xq_ptr": "*i8",
+        "inv_ptr": "*fp32",
+        "w_ptr": "*u8",
+        "ws_ptr": "*fp32",
+        "bias_ptr": "*bf16",
+        **ints,
+    }
+    cases += _gemm_cases("bitnet", m._decode_kernel, m._prefill_kernel, types, "y_ptr", m.GROUP_M)
+    cases.append(
+        _case(
+            "bitnet activation quant",
+            m._act_quant_kernel,
+            {"x_ptr": "*bf16", "q_ptr": "*i8", "inv_ptr": "*fp32", "K": "i32"},
+            {"BLOCK_K": triton.next_power_of_2(_K)},
+        )
+    )
     return cases
 
 

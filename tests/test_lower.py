@@ -13,6 +13,8 @@ from fxquant.passes.rewrite import counters
 from fxquant.reference import sqnr
 
 RECIPES = list(fxquant.RECIPES)
+# recipes whose CPU lowering prepacks for a bf16 kernel (int2/int3/hqq take the int4 kernel)
+_BF16_KERNELS = ("int8wo", "int4wo", "w8a8", "int3wo", "int2wo", "hqq-int4")
 
 
 def _floor_db(recipe: str, dtype: torch.dtype) -> float:
@@ -25,7 +27,7 @@ def _floor_db(recipe: str, dtype: torch.dtype) -> float:
     """
     if dtype == torch.bfloat16:
         return 35.0
-    if recipe.startswith(("int8wo", "int4wo", "w8a8")):
+    if recipe.startswith(_BF16_KERNELS):
         return 40.0
     return 80.0
 
@@ -68,7 +70,7 @@ def test_lowered_program_matches_semantic_program(recipe, dtype):
     lowered = lower(qep)
     prepacked = sum(v - before.get(k, 0) for k, v in counters.items() if k.startswith("prepack."))
     # the three linears of Mixed (nn.Linear, F.linear, Conv1D) all get the CPU kernel layout
-    assert prepacked == (3 if recipe.startswith(("int8wo", "int4wo", "w8a8")) else 0)
+    assert prepacked == (3 if recipe.startswith(_BF16_KERNELS) else 0)
     targets = {str(n.target) for n in lowered.graph.nodes if n.op == "call_function"}
     assert not any(t.startswith("fxquant.") for t in targets), targets
     for shape in [(1, 1, 64), (3, 5, 64)]:

@@ -1,0 +1,536 @@
+"""Pre-quantized checkpoints in and out: Hub formats → fxquant constants → compressed-tensors.
+
+Where it sits: beside ``fxquant.quantize``, at the top of the data flow. A loader reads a
+checkpoint's tensors and re-packs each quantized layer's integers and scales into exactly the
+storage the layer's fxquant scheme keeps (``QuantizedWeight``, checked by ``check_layout``), with
+no float round trip: nothing is dequantized and requantized, so the program computes with the
+checkpoint's own grid. ``load_quantized`` then hands those constants to ``fxquant.quantize``
+(``weights=``) over a float skeleton of the model, whose other tensors (embeddings, norms, biases)
+are replaced by the checkpoint's.
+
+```
+checkpoint dir / .safetensors / .gguf / state dict
+   └─ read_quantized ──▶ LoadedCheckpoint(config, weights, tensors)   (per-format readers below)
+          └─ load_quantized(model skeleton) ──▶ fxquant.quantize(..., weights=) ──▶ ExportedProgram
+ExportedProgram ──save_compressed_tensors──▶ model.safetensors + config.json (compressed-tensors)
+```
+
+Formats (docs/checkpoints.md lists what maps exactly and what is refused, and why):
+compressed-tensors ``naive-quantized`` / ``int-quantized`` / ``float-quantized`` /
+``pack-quantized`` (``fxquant.ckpt_compressed_tensors``), DeepSeek-style FP8 blocks
+(``fxquant.ckpt_fp8``), GPTQ and AWQ GEMM (``fxquant.ckpt_gptq``), GGUF (``fxquant.ckpt_gguf``).
+Each reader raises ``CheckpointError`` naming the tensor and what was expected, and
+``NotImplementedError`` saying why when a layout has no exact fxquant form.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import re
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.export import ExportedProgram
+
+from fxquant import reference as ref
+from fxquant.config import Int4WeightOnly, QuantConfig, Scheme
+from fxquant.passes.schemes import QuantizedWeight, check_layout
+
+__all__ = [
+    "CheckpointError",
+    "LoadedCheckpoint",
+    "TensorSource",
+    "load_quantized",
+    "read_quantized",
+    "save_compressed_tensors",
+]
+
+
+class CheckpointError(ValueError):
+    """A checkpoint file or tensor is corrupt, truncated, missing or not what its format says."""
+
+
+# --------------------------------------------------------------------------------------------
+# Reading tensors: one lazy name → tensor view over a state dict, safetensors files (sharded or
+# not) or a GGUF file's plain tensors, so a reader pulls only the tensors it converts.
+# --------------------------------------------------------------------------------------------
+
+
+class TensorSource(Mapping):
+    """Read-only ``{name: tensor}`` over a state dict or safetensors files, loaded on access."""
+
+    def __init__(self, tensors: Mapping[str, torch.Tensor] | None = None, *, files=()) -> None:
+        self._dict = dict(tensors or {})
+        self._where: dict[str, Any] = {}
+        self._handles = []
+        for path in files:
+            handle = _open_safetensors(Path(path))
+            self._handles.append(handle)
+            for name in handle.keys():  # noqa: SIM118 (safe_open is not a Mapping)
+                if name in self._where or name in self._dict:
+                    raise CheckpointError(f"tensor {name!r} appears twice (again in {path})")
+                self._where[name] = (handle, Path(path))
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        if name in self._dict:
+            return self._dict[name]
+        handle, path = self._where[name]
+        try:
+            return handle.get_tensor(name)
+        except Exception as e:  # safetensors raises its own error types
+            raise CheckpointError(f"tensor {name!r} in {path} cannot be read: {e}") from e
+
+    def __iter__(self) -> Iterator[str]:
+        yield from self._dict
+        yield from self._where
+
+    def __len__(self) -> int:
+        return len(self._dict) + len(self._where)
+
+
+def _open_safetensors(path: Path):
+    try:
+        from safetensors import safe_open
+    except ImportError as e:  # pragma: no cover - an optional dependency
+        raise ImportError(
+            "reading a .safetensors checkpoint needs `pip install safetensors`"
+        ) from e
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint file {path} does not exist")
+    try:
+        return safe_open(str(path), framework="pt")
+    except Exception as e:
+        raise CheckpointError(
+            f"{path} is not a readable safetensors file (corrupt or truncated?): {e}"
+        ) from e
+
+
+def _safetensors_files(directory: Path) -> list[Path]:
+    index = directory / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (ValueError, KeyError) as e:
+            raise CheckpointError(f"{index} has no readable 'weight_map': {e}") from e
+        return [directory / f for f in dict.fromkeys(weight_map.values())]
+    files = sorted(directory.glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(f"{directory} holds no .safetensors file")
+    return files
+
+
+def read_config_json(directory: Path) -> dict[str, Any]:
+    path = directory / "config.json"
+    if not path.is_file():
+        return {}
+    try:
+        return json.loads(path.read_text())
+    except ValueError as e:
+        raise CheckpointError(f"{path} is not valid JSON: {e}") from e
+
+
+# --------------------------------------------------------------------------------------------
+# What every reader returns
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class LoadedCheckpoint:
+    """A checkpoint converted to fxquant's storage, not yet attached to a model.
+
+    Attributes:
+        format: the checkpoint format, e.g. ``"compressed-tensors/pack-quantized"``.
+        schemes: module name → the fxquant scheme its constants are stored for.
+        weights: weight name (``<module>.weight``) → its constants, in that scheme's layout.
+        shapes: weight name → the float weight's [N, K] (what the model's linear must have).
+        tensors: every other tensor (embeddings, norms, biases, unquantized linears), as stored.
+    """
+
+    format: str
+    schemes: dict[str, Scheme] = field(default_factory=dict)
+    weights: dict[str, QuantizedWeight] = field(default_factory=dict)
+    shapes: dict[str, tuple[int, int]] = field(default_factory=dict)
+    tensors: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    def add(self, module: str, scheme: Scheme, weight: QuantizedWeight, shape) -> None:
+        name = f"{module}.weight"
+        shape = (int(shape[0]), int(shape[1]))
+        check_layout(scheme, name, shape, weight)  # a reader bug must not reach a graph
+        self.schemes[module] = scheme
+        self.weights[name] = weight
+        self.shapes[name] = shape
+
+    def with_prefix(self, prefix: str) -> LoadedCheckpoint:
+        """The same checkpoint under ``prefix + name``: for a model wrapped in another module
+        (e.g. ``CausalLMWrapper(model)``, whose parameters read ``model.<name>``)."""
+        return LoadedCheckpoint(
+            format=self.format,
+            schemes={prefix + m: s for m, s in self.schemes.items()},
+            weights={prefix + n: w for n, w in self.weights.items()},
+            shapes={prefix + n: v for n, v in self.shapes.items()},
+            tensors={prefix + n: t for n, t in self.tensors.items()},
+        )
+
+    @property
+    def config(self) -> QuantConfig:
+        """One override per quantized module (its exact name); every other linear stays float."""
+        overrides = {re.escape(m): s for m, s in self.schemes.items()}
+        return QuantConfig(scheme=None, overrides=overrides, modules_to_not_convert=())
+
+
+def read_quantized(
+    checkpoint: str | os.PathLike | Mapping[str, torch.Tensor],
+    *,
+    quantization_config: Mapping[str, Any] | None = None,
+    tensor_names: Callable[[str], str | None] | None = None,
+) -> LoadedCheckpoint:
+    """Read a pre-quantized checkpoint into fxquant's storage, without a model.
+
+    Args:
+        checkpoint: a Hugging Face model directory (``config.json`` + ``*.safetensors``, sharded
+            or not), one ``.safetensors`` file, a ``.gguf`` file, or a state dict.
+        quantization_config: the ``quantization_config`` dict of ``config.json`` (needed when
+            ``checkpoint`` is a file or a state dict; for a directory it is read from there).
+        tensor_names: GGUF only: maps a GGUF tensor name (``blk.0.attn_q.weight``) to the model's
+            name, or None to drop it (default: llama.cpp's names → Hugging Face Llama names).
+
+    Returns:
+        A ``LoadedCheckpoint``; ``load_quantized`` attaches it to a model.
+    """
+    if isinstance(checkpoint, Mapping):
+        source = TensorSource(checkpoint)
+        qcfg = quantization_config
+    else:
+        path = Path(checkpoint)
+        if path.suffix == ".gguf":
+            from fxquant.ckpt_gguf import read_gguf
+
+            return read_gguf(path, tensor_names=tensor_names)
+        if path.is_dir():
+            source = TensorSource(files=_safetensors_files(path))
+            qcfg = quantization_config or read_config_json(path).get("quantization_config")
+        elif path.suffix == ".safetensors":
+            source = TensorSource(files=[path])
+            qcfg = quantization_config
+        else:
+            raise CheckpointError(
+                f"checkpoint {str(path)!r} is not supported; allowed: a model directory, a "
+                ".safetensors file, a .gguf file or a state dict"
+            )
+    if tensor_names is not None:
+        raise ValueError("tensor_names applies to GGUF files only")
+    return _read_with_config(source, qcfg)
+
+
+def _read_with_config(source: TensorSource, qcfg: Mapping[str, Any] | None) -> LoadedCheckpoint:
+    if not qcfg:
+        raise CheckpointError(
+            "the checkpoint says nothing about how it is quantized: no quantization_config in "
+            "config.json; pass quantization_config={...} (the dict from the model's config.json)"
+        )
+    method = qcfg.get("quant_method")
+    method = getattr(method, "value", method)
+    if method == "compressed-tensors":
+        from fxquant.ckpt_compressed_tensors import read_compressed_tensors
+
+        return read_compressed_tensors(source, qcfg)
+    if method == "fp8":
+        from fxquant.ckpt_fp8 import read_fp8_blocks
+
+        return read_fp8_blocks(source, qcfg)
+    if method in ("gptq", "awq"):
+        from fxquant.ckpt_gptq import read_awq, read_gptq
+
+        return (read_gptq if method == "gptq" else read_awq)(source, qcfg)
+    if method == "mxfp4":
+        raise NotImplementedError(
+            "quant_method='mxfp4' (gpt-oss): its MXFP4 tensors (*_blocks / *_scales) are 3-D "
+            "expert weights used by a grouped matmul, not linear layers, which is what fxquant "
+            "rewrites"
+        )
+    raise NotImplementedError(
+        f"loading quant_method={method!r} checkpoints is not supported; supported: "
+        "'compressed-tensors', 'fp8' (DeepSeek-style blocks), 'gptq', 'awq', and .gguf files"
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Shared conversions: readers build their constants through these, so the layout rules
+# (int4 padding, group splitting, scale dtypes) live in one place.
+# --------------------------------------------------------------------------------------------
+
+
+def expect(name: str, t: torch.Tensor, *, shape=None, dtype=None) -> torch.Tensor:
+    """Raise ``CheckpointError`` naming ``name`` unless ``t`` has this shape / dtype."""
+    if dtype is not None:
+        dtypes = dtype if isinstance(dtype, tuple) else (dtype,)
+        if t.dtype not in dtypes:
+            want = " or ".join(str(d).removeprefix("torch.") for d in dtypes)
+            raise CheckpointError(
+                f"tensor {name!r} has dtype {str(t.dtype).removeprefix('torch.')}, expected {want}"
+            )
+    if shape is not None and tuple(t.shape) != tuple(shape):
+        raise CheckpointError(f"tensor {name!r} has shape {list(t.shape)}, expected {list(shape)}")
+    return t
+
+
+def need(source: Mapping[str, torch.Tensor], name: str, why: str) -> torch.Tensor:
+    if name not in source:
+        raise CheckpointError(f"tensor {name!r} is missing ({why})")
+    return source[name]
+
+
+SCALE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def int_weight(
+    name: str,
+    u: torch.Tensor,
+    scale: torch.Tensor,
+    zero: torch.Tensor,
+    group_size: int | None,
+    *,
+    bits: int = 4,
+) -> tuple[Scheme, QuantizedWeight]:
+    """Grouped integer codes and their grid → fxquant constants, exactly: w = (u - z) · s.
+
+    Args:
+        u: [N, K] codes in [0, 2^bits) (the unsigned values).
+        scale: [N, G] float; ``zero``: [N, G] integers, or floats (a float zero point, e.g.
+            GGUF's w = d·q + m written as (q - (-m/d))·d). G groups of ``group_size`` along K
+            (the last may be short); ``group_size=None``: one group per row.
+        bits: 4 → ``Int4WeightOnly`` (integer zeros) or ``IntxWeightOnly(bits=4,
+            zero_point="float")``; 2 or 3 → ``IntxWeightOnly(bits)``.
+
+    fxquant's groups are 32, 64, 128 or 256 wide. A checkpoint group that is a multiple of one
+    of these is split into groups of it, each repeating its scale and zero; columns beyond K are
+    padded with u = z (integer zeros), which dequantize to exactly zero.
+    """
+    n, k = u.shape
+    float_zero = zero.is_floating_point()
+    g_ckpt = k if group_size is None else group_size
+    choices = [g for g in (256, 128, 64, 32) if g_ckpt % g == 0]
+    if group_size is None and not choices and not float_zero:
+        choices = [32]  # one group per row: any split works, K is padded to the split
+    if not choices:
+        raise NotImplementedError(
+            f"{name}: int{bits} groups of {g_ckpt} have no exact fxquant form (groups are 32, "
+            "64, 128 or 256 wide, so the checkpoint's group must be a multiple of 32)"
+        )
+    g = choices[0]
+    groups = -(-k // g_ckpt)
+    expect(f"{name} scale", scale, shape=(n, groups))
+    expect(f"{name} zero point", zero, shape=(n, groups))
+    if u.numel() and (int(u.min()) < 0 or int(u.max()) >= 1 << bits):
+        raise CheckpointError(f"{name}: int{bits} values outside [0, {(1 << bits) - 1}]")
+    if not float_zero and zero.numel() and (int(zero.min()) < 0 or int(zero.max()) > 255):
+        raise CheckpointError(f"{name}: int{bits} zero points outside [0, 255]")
+    if float_zero and k % g:
+        raise NotImplementedError(
+            f"{name}: K={k} is not a multiple of the group {g}; a float zero point cannot pad "
+            "K with columns that dequantize to zero"
+        )
+    kp = -(-k // g) * g
+    # fxquant group j covers columns [j·g, (j+1)·g), all inside checkpoint group j·g // g_ckpt
+    which = torch.arange(kp // g) * g // g_ckpt
+    s = scale.float()[:, which].contiguous()
+    if float_zero:
+        z = zero.float()[:, which].contiguous()
+    else:
+        z = zero.to(torch.int32)[:, which].to(torch.uint8).contiguous()
+    pad = z[:, -1:].expand(n, kp - k) if kp > k else u[:, :0]
+    full = torch.cat([u.to(torch.uint8), pad.to(torch.uint8)], dim=1)
+    symmetric = not float_zero and bool((z == 1 << (bits - 1)).all())
+    if bits == 4 and not float_zero:
+        packed = ref.pack_int4(full).contiguous()
+        scheme: Scheme = Int4WeightOnly(group_size=g, symmetric=symmetric)
+    else:
+        from fxquant import reference_lowbit
+        from fxquant.config import IntxWeightOnly
+
+        packed = reference_lowbit.pack_intx(full, bits).contiguous()
+        scheme = IntxWeightOnly(
+            bits=bits,
+            group_size=g,
+            symmetric=symmetric,
+            zero_point="float" if float_zero else "int",
+        )
+    return scheme, QuantizedWeight({"qweight": packed, "scale": s, "zero": z}, None)
+
+
+def int4_weight(name, u, scale, zero, group_size):
+    """``int_weight`` for 4-bit codes (kept for the readers' readability)."""
+    return int_weight(name, u, scale, zero, group_size, bits=4)
+
+
+def unpack_int32(packed: torch.Tensor, bits: int = 4, order: tuple[int, ...] | None = None):
+    """int32 words → their ``32 // bits`` fields along a new last dim, lowest bits first
+    (``order[i]`` = the output position of field i, AWQ's interleave), as int32 in [0, 2^bits)."""
+    if 32 % bits:  # 3 bits: a dense little-endian bit stream, 32 values in `bits` words
+        words = packed.to(torch.int64) & 0xFFFFFFFF
+        stream = (words[..., None] >> torch.arange(32)) & 1  # [..., W, 32] bits, lowest first
+        stream = stream.reshape(*packed.shape[:-1], -1, bits)
+        return (stream << torch.arange(bits)).sum(-1).to(torch.int32)
+    per = 32 // bits
+    shifts = torch.arange(0, 32, bits, dtype=torch.int32)
+    fields = (packed.to(torch.int32)[..., None] >> shifts) & ((1 << bits) - 1)
+    if order is not None:
+        out = torch.empty_like(fields)
+        out[..., list(order)] = fields
+        fields = out
+    return fields.reshape(*packed.shape[:-1], packed.shape[-1] * per)
+
+
+# --------------------------------------------------------------------------------------------
+# Attaching a checkpoint to a model
+# --------------------------------------------------------------------------------------------
+
+
+def load_quantized(
+    model: torch.nn.Module | ExportedProgram,
+    checkpoint: str | os.PathLike | Mapping[str, torch.Tensor] | LoadedCheckpoint,
+    *,
+    example_inputs: tuple | None = None,
+    example_kwargs: dict[str, Any] | None = None,
+    dynamic_shapes: Any = None,
+    quantization_config: Mapping[str, Any] | None = None,
+    tensor_names: Callable[[str], str | None] | None = None,
+    strict: bool = True,
+    fuse_norms: bool = True,
+) -> ExportedProgram:
+    """A quantized program computing with a pre-quantized checkpoint's own weights.
+
+    Args:
+        model: the float skeleton (``nn.Module``, exported here, or an ``ExportedProgram``). Its
+            values do not matter (build it from the config with any weights): quantized layers
+            take the checkpoint's constants, every other parameter and buffer its tensors. The
+            model itself is not changed.
+        checkpoint: what ``read_quantized`` takes, or its result.
+        example_inputs, example_kwargs, dynamic_shapes: for ``torch.export`` of ``model``.
+        quantization_config, tensor_names: passed to ``read_quantized``.
+        strict: a checkpoint tensor the model has no place for raises (``False``: ignored).
+            A model tensor the checkpoint lacks always raises.
+        fuse_norms: as ``QuantConfig.fuse_norms``.
+
+    Returns:
+        The ``ExportedProgram`` ``fxquant.quantize`` makes, with the checkpoint's constants;
+        ``fxquant.report`` marks each loaded layer ``weights: given``.
+    """
+    from fxquant.api import quantize
+
+    if isinstance(checkpoint, LoadedCheckpoint):
+        ckpt = checkpoint
+    else:
+        ckpt = read_quantized(
+            checkpoint, quantization_config=quantization_config, tensor_names=tensor_names
+        )
+    if isinstance(model, ExportedProgram):
+        if example_inputs is not None or dynamic_shapes is not None:
+            raise ValueError("example_inputs/dynamic_shapes are only used to export an nn.Module")
+        ep = model
+    elif isinstance(model, torch.nn.Module):
+        if not isinstance(example_inputs, tuple):
+            raise ValueError(
+                "load_quantized(model, ...) of an nn.Module needs example_inputs=(...) (a tuple) "
+                "to export it, or pass an ExportedProgram"
+            )
+        ep = torch.export.export(
+            model, example_inputs, kwargs=example_kwargs, dynamic_shapes=dynamic_shapes
+        )
+    else:
+        raise ValueError(
+            f"load_quantized() takes an nn.Module or an ExportedProgram, got {type(model).__name__}"
+        )
+    ep = _with_tensors(ep, ckpt, strict=strict)
+    config = ckpt.config
+    if not fuse_norms:
+        config = QuantConfig(
+            scheme=None, overrides=config.overrides, modules_to_not_convert=(), fuse_norms=False
+        )
+    return quantize(ep, config, weights=ckpt.weights)
+
+
+def _with_tensors(ep: ExportedProgram, ckpt: LoadedCheckpoint, *, strict: bool) -> ExportedProgram:
+    """A new program whose non-quantized parameters and buffers are the checkpoint's."""
+    state = dict(ep.state_dict)
+    aliases: dict[int, list[str]] = {}
+    for name, t in state.items():
+        aliases.setdefault(id(t), []).append(name)
+    groups = list(aliases.values())  # tied weights: one tensor under several names
+
+    for name, shape in ckpt.shapes.items():
+        if name not in state:
+            raise CheckpointError(
+                f"the checkpoint quantizes {name!r}, but the model has no such weight"
+            )
+        if tuple(state[name].shape) != shape:
+            raise CheckpointError(
+                f"the checkpoint's {name!r} is {list(shape)} ([out, in]), the model's is "
+                f"{list(state[name].shape)}"
+            )
+    missing, used = [], set()
+    for names in groups:
+        if any(n in ckpt.weights for n in names):
+            continue
+        given = [n for n in names if n in ckpt.tensors]
+        if not given:
+            missing.append(names[0])
+            continue
+        value = ckpt.tensors[given[0]]
+        for other in given[1:]:
+            if not torch.equal(ckpt.tensors[other], value):
+                raise CheckpointError(
+                    f"the model ties {names} but the checkpoint's {given[0]!r} and {other!r} differ"
+                )
+        old = state[names[0]]
+        if tuple(value.shape) != tuple(old.shape):
+            raise CheckpointError(
+                f"tensor {given[0]!r} has shape {list(value.shape)}, the model expects "
+                f"{list(old.shape)}"
+            )
+        new = value.detach().to(old.dtype).clone()
+        if isinstance(old, torch.nn.Parameter):
+            new = torch.nn.Parameter(new, requires_grad=old.requires_grad)
+        for n in names:
+            state[n] = new
+        used.update(given)
+    if missing:
+        raise CheckpointError(
+            f"the checkpoint has no tensor for {len(missing)} of the model's parameters/buffers "
+            f"(the skeleton's values would be used silently): {', '.join(missing[:8])}"
+        )
+    unexpected = sorted(set(ckpt.tensors) - used)
+    if unexpected and strict:
+        raise CheckpointError(
+            f"the checkpoint has {len(unexpected)} tensor(s) the model has no place for: "
+            f"{', '.join(unexpected[:8])} (strict=False ignores them)"
+        )
+    return ExportedProgram(
+        root=ep.graph_module,
+        graph=ep.graph,
+        graph_signature=ep.graph_signature,
+        state_dict=state,
+        range_constraints=copy.copy(ep.range_constraints),
+        module_call_graph=copy.deepcopy(ep.module_call_graph),
+        example_inputs=ep.example_inputs,
+        constants=ep.constants,
+        verifiers=ep.verifiers,
+    )
+
+
+def save_compressed_tensors(
+    ep: ExportedProgram,
+    directory: str | os.PathLike,
+    *,
+    model_config: Mapping[str, Any] | None = None,
+) -> Path:
+    """Write a quantized program as a compressed-tensors checkpoint; see
+    ``fxquant.ckpt_compressed_tensors.save_compressed_tensors``."""
+    from fxquant.ckpt_compressed_tensors import save_compressed_tensors as save
+
+    return save(ep, directory, model_config=model_config)

@@ -1,0 +1,71 @@
+"""DeepSeek-style FP8 block checkpoints (``quant_method: "fp8"``, transformers'
+``FineGrainedFP8Config``) → ``Float8Block`` constants.
+
+Where it sits: a reader behind ``fxquant.checkpoints.read_quantized``. Layout (DeepSeek-V3,
+Qwen3-FP8, ...): per quantized linear ``<m>.weight`` float8_e4m3fn [N, K] and
+``<m>.weight_scale_inv`` fp32 [ceil(N/b), ceil(K/b)], the dequant multiplier of each b×b tile
+(despite its name: w = q · scale_inv), a short last tile keeping its own scale. That is
+``Float8Block(block_size=b)``'s storage as it is; activations are quantized per token in 1×b
+groups at run time, as DeepSeek's ``act_quant`` does (amax / 448).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from fxquant.checkpoints import CheckpointError, LoadedCheckpoint, TensorSource, expect
+from fxquant.config import Float8Block
+from fxquant.passes.schemes import QuantizedWeight
+
+__all__ = ["read_fp8_blocks"]
+
+
+def read_fp8_blocks(source: TensorSource, qcfg: Mapping[str, Any]) -> LoadedCheckpoint:
+    from fxquant.hf import from_hf
+
+    if qcfg.get("dequantize"):
+        raise NotImplementedError(
+            "FineGrainedFP8Config(dequantize=True) asks for float "
+            "weights: load the model with transformers instead"
+        )
+    # from_hf checks every field (static activations, ue8m0 scales, non-square blocks: refused)
+    schemes = [s for s in from_hf(dict(qcfg)).schemes if isinstance(s, Float8Block)]
+    scheme = schemes[0]
+    b = scheme.block_size
+    out = LoadedCheckpoint(format="fp8 (DeepSeek-style blocks)")
+    scales = [n for n in source if n.endswith(".weight_scale_inv")]
+    if not scales:
+        raise CheckpointError("fp8 block checkpoint has no '*.weight_scale_inv' tensor")
+    for sname in scales:
+        module = sname.removesuffix(".weight_scale_inv")
+        wname = f"{module}.weight"
+        if wname not in source:
+            raise CheckpointError(f"tensor {wname!r} is missing (its scale {sname!r} exists)")
+        w = expect(wname, source[wname], dtype=torch.float8_e4m3fn)
+        if w.dim() != 2:
+            raise CheckpointError(
+                f"tensor {wname!r} has shape {list(w.shape)}, expected [N, K] "
+                "(stacked expert weights are not supported)"
+            )
+        n, k = w.shape
+        s = expect(
+            sname,
+            source[sname],
+            shape=(-(-n // b), -(-k // b)),
+            dtype=(torch.float32, torch.bfloat16, torch.float16),
+        )
+        out.add(module, scheme, QuantizedWeight({"qweight": w, "scale": s.float()}, None), (n, k))
+    quantized = {f"{m}.{p}" for m in out.schemes for p in ("weight", "weight_scale_inv")}
+    for name in source:
+        if name in quantized:
+            continue
+        t = source[name]
+        if t.dtype == torch.float8_e4m3fn:
+            raise CheckpointError(
+                f"tensor {name!r} is float8 but has no '{name.rsplit('.', 1)[0]}.weight_scale_inv'"
+            )
+        out.tensors[name] = t
+    return out

@@ -1,0 +1,231 @@
+"""Reference math of the low-bit weight formats: int2/int3 grouped weights (and a float-zero
+int4), and BitNet b1.58's ternary weights with int8 per-token activations.
+
+Where it sits: beside ``fxquant.reference`` (same conventions: W is [N, K], x is [..., K],
+linears accumulate in fp32 and return x's dtype). The rewrite pass quantizes weights with these
+functions (``fxquant.passes.schemes``); the ``fxquant::intx_weight_only_linear`` and
+``fxquant::bitnet_linear`` ops use the linears here as their eager kernels; the CPU lowerings
+and the Triton kernels (``kernels/intx_weight_only.py``, ``kernels/bitnet_linear.py``) are
+tested against them.
+
+Storage of ``IntxWeightOnly`` (bits b in 2, 3, 4): unsigned codes u in [0, 2**b - 1], groups of
+g along K, w = (u - z) * s with one fp32 ``scale`` s and one ``zero`` z per group ([N, Kp/g]).
+z is uint8 (an integer zero point, like ``Int4WeightOnly``) or fp32 (HQQ's and quanto's float
+zero point). Codes are packed along K, little-endian within a row:
+
+- b = 2: four codes per byte, column 4i + j in bits 2j..2j+1 of byte i (low bits first);
+- b = 3: eight codes in three bytes: columns 8i..8i+7 form the 24-bit little-endian word
+  ``byte[3i] | byte[3i+1] << 8 | byte[3i+2] << 16`` with column 8i + j in bits 3j..3j+2. Exact,
+  dense (3 bits a code) and unpacked with shifts and masks only;
+- b = 4: two codes per byte, low nibble first (``fxquant.reference.pack_int4``'s layout).
+
+So the packed weight is uint8 [N, Kp * b / 8]; Kp (K padded to the group) is a multiple of 32,
+so every packing comes out whole.
+
+BitNet (transformers' ``integrations/bitnet.py``, BitNet b1.58): the weight scale is the mean of
+|W| over the whole tensor, w_q = clamp(round(W / mean|W|), -1, 1); transformers stores the
+multiplier ``weight_scale = 1 / mean|W|.clamp(min=1e-5)`` and packs four ternary rows per byte
+along the *output* dim (see ``pack_bitnet``). Activations are quantized per token with
+``s_x = 127 / amax.clamp(min=1e-5)``, x_q = clamp(round(x * s_x), -128, 127), and the output is
+(x_q · w_qᵀ) / (s_x · weight_scale). Both eps and both multipliers are transformers', so a
+checkpoint's ``weight`` / ``weight_scale`` pair can be used as it is.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from fxquant import hqq
+from fxquant.reference import EPS
+
+INTX_BITS = (2, 3, 4)
+# HQQ clamps its inverse scale (qmax / range) to 2e4 "to avoid half-precision problems"; kept so
+# that a group's grid is HQQ's, and it is what keeps a constant (or all-zero) group finite.
+HQQ_MAX_INV_SCALE = 2e4
+# transformers' BitNet clamps |W| means and token amaxes to 1e-5, not to fxquant's EPS.
+BITNET_EPS = 1e-5
+BITNET_ACT_MAX = 127
+
+
+# --------------------------------------------------------------------------------------------
+# Packing
+# --------------------------------------------------------------------------------------------
+
+
+def packed_cols(kp: int, bits: int) -> int:
+    """Bytes per row of a packed [N, Kp] weight of ``bits``-bit codes."""
+    return kp * bits // 8
+
+
+def pack_intx(u: torch.Tensor, bits: int) -> torch.Tensor:
+    """[N, K] uint8 codes in [0, 2**bits) → [N, K * bits / 8] uint8 (layout: module docstring)."""
+    n, k = u.shape
+    u = u.to(torch.uint8)
+    if bits == 4:
+        return u[:, 0::2] | (u[:, 1::2] << 4)
+    if bits == 2:
+        u = u.reshape(n, k // 4, 4)
+        return (u[..., 0] | (u[..., 1] << 2) | (u[..., 2] << 4) | (u[..., 3] << 6)).contiguous()
+    if bits == 3:
+        u = u.reshape(n, k // 8, 8).to(torch.int32)
+        word = torch.zeros(n, k // 8, dtype=torch.int32)
+        for j in range(8):
+            word |= u[..., j] << (3 * j)
+        out = torch.stack([word & 0xFF, (word >> 8) & 0xFF, (word >> 16) & 0xFF], dim=-1)
+        return out.reshape(n, k // 8 * 3).to(torch.uint8)
+    raise ValueError(f"bits={bits} is not supported; allowed: {INTX_BITS}")
+
+
+def unpack_intx(packed: torch.Tensor, bits: int) -> torch.Tensor:
+    """Inverse of ``pack_intx``: [N, K * bits / 8] uint8 → [N, K] uint8 codes."""
+    n = packed.shape[0]
+    if bits == 4:
+        return torch.stack([packed & 0x0F, packed >> 4], dim=-1).reshape(n, -1)
+    if bits == 2:
+        return torch.stack([(packed >> s) & 0x3 for s in (0, 2, 4, 6)], dim=-1).reshape(n, -1)
+    if bits == 3:
+        b = packed.reshape(n, -1, 3).to(torch.int32)
+        word = b[..., 0] | (b[..., 1] << 8) | (b[..., 2] << 16)
+        codes = torch.stack([(word >> (3 * j)) & 0x7 for j in range(8)], dim=-1)
+        return codes.reshape(n, -1).to(torch.uint8)
+    raise ValueError(f"bits={bits} is not supported; allowed: {INTX_BITS}")
+
+
+# --------------------------------------------------------------------------------------------
+# int2 / int3 / int4 grouped weights
+# --------------------------------------------------------------------------------------------
+
+
+def quantize_intx_grouped(
+    w: torch.Tensor,
+    *,
+    bits: int,
+    group_size: int,
+    symmetric: bool = False,
+    zero_point: str = "int",
+    optimizer: str | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """W [N, K] → (packed uint8 [N, Kp*b/8], scale fp32 [N, Kp/g], zero [N, Kp/g]).
+
+    ``zero_point="int"`` (zero uint8), as ``quantize_int4_grouped`` with qmax = 2**b - 1:
+    symmetric: s = amax / (2**(b-1) - 1), u = clamp(round(w / s), -2**(b-1), 2**(b-1) - 1) + z
+    with z = 2**(b-1); asymmetric: the range [min(w, 0), max(w, 0)] onto [0, qmax] with an
+    integer z. K is zero-padded to a group multiple (padded columns dequantize to exactly 0).
+
+    ``zero_point="float"`` (zero fp32, asymmetric): HQQ's grid. Per group, the inverse scale
+    i = min(qmax / (max - min), 2e4) and z = -min * i (a float), u = clamp(round(w * i + z)),
+    s = 1 / i. With ``optimizer="hqq"`` z is then refined by HQQ's half-quadratic solver
+    (``fxquant.hqq.optimize_zero``; for b = 4 the initial z is rounded first, as HQQ's 4-bit
+    config does). K must be a multiple of g (HQQ's groups have no padding).
+    """
+    n, k = w.shape
+    qmax = 2**bits - 1
+    kp = -(-k // group_size) * group_size
+    w = w.float()
+    if zero_point == "float":
+        if kp != k:
+            raise ValueError(
+                f"float zero points need K={k} to be a multiple of group_size={group_size}"
+            )
+        groups = w.reshape(-1, group_size)  # HQQ axis=1: groups of g consecutive columns
+        lo = groups.amin(dim=-1, keepdim=True)
+        hi = groups.amax(dim=-1, keepdim=True)
+        inv = (qmax / (hi - lo)).clamp(max=HQQ_MAX_INV_SCALE)
+        zero = -lo * inv
+        if optimizer == "hqq":
+            if bits == 4:
+                zero = torch.round(zero)
+            zero = hqq.optimize_zero(groups, inv, zero, qmax=qmax).zero
+        elif optimizer is not None:
+            raise ValueError(f"optimizer={optimizer!r} is not supported; allowed: None, 'hqq'")
+        u = torch.round(groups * inv + zero).clamp(0, qmax).reshape(n, kp)
+        scale = (1.0 / inv).reshape(n, kp // group_size)
+        zero = zero.reshape(n, kp // group_size)
+        return pack_intx(u.to(torch.uint8), bits), scale, zero
+    if zero_point != "int" or optimizer is not None:
+        raise ValueError(
+            f"zero_point={zero_point!r}, optimizer={optimizer!r} is not supported; allowed: "
+            "zero_point 'int' (no optimizer) or 'float' (optimizer None or 'hqq')"
+        )
+    w = F.pad(w, (0, kp - k)).reshape(n, kp // group_size, group_size)
+    if symmetric:
+        half = 2 ** (bits - 1)
+        scale = w.abs().amax(dim=-1).clamp(min=EPS) / (half - 1)
+        zero = torch.full_like(scale, half)
+        u = torch.round(w / scale[..., None]).clamp(-half, half - 1) + half
+    else:
+        lo = w.amin(dim=-1).clamp(max=0)
+        hi = w.amax(dim=-1).clamp(min=0)
+        scale = ((hi - lo) / qmax).clamp(min=EPS)
+        zero = torch.round(-lo / scale).clamp(0, qmax)
+        u = (torch.round(w / scale[..., None]) + zero[..., None]).clamp(0, qmax)
+    u = u.reshape(n, kp).to(torch.uint8)
+    return pack_intx(u, bits), scale, zero.to(torch.uint8)
+
+
+def dequantize_intx_grouped(
+    packed: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, *, bits: int, group_size: int
+) -> torch.Tensor:
+    """→ W fp32 [N, Kp] (still padded; slice [:, :K]). w = (u - z) * s, z int or float."""
+    u = unpack_intx(packed, bits).float()
+    n, kp = u.shape
+    u = u.reshape(n, kp // group_size, group_size)
+    return ((u - zero.float()[..., None]) * scale[..., None]).reshape(n, kp)
+
+
+def intx_weight_only_linear(x, weight, scale, zero, bias=None, *, bits: int, group_size: int):
+    w = dequantize_intx_grouped(weight, scale, zero, bits=bits, group_size=group_size)
+    y = x.float() @ w[:, : x.shape[-1]].t()
+    if bias is not None:
+        y = y + bias.float()
+    return y.to(x.dtype)
+
+
+# --------------------------------------------------------------------------------------------
+# BitNet b1.58: ternary weights (transformers' packing) × int8 per-token activations
+# --------------------------------------------------------------------------------------------
+
+
+def pack_bitnet(wq: torch.Tensor) -> torch.Tensor:
+    """Ternary W [N, K] (values -1, 0, 1; N a multiple of 4) → uint8 [N/4, K], transformers'
+    ``pack_weights`` layout: with R = N/4, byte [r, k] holds rows r, R + r, 2R + r, 3R + r of
+    column k in its bit pairs 0-1, 2-3, 4-5, 6-7, each stored as w + 1 in {0, 1, 2}."""
+    n, k = wq.shape
+    if n % 4:
+        raise ValueError(f"BitNet packs 4 rows per byte: out_features={n} is not a multiple of 4")
+    u = (wq.to(torch.int16) + 1).to(torch.uint8).reshape(4, n // 4, k)
+    return u[0] | (u[1] << 2) | (u[2] << 4) | (u[3] << 6)
+
+
+def unpack_bitnet(packed: torch.Tensor) -> torch.Tensor:
+    """uint8 [N/4, K] → int8 [N, K] in {-1, 0, 1} (transformers' ``unpack_weights``)."""
+    rows = [((packed >> (2 * i)) & 0x3) for i in range(4)]
+    return (torch.cat(rows, dim=0).to(torch.int8) - 1).contiguous()
+
+
+def quantize_bitnet_weight(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """W [N, K] → (packed uint8 [N/4, K], weight_scale fp32 [1] = 1 / mean|W|): transformers'
+    ``WeightQuant`` rule (its eps 1e-5), so an all-zero W gives zeros, not NaN."""
+    w = w.float()
+    weight_scale = (1.0 / w.abs().mean().clamp(min=BITNET_EPS)).reshape(1)
+    wq = torch.round(w * weight_scale).clamp(-1, 1)
+    return pack_bitnet(wq), weight_scale
+
+
+def quantize_bitnet_activation(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [..., K] → (int8 [..., K], the multiplier s_x fp32 [..., 1] = 127 / amax)."""
+    x = x.float()
+    # a Python scalar over a tensor, as transformers writes it: torch computes
+    # reciprocal(amax) * 127 (not always the correctly rounded quotient); kernels do the same
+    inv = BITNET_ACT_MAX / x.abs().amax(dim=-1, keepdim=True).clamp(min=BITNET_EPS)
+    return torch.round(x * inv).clamp(-128, 127).to(torch.int8), inv
+
+
+def bitnet_linear(x, weight, weight_scale, bias=None):
+    """transformers' ``BitLinear.forward`` in fp32: (x_q · w_qᵀ) / (s_x · weight_scale) + bias."""
+    xq, inv = quantize_bitnet_activation(x)
+    y = (xq.float() @ unpack_bitnet(weight).float().t()) / (inv * weight_scale)
+    if bias is not None:
+        y = y + bias.float()
+    return y.to(x.dtype)
