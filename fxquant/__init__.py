@@ -35,7 +35,7 @@ from fxquant.config import (
     from_recipe_name,
 )
 from fxquant.float8_state import fp8_state_dict, load_fp8_state_dict
-from fxquant.hf import from_hf
+from fxquant.hf import calibration_from_hf, from_hf
 from fxquant.report import Report, report
 
 __version__ = "0.1.0"
@@ -64,6 +64,7 @@ __all__ = [
     "SmoothQuant",
     "aot_compile",
     "calibrate",
+    "calibration_from_hf",
     "fp8_state_dict",
     "from_accelerate",
     "from_hf",

@@ -94,6 +94,10 @@ class GPTQ:
             On SmolLM2-135M int4 g64 it is what makes GPTQ beat round-to-nearest
             (``benchmarks/results/calibration.json``).
         static_groups: int4: fit every group's scale up front from the original weight.
+        act_group_aware: int4 without ``desc_act``: group-aware reordering (GAR, GPTQModel's
+            and ``GPTQConfig``'s ``act_group_aware``): groups visited by decreasing max
+            ``diag(H)``, each group's columns by decreasing ``diag(H)``. Groups stay whole, so it
+            needs neither ``g_idx`` nor static groups.
         sequential: ``True``: each linear's Hessian comes from the inputs the already-quantized
             layers before it produce; ``False``: all Hessians from one float pass.
     """
@@ -103,12 +107,13 @@ class GPTQ:
     blocksize: int = 128
     desc_act: bool = False
     static_groups: bool = False
+    act_group_aware: bool = False
     sequential: bool = True
 
     def __post_init__(self) -> None:
         _check_number("GPTQ", "damp_percent", self.damp_percent, 0.0, 1.0, lo_open=True)
         _check_int("GPTQ", "blocksize", self.blocksize, 1)
-        for f in ("desc_act", "static_groups", "sequential"):
+        for f in ("desc_act", "static_groups", "act_group_aware", "sequential"):
             _check_bool("GPTQ", f, getattr(self, f))
 
 
@@ -505,6 +510,7 @@ class _Run:
             res = gptq_quantize(
                 torch.cat(ws), H, scheme, percdamp=m.damp_percent, blocksize=m.blocksize,
                 act_order=m.desc_act, static_groups=m.static_groups,
+                group_aware=m.act_group_aware,
             )  # fmt: skip
             sizes = [w.shape[0] for w in ws]
             parts = {n: t.split(sizes) for n, t in res.weight.tensors.items()}

@@ -21,7 +21,11 @@ cannot be chosen from the error-updated columns as they arrive (its columns woul
 contiguous in the order they are met): the scales of all groups are taken up front from the
 original weight in original column order ("static groups", as AutoGPTQ's ``static_groups``).
 Without act-order, each group's scale is taken from its error-updated columns when the pass
-reaches the group's first column, as the reference does.
+reaches the group's first column, as the reference does. Group-aware reordering (GAR, GPTQModel's
+``act_group_aware``, the default of transformers' ``GPTQConfig``) is the act-order that keeps
+groups whole: groups are visited by decreasing max ``diag H`` and, within a group, columns by
+decreasing ``diag H``; each group's columns stay contiguous in the visiting order, so its scale
+is still taken from its error-updated columns when the pass reaches it.
 """
 
 from __future__ import annotations
@@ -127,6 +131,7 @@ def gptq_quantize(
     blocksize: int = 128,
     act_order: bool = False,
     static_groups: bool = False,
+    group_aware: bool = False,
 ) -> GPTQResult:
     """Quantize ``weight`` [N, K] with GPTQ for ``scheme`` (int4 groups or int8 per channel).
 
@@ -142,6 +147,9 @@ def gptq_quantize(
         act_order: visit columns by decreasing ``diag(H)``; with int4 groups this needs
             ``static_groups=True`` (fxquant's groups are contiguous along K).
         static_groups: int4: fit every group's scale up front from the original weight.
+        group_aware: int4 without ``act_order``: visit groups by decreasing max ``diag(H)`` and
+            each group's columns by decreasing ``diag(H)`` (GAR); ignored with ``act_order``
+            (a column order of its own) and for int8 (one group per row).
 
     Returns:
         The storage-form weight, its dequantization and the pass's own quantized columns (fp32
@@ -183,6 +191,9 @@ def gptq_quantize(
     perm = None
     if act_order:
         perm = torch.argsort(torch.diagonal(H), descending=True)
+    elif group_aware and int4:
+        perm = _group_aware_order(torch.diagonal(H), grid.group)
+    if perm is not None:
         W, H = W[:, perm], H[perm][:, perm]
     group_of = (perm if perm is not None else torch.arange(kp)) // grid.group
 
@@ -228,6 +239,15 @@ def gptq_quantize(
     dq = stored.dequantized[:, :k]
     stored.dequantized = dq
     return GPTQResult(stored, dq, Q[:, :k].contiguous())
+
+
+def _group_aware_order(diag: torch.Tensor, group: int) -> torch.Tensor:
+    """GAR's column order: groups by decreasing max ``diag``, within each by decreasing ``diag``
+    (stable sorts: ties keep column order). Groups stay contiguous and aligned to ``group``."""
+    d = diag.reshape(-1, group)
+    within = torch.sort(d, dim=1, descending=True, stable=True).indices
+    groups = torch.sort(d.amax(dim=1), descending=True, stable=True).indices
+    return (within[groups] + groups.unsqueeze(1) * group).reshape(-1)
 
 
 def _upper_cholesky_of_inverse(H: torch.Tensor) -> torch.Tensor:

@@ -8,17 +8,20 @@ transformers is not imported: objects are read by attribute, so plain dicts work
 A config maps only where an fxquant scheme computes what the original does: the same grid, the
 same scale rule, the same activation handling. Where one detail differs (torchao and
 compressed-tensors scale symmetric int8 by amax / 127.5, fxquant by amax / 127) the config is
-refused, not approximated. The exception is the scope of Mxfp4Config and NVFP4Config, whose
-integrations quantize only what their own kernels take (gpt-oss's experts; bias-free linears,
-decoded with bf16 activations): their rows say "Approximated" and how. ``HF_CONFIGS`` says,
-per config and per field, how it is honoured; docs/hf_configs.md is generated from it
-(``python -m fxquant.hf > docs/hf_configs.md``) and a test checks it covers every field
-transformers defines.
+refused, not approximated. The exceptions are NVFP4Config's scope (its Hub kernel
+takes bias-free linears and decodes with bf16 activations) and AwqConfig's asymmetric grid:
+their rows say "Approximated" and how, and mapping them warns (``ApproximationWarning``).
+GPTQConfig and AwqConfig choose their weights from data: ``calibration_from_hf`` returns the
+config *and* the calibration method for ``fxquant.calibrate``; ``from_hf`` refuses them,
+pointing there. ``HF_CONFIGS`` says, per config and per field, how it is honoured;
+docs/hf_configs.md is generated from it (``python -m fxquant.hf > docs/hf_configs.md``) and a
+test checks it covers every field transformers defines.
 """
 
 from __future__ import annotations
 
 import re
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -30,6 +33,7 @@ from fxquant.config import (
     Float8Block,
     Float8Dynamic,
     Float8WeightOnly,
+    Int4WeightOnly,
     Int8WeightOnly,
     IntxWeightOnly,
     LLMInt8,
@@ -37,7 +41,13 @@ from fxquant.config import (
     Scheme,
 )
 
-__all__ = ["HF_CONFIGS", "docs_table", "from_hf"]
+__all__ = ["HF_CONFIGS", "ApproximationWarning", "calibration_from_hf", "docs_table", "from_hf"]
+
+
+class ApproximationWarning(UserWarning):
+    """A Hugging Face config was mapped with a documented approximation (its ``HF_CONFIGS``
+    entry's ``"approximated"``): raised as a warning so that it is never silent."""
+
 
 _SKIP = "QuantConfig.modules_to_not_convert (names; None keeps fxquant's default, lm_head)"
 _NOT_YET = "refused with the config"
@@ -139,17 +149,76 @@ HF_CONFIGS: dict[str, dict[str, Any]] = {
     },
     "gptq": {
         "class": "GPTQConfig",
-        "status": "refused",
-        "why": "GPTQ needs calibration "
-        "(Hessian-based error feedback over real data: fxquant.calibrate is not built yet), "
-        "int2/int3 formats for bits < 4, and a loader for GPTQ checkpoints",
+        "status": "calibration",
+        "why": "GPTQ chooses its weights from calibration data, which a QuantConfig alone "
+        "cannot say (quantize() would round to nearest): `fxquant.calibration_from_hf(cfg)` "
+        "returns the QuantConfig and the `GPTQ` method for `fxquant.calibrate(model, config, "
+        "data, method=...)`; GPTQ checkpoints (v1 and v2) load with `fxquant.load_quantized`",
+        # keys that config.json files of GPTQ checkpoints carry beside GPTQConfig's own
+        "private_fields": (
+            "checkpoint_format",
+            "static_groups",
+            "lm_head",
+            "model_name_or_path",
+            "model_file_base_name",
+            "use_exllama",
+            "exllama_config",
+            "use_cuda_fp16",
+        ),
+        "fields": {
+            "bits": "4 → Int4WeightOnly, 8 → Int8WeightOnly (per output channel, needs "
+            "group_size=-1 and sym=True); 2 and 3 refused (GPTQ produces int4 and int8 weights)",
+            "group_size": "int4: 32, 64, 128 or 256 → Int4WeightOnly(group_size=...); -1 (one "
+            "group per row) refused for int4",
+            "damp_percent": "GPTQ(damp_percent=...)",
+            "desc_act": "True → GPTQ(desc_act=True) with static_groups=True (config.json's "
+            "static_groups); without static groups refused for int4 (the groups would follow "
+            "g_idx, fxquant's are contiguous along K)",
+            "act_group_aware": "GPTQ(act_group_aware=...) (groups whole, no g_idx; ignored "
+            "with desc_act, as GPTQModel)",
+            "sym": "Int4WeightOnly(symmetric=...): s = amax / 7 with z = 8, or an integer zero "
+            "point and s = (max - min) / 15 over a range that includes 0, as GPTQ's quantizer",
+            "true_sequential": "True honoured (finer: each linear is calibrated on the inputs "
+            "the quantized linears before it give); False refused",
+            "format": "accepted: a checkpoint layout ('gptq' / 'gptq_v2'), not a numeric",
+            "tokenizer": "accepted, not used: `calibrate` takes token ids as `data`",
+            "dataset": "accepted, not used: tokenize the samples and pass them as `data`",
+            "model_seqlen": "accepted, not used: the samples' length is theirs",
+            "batch_size": "accepted, no effect (all samples are run)",
+            "pad_token_id": "accepted, not used",
+            "max_input_length": "accepted, no effect",
+            "cache_block_outputs": "accepted, no effect (a memory trade-off of transformers' loop)",
+            "meta": "accepted, informational",
+            "backend": "accepted, no effect (a kernel choice)",
+            "block_name_to_quantize": "accepted, not needed: the linears are found in the "
+            "exported graph",
+            "module_name_preceding_first_block": "accepted, not needed",
+            "modules_in_block_to_quantize": "None honoured; a list refused (use "
+            "QuantConfig.overrides)",
+        },
     },
     "awq": {
         "class": "AwqConfig",
-        "status": "refused",
-        "why": "AWQ needs its activation-aware "
-        "scale search over calibration data (not built yet) and a loader for its "
-        "interleaved GEMM checkpoint layout",
+        "status": "calibration",
+        "why": "AWQ chooses per-channel scales and clipping from calibration data: "
+        "`fxquant.calibration_from_hf(cfg)` returns the QuantConfig and the `AWQ` method for "
+        "`fxquant.calibrate`; AWQ GEMM checkpoints load with `fxquant.load_quantized`",
+        "private_fields": (
+            "version",
+            "do_fuse",
+            "fuse_max_seq_len",
+            "modules_to_fuse",
+            "exllama_config",
+        ),
+        "fields": {
+            "bits": "4 → Int4WeightOnly; anything else refused",
+            "group_size": "32, 64, 128 or 256 → Int4WeightOnly(group_size=...); others refused",
+            "zero_point": "True → symmetric=False (integer zero point; approximated: fxquant's "
+            "range includes 0, AWQ's is the group's [min, max]); False → symmetric=True "
+            "(amax / 7, codes -8..7, as AWQ)",
+            "backend": "accepted, no effect (a kernel choice)",
+            "modules_to_not_convert": _SKIP,
+        },
     },
     "auto-round": {
         "class": "AutoRoundConfig",
@@ -267,27 +336,26 @@ HF_CONFIGS: dict[str, dict[str, Any]] = {
     },
     "mxfp4": {
         "class": "Mxfp4Config",
-        "status": "mapped",
-        "fields": {
-            "modules_to_not_convert": _SKIP + ". Approximated scope: transformers quantizes "
-            "only gpt-oss's MoE experts (batched matmuls, which are not linear nodes, so fxquant "
-            "leaves them in float) and keeps attention and router linears in bf16; fxquant "
-            "applies MXFP4(scale_rule='ceil') weight-only (e2m1, E8M0 per 32, the exponent "
-            "rounded up as triton_kernels' downcast_to_mxfp, which transformers uses) to every "
-            "linear-like layer it plans. List linears to keep in float here",
-            "dequantize": "True → no layer quantized (the model stays in high precision)",
-        },
+        "status": "refused",
+        "why": "transformers' Mxfp4Config quantizes only gpt-oss's MoE experts (3-D batched "
+        "weights with `*_blocks` / `*_scales`) and keeps every nn.Linear in bf16; fxquant plans "
+        "linear-like nodes, not batched expert matmuls, so honouring it would quantize the "
+        "layers the original keeps and keep the ones it quantizes. For MXFP4 linears use "
+        "QuantConfig(scheme=MXFP4(scale_rule='ceil')) (transformers' E8M0 rounding) directly",
     },
     "nvfp4": {
         "class": "NVFP4Config",
         "status": "mapped",
+        "approximated": "the Hub kernel transformers loads for NVFP4Config runs decode (one "
+        "token) with bf16 activations and quantizes only bias-free linears; fxquant quantizes "
+        "activations at every batch size and biased linears too",
         "fields": {
             "modules_to_not_convert": _SKIP + ". → NVFP4(activations=True, "
             "scale_rule='six'): e2m1 weights, e4m3 scales per 16, fp32 tensor scale amax / "
-            "(6 · 448), activations quantized per call the same way. Approximated: the Hub "
-            "kernel transformers loads (packing not inspectable here) runs decode GEMVs with "
-            "bf16 activations (W4A16) and only bias-free linears with K and N multiples of 16; "
-            "fxquant quantizes activations at every M and takes biased linears too",
+            "(6 · 448), activations quantized per call the same way. Approximated (the mapping "
+            "warns): the Hub kernel transformers loads runs decode GEMVs with bf16 activations "
+            "(W4A16) and only bias-free linears with K and N multiples of 16; fxquant "
+            "quantizes activations at every M and takes biased linears too",
         },
     },
     "fouroversix": {
@@ -345,9 +413,10 @@ HF_CONFIGS: dict[str, dict[str, Any]] = {
     "gguf": {
         "class": "GgufConfig",
         "status": "refused",
-        "why": "GGUF is a checkpoint format "
-        "(Q8_0, Q4_K, ...): loading it into fxquant constants is not built yet "
-        "(`fxquant quantize model.gguf` dequantizes and requantizes instead)",
+        "why": "GGUF is a checkpoint format, not a way to quantize a float model: "
+        "`fxquant.load_quantized(ep, 'model.gguf')` loads Q4_0 and Q8_0 exactly and Q4_1 / Q4_K "
+        "with float zero points into fxquant constants (Q6_K and 5-bit types refused: no 6- or "
+        "5-bit format); `fxquant quantize model.gguf` dequantizes and requantizes instead",
     },
 }
 _BY_CLASS = {v["class"]: k for k, v in HF_CONFIGS.items()}
@@ -383,29 +452,66 @@ def _method(obj: Any, fields: dict[str, Any]) -> str:
 
 def from_hf(config: Any) -> QuantConfig:
     """The fxquant config with the same numerics as a Hugging Face quantization config, or
-    ``NotImplementedError`` naming what is missing. See ``HF_CONFIGS`` / docs/hf_configs.md."""
+    ``NotImplementedError`` naming what is missing. See ``HF_CONFIGS`` / docs/hf_configs.md.
+    A mapping with a documented approximation (NVFP4Config's scope) warns with
+    ``ApproximationWarning``."""
     fields = _fields(config)
     method = _method(config, fields)
     entry = HF_CONFIGS[method]
     if entry["status"] == "refused":
         raise NotImplementedError(f"{entry['class']} is not supported yet: {entry['why']}")
-    if isinstance(config, Mapping):
-        # a config.json dict may carry keys a transformers object would have rejected: a key we
-        # do not know could change the numerics, so it is refused rather than ignored
-        unknown = (
-            set(fields)
-            - set(entry["fields"])
-            - set(entry.get("private_fields", ()))
-            - {"quant_method", "fmt"}
+    if entry["status"] == "calibration":
+        raise NotImplementedError(f"from_hf({entry['class']}): {entry['why']}")
+    _check_fields(entry, config, fields)
+    return _approximated(entry, _MAPPERS[method](fields))
+
+
+def calibration_from_hf(config: Any) -> tuple[QuantConfig, Any]:
+    """``(QuantConfig, method)`` for a config whose weights come from calibration (``GPTQConfig``,
+    ``AwqConfig``): ``fxquant.calibrate(model, config, data, method=method)`` then quantizes as
+    the original would. Other configs raise ``ValueError`` (use ``from_hf``)."""
+    fields = _fields(config)
+    method = _method(config, fields)
+    entry = HF_CONFIGS[method]
+    if entry["status"] != "calibration":
+        raise ValueError(
+            f"calibration_from_hf({entry['class']}): this config needs no calibration data; "
+            "use fxquant.from_hf"
         )
-        if unknown:
-            raise NotImplementedError(
-                f"{entry['class']} fields {sorted(unknown)} are not known to fxquant; known: "
-                + ", ".join(entry["fields"])
-            )
-        if fields.get("fmt", "e4m3") != "e4m3":
-            raise _refuse(entry["class"], "fmt", fields["fmt"], "fxquant's fp8 is e4m3")
-    return _MAPPERS[method](fields)
+    _check_fields(entry, config, fields)
+    qconfig, algorithm, approximation = _CALIBRATION_MAPPERS[method](fields)
+    if approximation:
+        warnings.warn(f"{entry['class']} mapped approximately: {approximation}",
+                      ApproximationWarning, stacklevel=2)  # fmt: skip
+    return qconfig, algorithm
+
+
+def _check_fields(entry: Mapping[str, Any], config: Any, fields: Mapping[str, Any]) -> None:
+    if not isinstance(config, Mapping):
+        return
+    # a config.json dict may carry keys a transformers object would have rejected: a key we do
+    # not know could change the numerics, so it is refused rather than ignored
+    unknown = (
+        set(fields)
+        - set(entry["fields"])
+        - set(entry.get("private_fields", ()))
+        - {"quant_method", "fmt"}
+    )
+    if unknown:
+        raise NotImplementedError(
+            f"{entry['class']} fields {sorted(unknown)} are not known to fxquant; known: "
+            + ", ".join(entry["fields"])
+        )
+    if fields.get("fmt", "e4m3") != "e4m3":
+        raise _refuse(entry["class"], "fmt", fields["fmt"], "fxquant's fp8 is e4m3")
+
+
+def _approximated(entry: Mapping[str, Any], result: QuantConfig) -> QuantConfig:
+    how = entry.get("approximated")
+    if how and (result.scheme is not None or result.overrides):
+        warnings.warn(f"{entry['class']} mapped approximately: {how}", ApproximationWarning,
+                      stacklevel=3)  # fmt: skip
+    return result
 
 
 def _refuse(cls: str, field: str, value: Any, why: str) -> NotImplementedError:
@@ -816,12 +922,6 @@ def _bitsandbytes(f: dict[str, Any]) -> QuantConfig:
     return QuantConfig(scheme=scheme, **skip)
 
 
-def _mxfp4(f: dict[str, Any]) -> QuantConfig:
-    if f.get("dequantize"):
-        return QuantConfig(scheme=None, **_skip(f))
-    return QuantConfig(scheme=MXFP4(activations=False, scale_rule="ceil"), **_skip(f))
-
-
 def _nvfp4(f: dict[str, Any]) -> QuantConfig:
     return QuantConfig(scheme=NVFP4(activations=True, scale_rule="six"), **_skip(f))
 
@@ -956,10 +1056,76 @@ def _bitnet(f: dict[str, Any]) -> QuantConfig:
     return QuantConfig(scheme=BitNetTernary(), **_skip(f))
 
 
+def _int4(cls: str, group_size: Any, symmetric: bool) -> Int4WeightOnly:
+    if group_size not in (32, 64, 128, 256):
+        why = "allowed: 32, 64, 128, 256"
+        if group_size == -1:
+            why = "one int4 group per row is not an fxquant layout; " + why
+        raise _refuse(cls, "group_size", group_size, why)
+    return Int4WeightOnly(group_size=group_size, symmetric=symmetric)
+
+
+def _gptq(f: dict[str, Any]) -> tuple[QuantConfig, Any, None]:
+    from fxquant.calibrate import GPTQ
+
+    cls = "GPTQConfig"
+    bits, group_size, sym = f.get("bits", 4), f.get("group_size", 128), f.get("sym", True)
+    desc_act, static = bool(f.get("desc_act", False)), bool(f.get("static_groups", False))
+    if bits == 4:
+        if desc_act and not static:
+            raise _refuse(
+                cls, "desc_act", True,
+                "act-order without static_groups puts each column in the group g_idx says; "
+                "fxquant's int4 groups are contiguous along K (static_groups=True is honoured)",
+            )  # fmt: skip
+        scheme: Scheme = _int4(cls, group_size, bool(sym))
+    elif bits == 8:
+        if group_size != -1:
+            raise _refuse(cls, "group_size", group_size, "8-bit GPTQ maps to fxquant's per-row "
+                          "int8 only with group_size=-1")  # fmt: skip
+        if not sym:
+            raise _refuse(cls, "sym", sym, "fxquant's int8 weights are symmetric")
+        scheme = Int8WeightOnly()
+    else:
+        raise _refuse(cls, "bits", bits, "GPTQ here produces 4-bit (Int4WeightOnly) and 8-bit "
+                      "(Int8WeightOnly) weights")  # fmt: skip
+    if f.get("true_sequential", True) is not True:
+        raise _refuse(cls, "true_sequential", f["true_sequential"], "fxquant calibrates each "
+                      "linear on the inputs of the quantized layers before it")  # fmt: skip
+    if f.get("modules_in_block_to_quantize") is not None:
+        raise _refuse(cls, "modules_in_block_to_quantize", f["modules_in_block_to_quantize"],
+                      "not mapped; choose the layers with QuantConfig.overrides")  # fmt: skip
+    skip = {"modules_to_not_convert": ()} if f.get("lm_head") else {}
+    method = GPTQ(
+        damp_percent=float(f.get("damp_percent", 0.1)), desc_act=desc_act,
+        static_groups=static and bits == 4, act_group_aware=bool(f.get("act_group_aware", False)),
+    )  # fmt: skip
+    return QuantConfig(scheme=scheme, **skip), method, None
+
+
+def _awq(f: dict[str, Any]) -> tuple[QuantConfig, Any, str | None]:
+    from fxquant.calibrate import AWQ
+
+    cls = "AwqConfig"
+    if f.get("bits", 4) != 4:
+        raise _refuse(cls, "bits", f["bits"], "AWQ is 4-bit")
+    zero_point = bool(f.get("zero_point", True))
+    scheme = _int4(cls, f.get("group_size", 128), not zero_point)
+    approximation = None
+    if zero_point:
+        approximation = (
+            "zero_point=True: AWQ's integer grid spans each group's [min, max]; fxquant's "
+            "Int4WeightOnly grid always includes 0 (as GPTQ's), so a group whose values all "
+            "have one sign gets a wider step"
+        )
+    return QuantConfig(scheme=scheme, **_skip(f)), AWQ(), approximation
+
+
+_CALIBRATION_MAPPERS = {"gptq": _gptq, "awq": _awq}
+
 _MAPPERS = {
     "hqq": _hqq,
     "bitnet": _bitnet,
-    "mxfp4": _mxfp4,
     "nvfp4": _nvfp4,
     "fouroversix": _fouroversix,
     "eetq": _eetq,
@@ -984,7 +1150,10 @@ def docs_table(field_names: Mapping[str, list[str]], transformers_version: str) 
         "takes a transformers config object or a `quantization_config` dict. A config maps only",
         "where fxquant computes the same numerics; otherwise `from_hf` raises",
         "`NotImplementedError` with the reason below. Nothing is approximated, except where a",
-        'row says "Approximated" and how (the scope of `Mxfp4Config` and `NVFP4Config`).',
+        "row says \"Approximated\" and how (`NVFP4Config`'s scope, `AwqConfig`'s asymmetric",
+        "grid); those mappings warn with `fxquant.hf.ApproximationWarning`. `GPTQConfig` and",
+        "`AwqConfig` choose weights from data: `fxquant.calibration_from_hf(cfg)` gives the",
+        "config and the method for `fxquant.calibrate`.",
         "",
         "| config | field | how fxquant honours it |",
         "|---|---|---|",
@@ -993,6 +1162,8 @@ def docs_table(field_names: Mapping[str, list[str]], transformers_version: str) 
         cls = entry["class"]
         if entry["status"] == "refused":
             lines.append(f"| `{cls}` (`{method}`) | — | **refused**: {entry['why']} |")
+        elif entry["status"] == "calibration":
+            lines.append(f"| `{cls}` (`{method}`) | — | **calibration**: {entry['why']} |")
         for name in field_names.get(cls, []):
             how = entry.get("fields", {}).get(name, _NOT_YET)
             lines.append(f"| `{cls}` | `{name}` | {how} |")

@@ -49,17 +49,27 @@ def one_thread():
 
 
 @pytest.mark.parametrize(
-    "scheme, act_order",
-    [(INT4_ASYM, False), (INT4_SYM, False), (INT4_SYM, True), (Int8WeightOnly(), True)],
-    ids=["int4-asym", "int4-sym", "int4-sym-act-order-static", "int8-act-order"],
+    "scheme, act_order, group_aware",
+    [
+        (INT4_ASYM, False, False),
+        (INT4_SYM, False, False),
+        (INT4_SYM, True, False),
+        (INT4_ASYM, False, True),
+        (Int8WeightOnly(), True, False),
+    ],
+    ids=["int4-asym", "int4-sym", "int4-sym-act-order-static", "int4-asym-gar", "int8-act-order"],
 )
-def test_gptq_beats_rtn_and_stores_exactly_what_it_computed(scheme, act_order):
+def test_gptq_beats_rtn_and_stores_exactly_what_it_computed(scheme, act_order, group_aware):
     torch.manual_seed(0)
     k = 80  # not a multiple of the group: K is padded to 96 and the padding is dead too
     w = torch.randn(24, k)
     x = _correlated_inputs(k)
+    x[:, 40:48] *= 4  # strong channels in the second group: GAR visits that group first
     h = 2 * x.t() @ x / x.shape[0]
-    res = gptq_quantize(w, h, scheme, act_order=act_order, static_groups=act_order, blocksize=32)
+    res = gptq_quantize(
+        w, h, scheme, act_order=act_order, static_groups=act_order, blocksize=32,
+        group_aware=group_aware,
+    )  # fmt: skip
     rtn = handler_for(scheme).quantize(scheme, w)
     # the program will store res.weight: same constants (names, shapes, dtypes) as the RTN path
     assert {n: (t.shape, t.dtype) for n, t in res.weight.tensors.items()} == {
@@ -87,6 +97,14 @@ def test_gptq_with_identity_hessian_is_round_to_nearest(scheme):
     rtn = handler_for(scheme).quantize(scheme, w)
     for name, t in rtn.tensors.items():
         assert torch.equal(res.weight.tensors[name], t), name
+
+
+def test_group_aware_order_keeps_groups_whole_strongest_first():
+    from fxquant.gptq import _group_aware_order
+
+    diag = torch.tensor([1.0, 5.0, 2.0, 0.5, 9.0, 3.0, 0.1, 4.0])
+    # groups of 4: maxima 5 and 9 → group 1 first; inside each, decreasing diag
+    assert _group_aware_order(diag, 4).tolist() == [4, 7, 5, 6, 1, 2, 0, 3]
 
 
 def test_gptq_act_order_with_dynamic_int4_groups_is_refused():

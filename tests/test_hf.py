@@ -55,7 +55,7 @@ def test_every_config_has_an_entry_and_the_docs_are_current():
         )
     fields = transformers_fields()
     for entry in HF_CONFIGS.values():
-        if entry["status"] == "mapped":  # every field of a mapped config says how
+        if entry["status"] != "refused":  # every field of a config that maps says how
             assert set(entry["fields"]) == set(fields[entry["class"]]), entry["class"]
     assert text == docs_table(fields, transformers.__version__), "python -m fxquant.hf"
 
@@ -157,8 +157,10 @@ def test_ignore_and_targets_become_name_rules():
     [
         (
             {"quant_method": "gptq", "bits": 4},
-            "GPTQConfig is not supported yet: GPTQ needs calibration",
+            r"from_hf\(GPTQConfig\): GPTQ chooses its weights from calibration data.*"
+            "calibration_from_hf",
         ),
+        ({"quant_method": "gguf"}, "load_quantized"),
         ({"quant_method": "aqlm"}, "additive codebooks"),
         (
             {"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "int4"},
@@ -205,6 +207,72 @@ def test_ignore_and_targets_become_name_rules():
 def test_configs_that_do_not_map_say_what_is_missing(config, match):
     with pytest.raises(NotImplementedError, match=match):
         from_hf(config)
+
+
+@pytest.mark.parametrize(
+    "config, scheme, method",
+    [
+        (
+            {"quant_method": "gptq", "bits": 4, "group_size": 64, "sym": False},
+            fxquant.Int4WeightOnly(group_size=64),
+            fxquant.GPTQ(damp_percent=0.1),
+        ),
+        (
+            # a GPTQ checkpoint's config.json: act-order with static groups, GAR ignored by it
+            {
+                "quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": True,
+                "static_groups": True, "damp_percent": 0.01, "checkpoint_format": "gptq",
+                "act_group_aware": True,
+            },
+            fxquant.Int4WeightOnly(group_size=128, symmetric=True),
+            fxquant.GPTQ(damp_percent=0.01, desc_act=True, static_groups=True,
+                         act_group_aware=True),
+        ),
+        (
+            {"quant_method": "gptq", "bits": 8, "group_size": -1},
+            Int8WeightOnly(),
+            fxquant.GPTQ(damp_percent=0.1),
+        ),
+        (
+            {"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": False,
+             "version": "gemm"},
+            fxquant.Int4WeightOnly(group_size=128, symmetric=True),
+            fxquant.AWQ(),
+        ),
+    ],
+)  # fmt: skip
+def test_calibration_configs_give_the_scheme_and_the_method(config, scheme, method):
+    cfg, got = fxquant.calibration_from_hf(config)
+    assert cfg.scheme == scheme and got == method
+
+
+def test_calibration_from_hf_objects_warnings_and_refusals():
+    import warnings
+
+    transformers = pytest.importorskip("transformers")
+    # transformers' GPTQConfig defaults: 4 bits, g128, sym, damp 0.1, GAR on
+    cfg, method = fxquant.calibration_from_hf(transformers.GPTQConfig(bits=4))
+    assert cfg.scheme == fxquant.Int4WeightOnly(group_size=128, symmetric=True)
+    assert method == fxquant.GPTQ(damp_percent=0.1, act_group_aware=True)
+    # AWQ's asymmetric grid spans [min, max]; fxquant's includes 0: mapped, with a warning
+    with pytest.warns(fxquant.hf.ApproximationWarning, match="includes 0"):
+        fxquant.calibration_from_hf({"quant_method": "awq", "zero_point": True})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fxquant.calibration_from_hf({"quant_method": "awq", "zero_point": False})
+    for bad, match in [
+        ({"quant_method": "gptq", "bits": 3}, r"bits=3"),
+        ({"quant_method": "gptq", "bits": 4, "group_size": -1}, "one int4 group per row"),
+        ({"quant_method": "gptq", "bits": 4, "desc_act": True}, "g_idx"),
+        ({"quant_method": "gptq", "bits": 8, "group_size": 128}, "group_size=-1"),
+        ({"quant_method": "gptq", "true_sequential": False}, "true_sequential"),
+        ({"quant_method": "gptq", "bogus": 1}, r"fields \['bogus'\] are not known"),
+        ({"quant_method": "awq", "bits": 8}, "AWQ is 4-bit"),
+    ]:
+        with pytest.raises(NotImplementedError, match=match):
+            fxquant.calibration_from_hf(bad)
+    with pytest.raises(ValueError, match="needs no calibration data; use fxquant.from_hf"):
+        fxquant.calibration_from_hf({"quant_method": "eetq"})
 
 
 def test_an_unrecognisable_config_is_a_value_error():

@@ -417,9 +417,6 @@ def _ct(groups):
 @pytest.mark.parametrize(
     "config, scheme",
     [
-        ({"quant_method": "mxfp4"}, MXFP4(activations=False, scale_rule="ceil")),
-        ({"quant_method": "mxfp4", "dequantize": True}, None),
-        ({"quant_method": "nvfp4"}, NVFP4(activations=True, scale_rule="six")),
         ({"quant_method": "fouroversix"}, NVFP4(scale_rule="four_over_six")),
         ({"quant_method": "fouroversix", "scale_rule": "static_6"}, NVFP4(scale_rule="six")),
         (
@@ -464,11 +461,22 @@ def test_hf_configs_map(config, scheme):
     assert from_hf(config).scheme == scheme
 
 
+def test_hf_nvfp4_maps_with_a_warning_and_mxfp4_is_refused():
+    from fxquant.hf import ApproximationWarning
+
+    with pytest.warns(ApproximationWarning, match="bf16 activations"):
+        cfg = from_hf({"quant_method": "nvfp4", "modules_to_not_convert": ["lm_head", "router"]})
+    assert cfg.scheme == NVFP4(activations=True, scale_rule="six")
+    assert cfg.modules_to_not_convert == ("lm_head", "router")
+    # transformers quantizes only gpt-oss's 3-D experts: the complement of what fxquant plans
+    with pytest.raises(NotImplementedError, match="only gpt-oss's MoE experts"):
+        from_hf({"quant_method": "mxfp4"})
+
+
 def test_hf_objects_and_skip_lists():
     transformers = pytest.importorskip("transformers")
-    cfg = from_hf(transformers.Mxfp4Config(modules_to_not_convert=["lm_head", "router"]))
-    assert cfg.modules_to_not_convert == ("lm_head", "router")
-    assert from_hf(transformers.NVFP4Config()).scheme == NVFP4()
+    with pytest.warns(UserWarning):
+        assert from_hf(transformers.NVFP4Config()).scheme == NVFP4()
     assert from_hf(transformers.FourOverSixConfig()).modules_to_not_convert == ("lm_head",)
 
 
