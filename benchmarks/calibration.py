@@ -10,8 +10,10 @@ Rows, each run as the quantized program (``qep.module()``), with the relative ch
 fp32; int4 (``Int4WeightOnly(group_size=64)``, every linear but lm_head) by round-to-nearest
 (``fxquant.quantize``), GPTQ and AWQ (``fxquant.calibrate``); w8a8 (``Int8DynamicActivation``)
 by round-to-nearest and with SmoothQuant. ``--variants`` picks rows; also available: GPTQ with
-static groups, with act-order (static groups), with damping 0.1, and with all Hessians from one
-float pass instead of layer by layer through the quantized model (``gptq-int4-float``).
+static groups, with act-order (static groups), with damping 0.1, with group-aware reordering
+(``gptq-int4-gar``), with all Hessians from one float pass instead of layer by layer through the
+quantized model (``gptq-int4-float``), and AWQ's scales followed by GPTQ (``awq-gptq-int4``: with
+act-order; ``awq-gptq-gar-int4``: with GAR).
 The issue's target: int4 g64 within +10 % of fp32, each algorithm below RTN at the same bits.
 
 Writes ``results/calibration.json`` after every row (``"complete": false`` until the end).
@@ -58,7 +60,12 @@ def variants(symmetric: bool) -> dict[str, tuple[object, object | None]]:
             GPTQ(damp_percent=0.1, desc_act=True, static_groups=True),
         ),
         "gptq-int4-float": (int4, GPTQ(sequential=False)),
+        # group-aware reordering (transformers' GPTQConfig default): groups whole, no g_idx
+        "gptq-int4-gar": (int4, GPTQ(act_group_aware=True)),
         "awq-int4": (int4, AWQ()),
+        # AWQ's scales folded in (no clipping), then GPTQ rounds the scaled weights
+        "awq-gptq-int4": (int4, (AWQ(clip=False), GPTQ(desc_act=True, static_groups=True))),
+        "awq-gptq-gar-int4": (int4, (AWQ(clip=False), GPTQ(act_group_aware=True))),
         "rtn-w8a8": (w8a8, None),
         "smoothquant-w8a8": (w8a8, SmoothQuant(alpha=0.5)),
     }
@@ -75,6 +82,7 @@ def main() -> None:
     ap.add_argument("--variants", default=DEFAULT, help=f"comma-separated (default {DEFAULT})")
     ap.add_argument("--symmetric", action="store_true", help="int4 symmetric (default: asym)")
     ap.add_argument("--out-dir", type=Path, default=Path(__file__).parent / "results")
+    ap.add_argument("--out-name", default="calibration.json", help="file name in --out-dir")
     args = ap.parse_args()
     table = variants(args.symmetric)
     names = [v.strip() for v in args.variants.split(",") if v.strip()]
@@ -123,7 +131,7 @@ def main() -> None:
         "complete": False,
         "rows": [],
     }
-    out = args.out_dir / "calibration.json"
+    out = args.out_dir / args.out_name
 
     def write() -> None:
         args.out_dir.mkdir(parents=True, exist_ok=True)
@@ -145,7 +153,10 @@ def main() -> None:
                 fn = qep.module()
             else:
                 row["scheme"] = scheme.to_dict()
-                row["method"] = {"type": type(method).__name__, **vars(method)}
+                row["method"] = [
+                    {"type": type(m).__name__, **vars(m)}
+                    for m in (method if isinstance(method, tuple) else (method,))
+                ]
                 qep = calibrate(ep, scheme, calib, method=method, progress=True)
                 rows = [r for r in fxquant.report(qep).rows if "calibration" in r]
                 cal = [r["calibration"] for r in rows]

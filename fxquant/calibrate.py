@@ -171,7 +171,7 @@ def calibrate(
     config: QuantConfig | Scheme | str,
     data: Iterable,
     *,
-    method: Method,
+    method: Method | tuple[Method, ...],
     progress: bool = True,
     dynamic_shapes: Any = None,
 ) -> ExportedProgram:
@@ -186,7 +186,10 @@ def calibrate(
         data: calibration samples; each a tensor (the model's one positional input) or a tuple
             of positional inputs. Without ``dynamic_shapes`` all samples must have the shape of
             the first (the exported graph is specialised to it).
-        method: ``GPTQ(...)``, ``AWQ(...)`` or ``SmoothQuant(...)``.
+        method: ``GPTQ(...)``, ``AWQ(...)`` or ``SmoothQuant(...)``, or several in a tuple, run
+            one after the other, each on the program the one before left (e.g. ``(AWQ(clip=False),
+            GPTQ(...))``: AWQ's scales folded in, then GPTQ rounds the scaled weights). Only the
+            last may be GPTQ, since GPTQ's output is quantized constants, not a float program.
         progress: show a progress bar (calibration, then quantization).
         dynamic_shapes: passed to ``torch.export.export`` when ``model`` is a module.
 
@@ -195,10 +198,16 @@ def calibrate(
         what calibration did to each layer.
     """
     config = QuantConfig.coerce(config)
-    if not isinstance(method, (GPTQ, AWQ, SmoothQuant)):
+    methods = method if isinstance(method, tuple) else (method,)
+    if not methods or not all(isinstance(m, (GPTQ, AWQ, SmoothQuant)) for m in methods):
         raise ValueError(
             f"calibrate: method={method!r} is not supported; allowed: GPTQ(...), AWQ(...) or "
-            "SmoothQuant(...) from fxquant.calibrate"
+            "SmoothQuant(...) from fxquant.calibrate, or a tuple of them"
+        )
+    if any(isinstance(m, GPTQ) for m in methods[:-1]):
+        raise ValueError(
+            f"calibrate: method={method!r}: GPTQ must come last (it yields quantized constants, "
+            "which no later method can take)"
         )
     samples = [_as_args(s, i) for i, s in enumerate(data)]
     if not samples:
@@ -214,12 +223,19 @@ def calibrate(
             f"calibrate() takes an nn.Module or an ExportedProgram, got {type(model).__name__}"
         )
 
-    result = calibration_pass(ep, config, samples, method=method, progress=progress)
+    program, records = ep, {}
+    for m in methods:
+        result = calibration_pass(program, config, samples, method=m, progress=progress)
+        program = result.program
+        for fqn, rec in result.records.items():
+            # a later method's record leads; what the earlier ones did is kept under it
+            before = records.pop(fqn, None)
+            records[fqn] = rec if before is None else {**rec, "after": before}
 
     from fxquant.api import quantize  # api imports the passes; keep this module light to import
 
-    qep = quantize(result.program, config, progress=progress, weights=result.weights)
-    _attach(qep, result.records)
+    qep = quantize(program, config, progress=progress, weights=result.weights)
+    _attach(qep, records)
     return qep
 
 

@@ -213,6 +213,24 @@ def test_calibrate_program_beats_rtn(llama, scheme, method):
     assert ep.state_dict["layers.0.q_proj.weight"] is model.layers[0].q_proj.weight
 
 
+def test_awq_then_gptq_stores_gptq_constants_of_the_scaled_weights(llama):
+    # AWQ's scales folded first (no clipping), then GPTQ on the folded program: the program
+    # holds GPTQ's constants, each report row says both what GPTQ did and what AWQ did before
+    model, ep, data, evals = llama
+    qep = calibrate(ep, INT4_ASYM, data, method=(AWQ(n_grid=10, clip=False), GPTQ()),
+                    progress=False)  # fmt: skip
+    rows = {r["name"]: r for r in fxquant.report(qep).quantized}
+    q = rows["layers.0.q_proj"]
+    assert q["weights"] == "given" and q["calibration"]["method"] == "gptq"
+    assert q["calibration"]["after"]["method"] == "awq"
+    norm = "layers.0.input_layernorm.weight"  # the scales were folded into the norm
+    assert not torch.equal(ep.state_dict[norm], qep.state_dict[norm])
+    rtn = fxquant.quantize(ep, INT4_ASYM)
+    assert _error(qep.module(), model, evals) < 0.8 * _error(rtn.module(), model, evals)
+    with pytest.raises(ValueError, match="GPTQ must come last"):
+        calibrate(ep, INT4_ASYM, data, method=(GPTQ(), AWQ()), progress=False)
+
+
 @pytest.mark.parametrize(
     "make, match",
     [
