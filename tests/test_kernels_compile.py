@@ -338,6 +338,103 @@ def _cases():
             )
         )
     cases += _lowbit_cases()
+    cases += _format_cases()
+    return cases
+
+
+def _format_cases():
+    """bitsandbytes 4-bit (plain and double-quantized absmax), LLM.int8's activation quantizer
+    (with and without outlier columns), MXFP4 / NVFP4 (E8M0 or e4m3 block scales) and MXFP8."""
+    from fxquant.kernels import bnb4_weight_only, llm_int8, mxfp4, mxfp8
+
+    cases = []
+    ints = {"M": "i32", "N": "i32", "K": "i32"}
+    m = bnb4_weight_only
+    for nested in (False, True):
+        types = {
+            "x_ptr": "*bf16",
+            "w_ptr": "*u8",
+            "absmax_ptr": "*u8" if nested else "*fp32",
+            "code_ptr": "*fp32",
+            "nested_absmax_ptr": "*fp32",
+            "nested_code_ptr": "*fp32",
+            "nested_offset_ptr": "*fp32",
+            "bias_ptr": "*bf16",
+            **ints,
+        }
+        cases += _gemm_cases(
+            f"bnb4_weight_only nested={nested}",
+            m._decode_kernel,
+            m._prefill_kernel,
+            types,
+            "y_ptr",
+            m.GROUP_M,
+            {"NESTED": nested, "BLOCK_SIZE": 64},
+        )
+    m = llm_int8
+    for outliers in (False, True):
+        cases.append(
+            _case(
+                f"llm_int8 activation quant outliers={outliers}",
+                m._llm_int8_quantize_kernel,
+                {
+                    "x_ptr": "*bf16",
+                    "cols_ptr": "*i8",
+                    "q_ptr": "*i8",
+                    "s_ptr": "*fp32",
+                    "xo_ptr": "*fp32",
+                    "K": "i32",
+                },
+                {"THRESHOLD": 6.0, "OUTLIERS": outliers, "BLOCK": m._ROW_BLOCK},
+                m._llm_int8_quantize_kernel.configs[0],
+            )
+        )
+    for label, e8m0, scale_type, bs in (
+        ("mxfp4", True, "*u8", 32),
+        ("nvfp4", False, "*fp8e4nv", 16),
+    ):
+        for rows in (1, 128):
+            bm, bn = mxfp4.block_sizes(rows)
+            cases.append(
+                _case(
+                    f"{label} linear M={rows}",
+                    mxfp4._fp4_linear_kernel,
+                    {
+                        "x_ptr": "*bf16",
+                        "w_ptr": "*u8",
+                        "s_ptr": scale_type,
+                        "g_ptr": "*fp32",
+                        "bias_ptr": "*bf16",
+                        "out_ptr": "*fp32",
+                        **ints,
+                    },
+                    {
+                        "HAS_BIAS": True,
+                        "E8M0": e8m0,
+                        "BS": bs,
+                        "BLOCK_M": bm,
+                        "BLOCK_N": bn,
+                        "BLOCK_K": mxfp4._BLOCK_K,
+                    },
+                )
+            )
+    for rows in (1, 128):
+        bm, bn = mxfp8.block_sizes(rows)
+        cases.append(
+            _case(
+                f"mxfp8 linear M={rows}",
+                mxfp8._mxfp8_linear_kernel,
+                {
+                    "x_ptr": "*bf16",
+                    "w_ptr": "*fp8e4nv",
+                    "s_ptr": "*u8",
+                    "bias_ptr": "*bf16",
+                    "out_ptr": "*fp32",
+                    **ints,
+                },
+                {"HAS_BIAS": True, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": mxfp8._BLOCK_K},
+            )
+        )
     return cases
 
 
