@@ -528,8 +528,9 @@ def _ptx_problems(case, ptx, div_rn_module):
     return problems
 
 
-def _compile_all() -> int:
-    """Compile every case for sm_90; print one RESULT line per case and a summary line."""
+def _compile_all(shard: int = 0, shards: int = 1) -> int:
+    """Compile every ``shards``-th case for sm_90, from case ``shard`` on; print one RESULT
+    line per case and a summary line (the test runs one shard per core and merges them)."""
     import importlib
     import inspect
     import pkgutil
@@ -550,7 +551,7 @@ def _compile_all() -> int:
     div_rn_modules = {m.__name__ for m in modules if "div_rn" in inspect.getsource(m)}
 
     try:
-        cases = _cases()
+        cases = _cases()[shard::shards]
     except Exception as e:  # e.g. a kernel's argument list changed: _case names the arguments
         print(f"cases could not be built: {e!r}", flush=True)
         return 1
@@ -604,9 +605,8 @@ def _compile_all() -> int:
         "uncovered": sorted(name for fn, name in jit_fns.items() if fn not in covered),
         # If no case of a div_rn module shows div.rn.f32, the PTX check above looks at the
         # wrong text (a renamed instruction), and its silence means nothing.
-        "div_rn_unseen": sorted(
-            ({c["fn"].fn.__module__ for c in cases} & div_rn_modules) - div_rn_seen
-        ),
+        "div_rn_cases": sorted({c["fn"].fn.__module__ for c in cases} & div_rn_modules),
+        "div_rn_seen": sorted(div_rn_seen),
     }
     print(RESULT + json.dumps(summary), flush=True)
     return 0
@@ -627,28 +627,42 @@ def test_every_kernel_compiles_for_sm90(tmp_path):
         "TRITON_CACHE_DIR": str(tmp_path / "triton-cache"),
     }
     start = time.perf_counter()
-    proc = subprocess.run(
-        [sys.executable, __file__],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    elapsed = time.perf_counter() - start
-    records = [
-        json.loads(line[len(RESULT) :])
-        for line in proc.stdout.splitlines()
-        if line.startswith(RESULT)
+    # One shard per core: the compiles are independent and single-threaded.
+    shards = max(1, min(4, os.cpu_count() or 1))
+    procs = [
+        subprocess.Popen(
+            [sys.executable, __file__, str(i), str(shards)],
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(shards)
     ]
-    summary = next((r for r in records if r.get("summary")), None)
-    assert proc.returncode == 0 and summary is not None, (
-        f"compile script failed (rc={proc.returncode}):\n{proc.stdout[-4000:]}\n"
-        f"{proc.stderr[-8000:]}"
-    )
+    records, summaries = [], []
+    for proc in procs:
+        out, err = proc.communicate(timeout=900)
+        lines = [json.loads(ln[len(RESULT) :]) for ln in out.splitlines() if ln.startswith(RESULT)]
+        shard_summary = next((r for r in lines if r.get("summary")), None)
+        assert proc.returncode == 0 and shard_summary is not None, (
+            f"compile script failed (rc={proc.returncode}):\n{out[-4000:]}\n{err[-8000:]}"
+        )
+        summaries.append(shard_summary)
+        records += [r for r in lines if not r.get("summary")]
+    elapsed = time.perf_counter() - start
+    # a function is uncovered if no shard compiled it; div.rn must show in some shard's PTX
+    summary = {
+        "uncovered": sorted(set.intersection(*(set(s["uncovered"]) for s in summaries))),
+        "div_rn_unseen": sorted(
+            set().union(*(s["div_rn_cases"] for s in summaries))
+            - set().union(*(s["div_rn_seen"] for s in summaries))
+        ),
+    }
 
-    results = [r for r in records if not r.get("summary")]
-    print(f"\ncompiled {len(results)} kernel variants for sm_90 in {elapsed:.0f} s:")
+    results = records
+    how = f"{shards} shards, {elapsed:.0f} s"
+    print(f"\n{len(results)} kernel variants compiled for sm_90 ({how}):")
     for r in results:
         tile = {k: v for k, v in r["constexprs"].items() if k.startswith("BLOCK") or k == "SPLIT_K"}
         config = " ".join(f"{k}={v}" for k, v in {**tile, **r["options"]}.items())
@@ -673,4 +687,4 @@ def test_every_kernel_compiles_for_sm90(tmp_path):
 
 
 if __name__ == "__main__":
-    sys.exit(_compile_all())
+    sys.exit(_compile_all(*(int(a) for a in sys.argv[1:3])))
