@@ -13,7 +13,8 @@ by round-to-nearest and with SmoothQuant. ``--variants`` picks rows; also availa
 static groups, with act-order (static groups), with damping 0.1, with group-aware reordering
 (``gptq-int4-gar``), with all Hessians from one float pass instead of layer by layer through the
 quantized model (``gptq-int4-float``), and AWQ's scales followed by GPTQ (``awq-gptq-int4``: with
-act-order; ``awq-gptq-gar-int4``: with GAR).
+act-order; ``awq-gptq-gar-int4``: with GAR; ``awq-clip-gptq-int4``: AWQ with its clipping, then
+GPTQ with act-order).
 The issue's target: int4 g64 within +10 % of fp32, each algorithm below RTN at the same bits.
 
 Writes ``results/calibration.json`` after every row (``"complete": false`` until the end).
@@ -66,6 +67,8 @@ def variants(symmetric: bool) -> dict[str, tuple[object, object | None]]:
         # AWQ's scales folded in (no clipping), then GPTQ rounds the scaled weights
         "awq-gptq-int4": (int4, (AWQ(clip=False), GPTQ(desc_act=True, static_groups=True))),
         "awq-gptq-gar-int4": (int4, (AWQ(clip=False), GPTQ(act_group_aware=True))),
+        # AWQ's scales and clipping, then GPTQ (act-order) on the clipped weights
+        "awq-clip-gptq-int4": (int4, (AWQ(), GPTQ(desc_act=True, static_groups=True))),
         "rtn-w8a8": (w8a8, None),
         "smoothquant-w8a8": (w8a8, SmoothQuant(alpha=0.5)),
     }
