@@ -66,18 +66,31 @@ def quantize_int4_grouped(
     n, k = w.shape
     kp = -(-k // group_size) * group_size
     w = F.pad(w.float(), (0, kp - k)).reshape(n, kp // group_size, group_size)
+    u, scale, zero = integer_grid(w, bits=4, symmetric=symmetric)
+    return pack_int4(u.reshape(n, kp)), scale, zero
+
+
+def integer_grid(
+    groups: torch.Tensor, *, bits: int, symmetric: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Groups [..., g] → (codes u uint8 [..., g], scale fp32 [...], integer zero uint8 [...])
+    with w ≈ (u - z)·s, for codes of ``bits`` bits (qmax = 2**b - 1): the int4 rule above, and
+    ``reference_lowbit``'s int2/int3. Symmetric: s = amax / (2**(b-1) - 1), z = 2**(b-1),
+    u = clamp(round(w / s), -z, z - 1) + z. Asymmetric: the range [min(w, 0), max(w, 0)] onto
+    [0, qmax] with an integer z (a group of zeros gives u = z, never NaN)."""
+    qmax = 2**bits - 1
     if symmetric:
-        scale = w.abs().amax(dim=-1).clamp(min=EPS) / 7
-        zero = torch.full_like(scale, 8)
-        u = torch.round(w / scale[..., None]).clamp(-8, 7) + 8
+        half = 2 ** (bits - 1)
+        scale = groups.abs().amax(dim=-1).clamp(min=EPS) / (half - 1)
+        zero = torch.full_like(scale, half)
+        u = torch.round(groups / scale[..., None]).clamp(-half, half - 1) + half
     else:
-        lo = w.amin(dim=-1).clamp(max=0)
-        hi = w.amax(dim=-1).clamp(min=0)
-        scale = ((hi - lo) / 15).clamp(min=EPS)
-        zero = torch.round(-lo / scale).clamp(0, 15)
-        u = (torch.round(w / scale[..., None]) + zero[..., None]).clamp(0, 15)
-    u = u.reshape(n, kp).to(torch.uint8)
-    return pack_int4(u), scale, zero.to(torch.uint8)
+        lo = groups.amin(dim=-1).clamp(max=0)
+        hi = groups.amax(dim=-1).clamp(min=0)
+        scale = ((hi - lo) / qmax).clamp(min=EPS)
+        zero = torch.round(-lo / scale).clamp(0, qmax)
+        u = (torch.round(groups / scale[..., None]) + zero[..., None]).clamp(0, qmax)
+    return u.to(torch.uint8), scale, zero.to(torch.uint8)
 
 
 def pack_int4(u: torch.Tensor) -> torch.Tensor:

@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 
 from fxquant import hqq
-from fxquant.reference import EPS
+from fxquant.reference import integer_grid
 
 INTX_BITS = (2, 3, 4)
 # HQQ clamps its inverse scale (qmax / range) to 2e4 "to avoid half-precision problems"; kept so
@@ -149,19 +149,8 @@ def quantize_intx_grouped(
             "zero_point 'int' (no optimizer) or 'float' (optimizer None or 'hqq')"
         )
     w = F.pad(w, (0, kp - k)).reshape(n, kp // group_size, group_size)
-    if symmetric:
-        half = 2 ** (bits - 1)
-        scale = w.abs().amax(dim=-1).clamp(min=EPS) / (half - 1)
-        zero = torch.full_like(scale, half)
-        u = torch.round(w / scale[..., None]).clamp(-half, half - 1) + half
-    else:
-        lo = w.amin(dim=-1).clamp(max=0)
-        hi = w.amax(dim=-1).clamp(min=0)
-        scale = ((hi - lo) / qmax).clamp(min=EPS)
-        zero = torch.round(-lo / scale).clamp(0, qmax)
-        u = (torch.round(w / scale[..., None]) + zero[..., None]).clamp(0, qmax)
-    u = u.reshape(n, kp).to(torch.uint8)
-    return pack_intx(u, bits), scale, zero.to(torch.uint8)
+    u, scale, zero = integer_grid(w, bits=bits, symmetric=symmetric)
+    return pack_intx(u.reshape(n, kp), bits), scale, zero
 
 
 def dequantize_intx_grouped(
