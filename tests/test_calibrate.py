@@ -49,17 +49,22 @@ def one_thread():
 
 
 @pytest.mark.parametrize(
-    "scheme, act_order, group_aware",
+    "scheme, act_order, group_aware, mse",
     [
-        (INT4_ASYM, False, False),
-        (INT4_SYM, False, False),
-        (INT4_SYM, True, False),
-        (INT4_ASYM, False, True),
-        (Int8WeightOnly(), True, False),
+        (INT4_ASYM, False, False, 0.0),
+        (INT4_SYM, False, False, 0.0),
+        (INT4_SYM, True, False, 0.0),
+        (INT4_ASYM, False, True, 0.0),
+        (Int8WeightOnly(), True, False, 0.0),
+        (INT4_ASYM, False, False, 2.4),
+        (INT4_SYM, True, False, 2.4),
     ],
-    ids=["int4-asym", "int4-sym", "int4-sym-act-order-static", "int4-asym-gar", "int8-act-order"],
-)
-def test_gptq_beats_rtn_and_stores_exactly_what_it_computed(scheme, act_order, group_aware):
+    ids=[
+        "int4-asym", "int4-sym", "int4-sym-act-order-static", "int4-asym-gar", "int8-act-order",
+        "int4-asym-mse", "int4-sym-act-order-static-mse",
+    ],
+)  # fmt: skip
+def test_gptq_beats_rtn_and_stores_exactly_what_it_computed(scheme, act_order, group_aware, mse):
     torch.manual_seed(0)
     k = 80  # not a multiple of the group: K is padded to 96 and the padding is dead too
     w = torch.randn(24, k)
@@ -68,7 +73,7 @@ def test_gptq_beats_rtn_and_stores_exactly_what_it_computed(scheme, act_order, g
     h = 2 * x.t() @ x / x.shape[0]
     res = gptq_quantize(
         w, h, scheme, act_order=act_order, static_groups=act_order, blocksize=32,
-        group_aware=group_aware,
+        group_aware=group_aware, mse=mse,
     )  # fmt: skip
     rtn = handler_for(scheme).quantize(scheme, w)
     # the program will store res.weight: same constants (names, shapes, dtypes) as the RTN path
@@ -97,6 +102,27 @@ def test_gptq_with_identity_hessian_is_round_to_nearest(scheme):
     rtn = handler_for(scheme).quantize(scheme, w)
     for name, t in rtn.tensors.items():
         assert torch.equal(res.weight.tensors[name], t), name
+
+
+@pytest.mark.parametrize("scheme", [INT4_ASYM, INT4_SYM, Int8WeightOnly()], ids=str)
+def test_gptq_mse_range_search_never_rounds_worse_than_min_max(scheme):
+    # With an identity Hessian GPTQ rounds to nearest on its grid; the mse search picks each
+    # group's range among shrunk ones including the full one, so no group's p-norm error grows,
+    # and on int4's coarse grid, with one outlier per group, shrinking must help somewhere (int8's
+    # steps are fine enough that clipping an outlier never pays).
+    torch.manual_seed(0)
+    w = torch.randn(16, 64)
+    w[:, ::32] *= 6
+    plain = gptq_quantize(w, 2 * torch.eye(64), scheme).dequantized
+    searched = gptq_quantize(w, 2 * torch.eye(64), scheme, mse=2.4).dequantized
+    group = scheme.group_size if isinstance(scheme, Int4WeightOnly) else 64
+
+    def err(q):
+        return (q - w).abs().pow(2.4).reshape(16, -1, group).sum(-1)
+
+    assert (err(searched) <= err(plain) * (1 + 1e-6)).all()
+    if isinstance(scheme, Int4WeightOnly):
+        assert (err(searched) < err(plain)).any()
 
 
 def test_group_aware_order_keeps_groups_whole_strongest_first():
@@ -236,6 +262,7 @@ def test_awq_then_gptq_stores_gptq_constants_of_the_scaled_weights(llama):
     [
         (lambda: GPTQ(damp_percent=0.0), "GPTQ.damp_percent=0.0"),
         (lambda: GPTQ(blocksize=0), "GPTQ.blocksize=0"),
+        (lambda: GPTQ(mse=-1.0), "GPTQ.mse=-1.0"),
         (lambda: GPTQ(desc_act="yes"), "GPTQ.desc_act='yes'"),
         (lambda: AWQ(n_grid=1), "AWQ.n_grid=1"),
         (lambda: AWQ(no_clip="q_proj"), "AWQ.no_clip='q_proj'"),
