@@ -126,14 +126,18 @@ class Int4WeightOnly(Scheme):
 @_register
 @dataclass(frozen=True, kw_only=True)
 class IntxWeightOnly(Scheme):
-    """int2 / int3 weights (and int4 with a float zero point) in groups of ``group_size`` along
-    K; activations stay in float. Storage w = (u - z) * s, codes u packed along K
-    (``fxquant.reference_lowbit``: 4 per byte, 8 per 3 bytes, 2 per byte).
+    """int2 / int3 / int6 weights (and int4 with a float zero point) in groups of ``group_size``
+    along K; activations stay in float. Storage w = (u - z) * s, codes u packed along K
+    (``fxquant.reference_lowbit``: 4 per byte, 8 per 3 bytes, 2 per byte, 4 per 3 bytes).
 
     Args:
-        bits: 2 or 3; 4 only with ``zero_point="float"`` (an integer-zero int4 is
-            ``Int4WeightOnly``, which has the fast CPU kernel).
-        group_size: elements of K sharing one scale and zero point: 32, 64, 128 or 256.
+        bits: 2, 3 or 6; 4 only with ``zero_point="float"`` (an integer-zero int4 is
+            ``Int4WeightOnly``, which has the fast CPU kernel). 2, 3 and 4 run on the CPU int4
+            kernel; 6 (GGUF ``Q6_K``) has no CPU kernel: its CPU lowering dequantizes the
+            weight to fp32 per call (correct, slower than fp32).
+        group_size: elements of K sharing one scale and zero point: 32, 64, 128 or 256; 16
+            only with ``bits=6`` (``Q6_K``'s sub-blocks; the CPU int4 kernel that the other
+            widths run on takes groups of 32 to 256).
         symmetric: ``True``: s = amax / (2**(bits-1) - 1), codes centred on z = 2**(bits-1)
             (integer zero points only); ``False`` (default): the group's range onto
             [0, 2**bits - 1] with a zero point.
@@ -154,8 +158,14 @@ class IntxWeightOnly(Scheme):
 
     def __post_init__(self) -> None:
         n = "IntxWeightOnly"
-        _check_choice(n, "bits", self.bits, (2, 3, 4))
-        _check_choice(n, "group_size", self.group_size, (32, 64, 128, 256))
+        _check_choice(n, "bits", self.bits, (2, 3, 4, 6))
+        _check_choice(n, "group_size", self.group_size, (16, 32, 64, 128, 256))
+        if self.group_size == 16 and self.bits != 6:
+            raise ValueError(
+                f"IntxWeightOnly(bits={self.bits}, group_size=16) is not supported: int2/3/4 "
+                "codes lower to the CPU int4 kernel, whose groups are 32 to 256 wide; allowed: "
+                "group_size 32, 64, 128 or 256, or group_size=16 with bits=6"
+            )
         _check_choice(n, "symmetric", self.symmetric, (True, False))
         _check_choice(n, "zero_point", self.zero_point, ("int", "float"))
         _check_choice(n, "optimizer", self.optimizer, (None, "hqq"))
@@ -173,8 +183,8 @@ class IntxWeightOnly(Scheme):
         if self.bits == 4 and self.zero_point == "int":
             raise ValueError(
                 "IntxWeightOnly(bits=4, zero_point='int') is not supported: that is "
-                "Int4WeightOnly(group_size=..., symmetric=...); allowed: bits 2 or 3, or bits=4 "
-                "with zero_point='float'"
+                "Int4WeightOnly(group_size=..., symmetric=...); allowed: bits 2, 3 or 6, or "
+                "bits=4 with zero_point='float'"
             )
 
     def unsupported_reason(self, *, out_features: int, in_features: int) -> str | None:

@@ -292,7 +292,7 @@ def _(xq, xs, weight, scale, bias, block_size, out_dtype):
 
 
 # --------------------------------------------------------------------------------------------
-# Low-bit weights (``fxquant.reference_lowbit``): int2/int3 (and float-zero int4) grouped
+# Low-bit weights (``fxquant.reference_lowbit``): int2/int3/int6 (and float-zero int4) grouped
 # weight-only, and BitNet's ternary weights × int8 per-token activations.
 # --------------------------------------------------------------------------------------------
 

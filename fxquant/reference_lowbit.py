@@ -1,5 +1,5 @@
-"""Reference math of the low-bit weight formats: int2/int3 grouped weights (and a float-zero
-int4), and BitNet b1.58's ternary weights with int8 per-token activations.
+"""Reference math of the low-bit weight formats: int2/int3/int6 grouped weights (and a
+float-zero int4), and BitNet b1.58's ternary weights with int8 per-token activations.
 
 Where it sits: beside ``fxquant.reference`` (same conventions: W is [N, K], x is [..., K],
 linears accumulate in fp32 and return x's dtype). The rewrite pass quantizes weights with these
@@ -8,8 +8,8 @@ functions (``fxquant.passes.schemes``); the ``fxquant::intx_weight_only_linear``
 and the Triton kernels (``kernels/intx_weight_only.py``, ``kernels/bitnet_linear.py``) are
 tested against them.
 
-Storage of ``IntxWeightOnly`` (bits b in 2, 3, 4): unsigned codes u in [0, 2**b - 1], groups of
-g along K, w = (u - z) * s with one fp32 ``scale`` s and one ``zero`` z per group ([N, Kp/g]).
+Storage of ``IntxWeightOnly`` (bits b in 2, 3, 4, 6): unsigned codes u in [0, 2**b - 1], groups
+of g along K, w = (u - z) * s with one fp32 ``scale`` s and one ``zero`` z per group ([N, Kp/g]).
 z is uint8 (an integer zero point, like ``Int4WeightOnly``) or fp32 (HQQ's and quanto's float
 zero point). Codes are packed along K, little-endian within a row:
 
@@ -17,10 +17,13 @@ zero point). Codes are packed along K, little-endian within a row:
 - b = 3: eight codes in three bytes: columns 8i..8i+7 form the 24-bit little-endian word
   ``byte[3i] | byte[3i+1] << 8 | byte[3i+2] << 16`` with column 8i + j in bits 3j..3j+2. Exact,
   dense (3 bits a code) and unpacked with shifts and masks only;
-- b = 4: two codes per byte, low nibble first (``fxquant.reference.pack_int4``'s layout).
+- b = 4: two codes per byte, low nibble first (``fxquant.reference.pack_int4``'s layout);
+- b = 6: four codes in three bytes, the 3-bit scheme with 6-bit fields: columns 4i..4i+3 form
+  the 24-bit word ``byte[3i] | byte[3i+1] << 8 | byte[3i+2] << 16`` with column 4i + j in bits
+  6j..6j+5. GGUF's ``Q6_K`` (w = d·sc·(q - 32) per 16) loads into it with z = 32, s = d·sc.
 
-So the packed weight is uint8 [N, Kp * b / 8]; Kp (K padded to the group) is a multiple of 32,
-so every packing comes out whole.
+So the packed weight is uint8 [N, Kp * b / 8]; Kp (K padded to the group) is a multiple of 16
+(32 except for 6-bit codes), so every packing comes out whole.
 
 BitNet (transformers' ``integrations/bitnet.py``, BitNet b1.58): the weight scale is the mean of
 |W| over the whole tensor, w_q = clamp(round(W / mean|W|), -1, 1); transformers stores the
@@ -39,7 +42,9 @@ import torch.nn.functional as F
 from fxquant import hqq
 from fxquant.reference import integer_grid
 
-INTX_BITS = (2, 3, 4)
+INTX_BITS = (2, 3, 4, 6)
+# bits → codes per 24-bit little-endian word, for the codes that do not divide a byte
+_WORD_CODES = {3: 8, 6: 4}
 # HQQ clamps its inverse scale (qmax / range) to 2e4 "to avoid half-precision problems"; kept so
 # that a group's grid is HQQ's, and it is what keeps a constant (or all-zero) group finite.
 HQQ_MAX_INV_SCALE = 2e4
@@ -67,13 +72,14 @@ def pack_intx(u: torch.Tensor, bits: int) -> torch.Tensor:
     if bits == 2:
         u = u.reshape(n, k // 4, 4)
         return (u[..., 0] | (u[..., 1] << 2) | (u[..., 2] << 4) | (u[..., 3] << 6)).contiguous()
-    if bits == 3:
-        u = u.reshape(n, k // 8, 8).to(torch.int32)
-        word = torch.zeros(n, k // 8, dtype=torch.int32)
-        for j in range(8):
-            word |= u[..., j] << (3 * j)
+    if bits in _WORD_CODES:
+        per = _WORD_CODES[bits]
+        u = u.reshape(n, k // per, per).to(torch.int32)
+        word = torch.zeros(n, k // per, dtype=torch.int32)
+        for j in range(per):
+            word |= u[..., j] << (bits * j)
         out = torch.stack([word & 0xFF, (word >> 8) & 0xFF, (word >> 16) & 0xFF], dim=-1)
-        return out.reshape(n, k // 8 * 3).to(torch.uint8)
+        return out.reshape(n, k // per * 3).to(torch.uint8)
     raise ValueError(f"bits={bits} is not supported; allowed: {INTX_BITS}")
 
 
@@ -84,16 +90,17 @@ def unpack_intx(packed: torch.Tensor, bits: int) -> torch.Tensor:
         return torch.stack([packed & 0x0F, packed >> 4], dim=-1).reshape(n, -1)
     if bits == 2:
         return torch.stack([(packed >> s) & 0x3 for s in (0, 2, 4, 6)], dim=-1).reshape(n, -1)
-    if bits == 3:
+    if bits in _WORD_CODES:
         b = packed.reshape(n, -1, 3).to(torch.int32)
         word = b[..., 0] | (b[..., 1] << 8) | (b[..., 2] << 16)
-        codes = torch.stack([(word >> (3 * j)) & 0x7 for j in range(8)], dim=-1)
-        return codes.reshape(n, -1).to(torch.uint8)
+        mask = (1 << bits) - 1
+        codes = [(word >> (bits * j)) & mask for j in range(_WORD_CODES[bits])]
+        return torch.stack(codes, dim=-1).reshape(n, -1).to(torch.uint8)
     raise ValueError(f"bits={bits} is not supported; allowed: {INTX_BITS}")
 
 
 # --------------------------------------------------------------------------------------------
-# int2 / int3 / int4 grouped weights
+# int2 / int3 / int4 / int6 grouped weights
 # --------------------------------------------------------------------------------------------
 
 

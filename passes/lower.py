@@ -28,6 +28,8 @@ VNNI) by ``benchmarks/cpu_kernels.py`` (results in ``benchmarks/results/cpu_kern
   N divisible by 16 (padded here) and K a multiple of the group (padded at quantize time).
   int2 / int3 (and float-zero int4, ``IntxWeightOnly``) codes are int4 codes too: they take
   the same kernel (4 bits a code in memory at run time), their zero points folded the same way.
+  6-bit codes (GGUF ``Q6_K``, groups of 16) fit neither that kernel's codes nor its groups
+  (32 to 256): they keep the reference composition, which dequantizes the weight per call.
   BitNet (int8 per token × ternary) lowers to its reference math in aten ops.
 - fp8 has no kernel on this CPU (``_scaled_mm`` is emulated, ~100× slower): the weight is
   upcast per call, correct but slower than fp32. The CUDA lowering is where fp8 pays.
@@ -138,8 +140,8 @@ def _float8_scaled(xq, xs, weight, scale, bias, out_dtype):
 
 
 def _intx_weight_only(x, weight, scale, zero, bias, bits, group_size):
-    # Where prepack cannot see the weights (see _prepack_intx): unpack with shifts and masks,
-    # dequantize in fp32 and run a dense linear, the reference math in aten ops.
+    # 6-bit codes, and where prepack cannot see the weights (see _prepack_intx): unpack with
+    # shifts and masks, dequantize in fp32 and run a dense linear, the reference math in aten.
     w = ref_lowbit.dequantize_intx_grouped(weight, scale, zero, bits=bits, group_size=group_size)
     y = F.linear(x.reshape(-1, x.shape[-1]).float(), w[:, : x.shape[-1]])
     return _epilogue(y, x, weight.shape[0], bias)
@@ -328,6 +330,15 @@ class _Prepack:
     rule: Callable
     n_consts: int  # how many constant args the op has, in order from ``first_const``
     first_const: int = 1  # after x; 2 for the ops that take (xq, xs) from a norm_quant
+    # None: every node of the op; else only the nodes it accepts (the rest keep the composition)
+    when: Callable[[fx.Node], bool] | None = None
+
+
+def _int4_kernel_takes(node: fx.Node) -> bool:
+    # codes of 2 to 4 bits in groups of 32 to 256: the int4 kernel's (6-bit codes in groups of
+    # 16, GGUF Q6_K's, are neither)
+    bits, group_size = node.args[5], node.args[6]
+    return bits <= 4 and group_size >= 32
 
 
 CPU_PREPACK = {
@@ -338,7 +349,7 @@ CPU_PREPACK = {
         _prepack_int8(fxq.cpu_int8_dynamic_linear.default), 2
     ),
     fxq.int4_weight_only_linear.default: _Prepack(_prepack_int4, 3),
-    fxq.intx_weight_only_linear.default: _Prepack(_prepack_intx, 3),
+    fxq.intx_weight_only_linear.default: _Prepack(_prepack_intx, 3, when=_int4_kernel_takes),
     fxq.int8_scaled_linear.default: _Prepack(_prepack_int8_scaled, 2, first_const=2),
 }
 
@@ -408,7 +419,7 @@ def prepack(editor, *, device: str | torch.device = "cpu") -> int:
     cache: dict[tuple, fx.Node] = {}
     for node in list(editor.graph.nodes):
         rule = CPU_PREPACK.get(node.target) if node.op == "call_function" else None
-        if rule is None:
+        if rule is None or (rule.when is not None and not rule.when(node)):
             continue
         const_nodes = node.args[rule.first_const : rule.first_const + rule.n_consts]
         found = [editor.weight_of(n) for n in const_nodes]

@@ -28,7 +28,7 @@ def _lp(e: torch.Tensor, p: float = hqq.LP_NORM) -> float:
 # --------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("bits", [2, 3, 4])
+@pytest.mark.parametrize("bits", [2, 3, 4, 6])
 def test_pack_unpack_round_trip(bits):
     g = torch.Generator().manual_seed(bits)
     u = torch.randint(0, 2**bits, (5, 96), generator=g, dtype=torch.uint8)
@@ -45,6 +45,10 @@ def test_packing_by_hand():
     u3 = torch.tensor([[1, 2, 3, 4, 5, 6, 7, 0]], dtype=torch.uint8)
     word = sum(v << (3 * j) for j, v in enumerate([1, 2, 3, 4, 5, 6, 7, 0]))
     assert ref.pack_intx(u3, 3).tolist() == [[word & 0xFF, (word >> 8) & 0xFF, word >> 16]]
+    # int6: four codes in a 24-bit little-endian word, column j in bits 6j..6j+5
+    u6 = torch.tensor([[1, 62, 33, 63, 0, 0, 0, 0]], dtype=torch.uint8)
+    word = 1 | 62 << 6 | 33 << 12 | 63 << 18
+    assert ref.pack_intx(u6, 6).tolist() == [[word & 0xFF, (word >> 8) & 0xFF, word >> 16, 0, 0, 0]]
 
 
 def test_bitnet_packing_is_transformers_layout():
@@ -177,8 +181,9 @@ def test_hqq_shrink_and_argument_checks():
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        ({"bits": 5}, r"IntxWeightOnly.bits=5 is not supported; allowed: 2, 3, 4"),
+        ({"bits": 5}, r"IntxWeightOnly.bits=5 is not supported; allowed: 2, 3, 4, 6"),
         ({"group_size": 48}, r"group_size=48"),
+        ({"bits": 3, "group_size": 16}, r"bits=3, group_size=16.*group_size=16 with bits=6"),
         ({"zero_point": "fp16"}, r"zero_point='fp16'"),
         ({"optimizer": "gptq"}, r"optimizer='gptq'"),
         ({"symmetric": True, "zero_point": "float"}, r"symmetric=True, zero_point='float'"),
@@ -209,11 +214,12 @@ def test_configs_round_trip_and_say_what_they_cannot_take():
 # Ops
 # --------------------------------------------------------------------------------------------
 
-INTX = [  # scheme kwargs, K, output SQNR floor (measured: 6.9, 10.5, 17.3, 22.5 dB)
+INTX = [  # scheme kwargs, K, output SQNR floor (measured: 6.9, 10.5, 17.3, 22.5, 35.9 dB)
     ({"bits": 2, "group_size": 32}, 100, 6.0),
     ({"bits": 3, "group_size": 64, "symmetric": True}, 64, 9.5),
     ({"bits": 3, "group_size": 32, "zero_point": "float", "optimizer": "hqq"}, 96, 16.0),
     ({"bits": 4, "group_size": 32, "zero_point": "float"}, 64, 21.0),
+    ({"bits": 6, "group_size": 16}, 100, 34.0),  # GGUF Q6_K's grid; K padded to 112
 ]
 
 
@@ -226,7 +232,7 @@ def test_intx_op_matches_reference_and_passes_opcheck(kwargs, k, floor):
     args = (x, p, sc, z, b, s.bits, s.group_size)
     want = ref.intx_weight_only_linear(x, p, sc, z, b, bits=s.bits, group_size=s.group_size)
     assert torch.equal(fxq.intx_weight_only_linear(*args), want)
-    if not s.symmetric and s.bits < 4:  # a uint8-zero and an fp32-zero case (~0.5 s each)
+    if not s.symmetric and s.bits != 4:  # uint8-zero 2, 6 bits, fp32-zero 3 (~0.5 s each)
         opcheck(fxq.intx_weight_only_linear.default, args)
     # quantization error itself: the grid is what it says it is
     dq = ref.dequantize_intx_grouped(p, sc, z, bits=s.bits, group_size=s.group_size)[:, :k]
@@ -312,13 +318,15 @@ class _TwoLinears(torch.nn.Module):
         return self.b(torch.relu(self.a(x)))
 
 
-def _lowered_two_linears():
-    """(semantic program, its CPU lowering): int3 weight-only, then BitNet, dynamic M."""
+def _lowered_two_linears(a=None, b=None):
+    """(semantic program, its CPU lowering): by default int3 weight-only, then BitNet, dynamic M."""
+    a = a or IntxWeightOnly(bits=3, group_size=32)
+    b = b or BitNetTernary()
     torch.manual_seed(0)
     model = _TwoLinears().eval()
     x = torch.randn(2, 5, 96)
     cfg = QuantConfig(
-        overrides={"a": IntxWeightOnly(bits=3, group_size=32), "b": BitNetTernary()},
+        overrides={"a": a, "b": b},
         modules_to_not_convert=(),
     )
     dim = torch.export.Dim.DYNAMIC
@@ -336,6 +344,23 @@ def test_cpu_lowering_is_aten_only_and_matches_the_reference():
     for shape in ((1, 1, 96), (3, 7, 96)):
         x = torch.randn(shape)
         assert sqnr(qep.module()(x), lowered.module()(x)) >= 38.0
+
+
+def test_cpu_lowering_of_6_bit_codes_keeps_the_composition():
+    # 6-bit codes in groups of 16 fit neither the int4 kernel's codes nor its groups: that layer
+    # stays the fp32 reference composition while the int2 layer beside it is prepacked
+    from fxquant.passes.rewrite import counters
+
+    counters.clear()
+    qep, lowered = _lowered_two_linears(
+        a=IntxWeightOnly(bits=6, group_size=16), b=IntxWeightOnly(bits=2, group_size=32)
+    )
+    assert counters["prepack.cpu_int4_weight_only_linear"] == 1
+    targets = [str(n.target) for n in lowered.graph.nodes if n.op == "call_function"]
+    assert not any(t.startswith("fxquant.") for t in targets), targets
+    assert targets.count("aten._weight_int4pack_mm_for_cpu.default") == 1
+    x = torch.randn(3, 7, 96)
+    assert sqnr(qep.module()(x), lowered.module()(x)) >= 38.0
 
 
 @pytest.mark.parametrize(("kwargs", "k", "floor"), INTX)
