@@ -1,4 +1,4 @@
-"""Weight-only GEMM on int2 / int3 / float-zero int4 grouped weights (``IntxWeightOnly``).
+"""Weight-only GEMM on int2 / int3 / int6 / float-zero int4 grouped weights (``IntxWeightOnly``).
 
 Where it sits: ``fxquant.passes.lower`` (device="cuda") replaces
 ``fxquant::intx_weight_only_linear`` by ``fxquant::triton_intx_weight_only_linear`` below (same
@@ -7,15 +7,18 @@ embeds it.
 
 Layout (``fxquant.reference_lowbit``): codes u packed along K into uint8 [N, Kp*b/8] (b = 2: four
 a byte, low bits first; b = 3: eight in a 3-byte little-endian word; b = 4: two a byte, low
-nibble first); ``scale`` fp32 and ``zero`` (uint8 or fp32) [N, Kp/g]; w = (u - z) * s.
+nibble first; b = 6: four in a 3-byte little-endian word); ``scale`` fp32 and ``zero`` (uint8 or
+fp32) [N, Kp/g]; w = (u - z) * s.
 
 Numerics: each K step lies inside one group (the step is min(BLOCK_K, g), both powers of two),
 so a step has one (s, z) per output column and
     Σ_k x_k (u_k - z) s = s · (Σ_k x_k u_k - z · Σ_k x_k).
-The codes u (< 16) are exact in x's dtype, the dot accumulates in fp32 and the row sums of x are
-taken in fp32, so a float zero point never has to be rounded to x's dtype (which (u - z) as a
-dot operand would need). Decode (M ≤ 16, split-K) and prefill share the kernel, as in
-``int4_weight_only``, whose tiling and epilogue helpers (from ``int8_weight_only``) it uses.
+Groups of 16 (6-bit, GGUF Q6_K) make 16-wide steps: still a valid ``tl.dot`` K (its minimum),
+at more loop trips per tile. The codes u (< 64) are exact in x's dtype (bf16 holds integers to
+256), the dot accumulates in fp32 and the row sums of x are taken in fp32, so a float zero point
+never has to be rounded to x's dtype (which (u - z) as a dot operand would need). Decode
+(M ≤ 16, split-K) and prefill share the kernel, as in ``int4_weight_only``, whose tiling and
+epilogue helpers (from ``int8_weight_only``) it uses.
 """
 
 from __future__ import annotations
@@ -36,8 +39,10 @@ from fxquant.kernels.int8_weight_only import (
     tile_coords,
 )
 
-BITS = (2, 3, 4)
-GROUP_SIZES = (32, 64, 128, 256)
+BITS = (2, 3, 4, 6)
+# 16 works for every width here; IntxWeightOnly allows it only with bits=6, because the
+# CPU int4 kernel that int2/3/4 lower to takes groups of 32 to 256
+GROUP_SIZES = (16, 32, 64, 128, 256)
 
 
 # --------------------------------------------------------------------------------------------
@@ -49,14 +54,16 @@ GROUP_SIZES = (32, 64, 128, 256)
 def _codes(w_ptr, n, k, mask, ROW_BYTES, BITS: tl.constexpr):
     """Codes (int32) of W at rows n and columns k, broadcast against each other."""
     row = w_ptr + n * ROW_BYTES
-    if BITS == 3:
-        # column 8i + j: bits 3j..3j+2 of the 24-bit word in bytes 3i..3i+2; they span the
-        # byte (3j) // 8 and, for j = 2 and 5, the next one
-        bit = (k % 8) * 3
-        byte = (k // 8) * 3 + bit // 8
+    if BITS == 3 or BITS == 6:
+        # column PER·i + j (PER = 24 / BITS codes a word): bits BITS·j.. of the 24-bit word in
+        # bytes 3i..3i+2; they start in byte (BITS·j) // 8 and may run into the next one (3 bits:
+        # j = 2, 5; 6 bits: j = 1, 2), never past the word's last byte (hence the mask)
+        PER_WORD: tl.constexpr = 24 // BITS
+        bit = (k % PER_WORD) * BITS
+        byte = (k // PER_WORD) * 3 + bit // 8
         lo = tl.load(row + byte, mask=mask, other=0).to(tl.int32)
         hi = tl.load(row + byte + 1, mask=mask & (bit // 8 < 2), other=0).to(tl.int32)
-        return ((lo | (hi << 8)) >> (bit % 8)) & 0x7
+        return ((lo | (hi << 8)) >> (bit % 8)) & ((1 << BITS) - 1)
     else:
         PER_BYTE: tl.constexpr = 8 // BITS
         packed = tl.load(row + k // PER_BYTE, mask=mask, other=0).to(tl.int32)

@@ -439,7 +439,7 @@ def _format_cases():
 
 
 def _lowbit_cases():
-    """int2 / int3 / float-zero int4 weight-only GEMMs and BitNet's two kernels."""
+    """int2 / int3 / float-zero int4 / int6 weight-only GEMMs and BitNet's two kernels."""
     import triton
 
     from fxquant.kernels import bitnet, intx_weight_only
@@ -447,7 +447,14 @@ def _lowbit_cases():
     cases = []
     ints = {"M": "i32", "N": "i32", "K": "i32"}
     m = intx_weight_only
-    for bits, zero in ((2, "*u8"), (3, "*u8"), (3, "*fp32"), (4, "*fp32")):
+    # 6 bits in groups of 16 (GGUF Q6_K): the 16-wide K step, tl.dot's smallest K
+    for bits, zero, group in (
+        (2, "*u8", 64),
+        (3, "*u8", 64),
+        (3, "*fp32", 64),
+        (4, "*fp32", 64),
+        (6, "*u8", 16),
+    ):
         types = {
             "x_ptr": "*bf16",
             "w_ptr": "*u8",
@@ -458,13 +465,13 @@ def _lowbit_cases():
             **ints,
         }
         cases += _gemm_cases(
-            f"intx_weight_only b={bits} zero {zero}",
+            f"intx_weight_only b={bits} g={group} zero {zero}",
             m._decode_kernel,
             m._prefill_kernel,
             types,
             "y_ptr",
             m.GROUP_M,
-            {"BITS": bits, "GROUP_SIZE": 64},
+            {"BITS": bits, "GROUP_SIZE": group},
         )
     m = bitnet
     types = {

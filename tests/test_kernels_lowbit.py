@@ -3,7 +3,7 @@
 
 Awkward shapes: M = 1, 5 (decode), 17, 33 (prefill), N not a multiple of the tile, K = 100 (not
 a group multiple: the padded int-zero case) and 70. The int-zero and float-zero storages, all
-three packings, bias or not, bf16 / fp16 / fp32 activations. Outputs are compared with the
+four packings, bias or not, bf16 / fp16 / fp32 activations. Outputs are compared with the
 dtype's tolerance (the kernels sum K in another order); BitNet's activation quantizer must be
 bit for bit the reference's.
 """
@@ -57,6 +57,9 @@ INTX_CASES = [  # x shape, N, scheme kwargs, dtype, bias
     ((17, 96), 40, {"bits": 3, "group_size": 32, "zero_point": "float"}, torch.float32, True),
     ((33, 64), 37, {"bits": 2, "group_size": 64, "zero_point": "float"}, torch.float16, False),
     ((2, 3, 128), 16, {"bits": 4, "group_size": 128, "zero_point": "float"}, torch.bfloat16, True),
+    # 6 bits (GGUF Q6_K's grid): 16-wide K steps, K = 100 padded to 112; a prefill float-zero
+    ((5, 100), 37, {"bits": 6, "group_size": 16}, torch.bfloat16, True),
+    ((17, 64), 24, {"bits": 6, "group_size": 32, "zero_point": "float"}, torch.float32, False),
 ]
 
 
@@ -76,6 +79,20 @@ def test_intx_split_k_and_k_steps_inside_groups(monkeypatch):
     p, s, z = ref.quantize_intx_grouped(w, bits=3, group_size=32, zero_point="float")
     want = ref.intx_weight_only_linear(x, p, s, z, b, bits=3, group_size=32)
     _close(intx.intx_linear(x, p, s, z, b, bits=3, group_size=32, decode=True), want, (3, 37))
+
+
+def test_intx_6_bit_signed_and_zero_scales():
+    # GGUF Q6_K's scales d·sc are signed int8 multiples: negative and zero scales must pass
+    # through the s · (x·u - z · Σx) epilogue as they are
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(3, 64, generator=g)
+    u = torch.randint(0, 64, (20, 64), generator=g, dtype=torch.uint8)
+    s = torch.randint(-128, 128, (20, 4), generator=g).float() * 1e-3
+    s[:, 1] = 0.0
+    z = torch.full((20, 4), 32, dtype=torch.uint8)
+    p = ref.pack_intx(u, 6)
+    want = ref.intx_weight_only_linear(x, p, s, z, None, bits=6, group_size=16)
+    _close(intx.intx_linear(x, p, s, z, None, bits=6, group_size=16), want, (3, 20))
 
 
 def test_intx_launcher_errors():
