@@ -305,22 +305,24 @@ def int_weight(
             GGUF's w = d·q + m written as (q - (-m/d))·d). G groups of ``group_size`` along K
             (the last may be short); ``group_size=None``: one group per row.
         bits: 4 → ``Int4WeightOnly`` (integer zeros) or ``IntxWeightOnly(bits=4,
-            zero_point="float")``; 2 or 3 → ``IntxWeightOnly(bits)``.
+            zero_point="float")``; 2, 3 or 6 → ``IntxWeightOnly(bits)``.
 
-    fxquant's groups are 32, 64, 128 or 256 wide. A checkpoint group that is a multiple of one
-    of these is split into groups of it, each repeating its scale and zero; columns beyond K are
-    padded with u = z (integer zeros), which dequantize to exactly zero.
+    fxquant's groups are 32, 64, 128 or 256 wide (6-bit codes: also 16). A checkpoint group that
+    is a multiple of one of these is split into groups of it, each repeating its scale and zero;
+    columns beyond K are padded with u = z (integer zeros), which dequantize to exactly zero.
     """
     n, k = u.shape
     float_zero = zero.is_floating_point()
     g_ckpt = k if group_size is None else group_size
-    choices = [g for g in (256, 128, 64, 32) if g_ckpt % g == 0]
+    widths = (256, 128, 64, 32, 16) if bits == 6 else (256, 128, 64, 32)
+    choices = [g for g in widths if g_ckpt % g == 0]
     if group_size is None and not choices and not float_zero:
         choices = [32]  # one group per row: any split works, K is padded to the split
     if not choices:
         raise NotImplementedError(
-            f"{name}: int{bits} groups of {g_ckpt} have no exact fxquant form (groups are 32, "
-            "64, 128 or 256 wide, so the checkpoint's group must be a multiple of 32)"
+            f"{name}: int{bits} groups of {g_ckpt} have no exact fxquant form (groups are "
+            f"{', '.join(map(str, widths[::-1]))} wide, so the checkpoint's group must be a "
+            f"multiple of {widths[-1]})"
         )
     g = choices[0]
     groups = -(-k // g_ckpt)

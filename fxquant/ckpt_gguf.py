@@ -13,6 +13,12 @@ GGUF stores each weight row by row in blocks along K (gguf-py ``quants.py``, lla
   ``IntxWeightOnly(bits=4, group_size=32, zero_point="float")``. The codes and scales are the
   file's; z is rounded once to fp32, so a weight differs from gguf's d·q + m by fp32 rounding
   (a few ulp), not by any requantization. A block with s = 0 but m != 0 is refused.
+- ``Q6_K``: super-blocks of 256: 128 bytes of low nibbles, 64 bytes of high bit pairs, 16 int8
+  sub-block scales and an fp16 ``d``; each sub-block of 16 has w = d · sc · (q - 32) with q in
+  [0, 63]: ``IntxWeightOnly(bits=6, group_size=16, symmetric=True)`` with u = q, z = 32,
+  s = d · sc (negative or zero scales included). Bit exact: d · sc (11 + 7 significant bits,
+  |sc| <= 128) and s · (q - 32) (18 + 5, |q - 32| <= 32) fit fp32's 24, so fxquant's
+  (u - z) · s and gguf-py's fp32 dequantization are the same numbers.
 - ``Q8_0``: blocks of 32, an fp16 ``d`` and 32 int8, w = d · q. fxquant's int8 has one scale
   per output row, so this maps (to ``Int8WeightOnly``) only when every block of each row has the
   same ``d``; otherwise it is refused (no grouped int8 format).
@@ -20,8 +26,10 @@ GGUF stores each weight row by row in blocks along K (gguf-py ``quants.py``, lla
 - ``token_embd`` (the embedding) in any quantized type is decoded to fp32 by gguf-py: fxquant
   keeps embeddings in float (a tied ``lm_head`` then runs in float too).
 
-Refused, with the reason in the error: ``Q6_K`` (6-bit values: no 6-bit format), the other
-K-quants and 5-bit types, and every type not listed here.
+Refused, with the reason in the error: the other K-quants and 5-bit types, and every type not
+listed here. A tensor whose bytes do not fill its blocks raises ``CheckpointError`` naming it; a
+file cut short inside the tensor data already fails in gguf-py's reader, before any tensor is
+listed, so that ``CheckpointError`` names the file and gguf-py's reason.
 
 llama.cpp's converter permutes the rows of Llama's q_proj and k_proj (its rotary pairs are
 interleaved); the default name map undoes that on the quantized rows, exactly (a row
@@ -43,13 +51,13 @@ from fxquant.passes.schemes import QuantizedWeight
 __all__ = ["llama_tensor_names", "read_gguf"]
 
 _REFUSED = {
-    "Q6_K": "Q6_K holds 6-bit values (16 sub-blocks with int8 scales): fxquant has no 6-bit format",
     "Q5_0": "5-bit values: fxquant has no 5-bit format",
     "Q5_1": "5-bit values: fxquant has no 5-bit format",
     "Q5_K": "5-bit values: fxquant has no 5-bit format",
-    "Q2_K": "Q2_K's 2-bit values carry 4-bit scales and minimums per 16: fxquant's groups are "
-    "32 to 256 wide",
-    "Q3_K": "Q3_K's 3-bit values carry 6-bit scales per 16: fxquant's groups are 32 to 256 wide",
+    "Q2_K": "Q2_K's 2-bit values carry 4-bit scales and minimums per 16: fxquant's 2-bit "
+    "groups are 32 to 256 wide (16 only for 6-bit codes)",
+    "Q3_K": "Q3_K's 3-bit values carry 6-bit scales per 16: fxquant's 3-bit groups are 32 to 256 "
+    "wide (16 only for 6-bit codes)",
 }
 
 _LLAMA = {
@@ -171,10 +179,11 @@ def read_gguf(
             tensors = {"qweight": q, "scale": d[:, 0].contiguous()}
             scheme = Int8WeightOnly()
         else:
-            u, scale, zero = _DECODE[kind](blocks, n, k)
+            decode, group_size, bits = _DECODE[kind]
+            u, scale, zero = decode(blocks, n, k)
             if zero.is_floating_point():
                 zero = _float_zero(t.name, kind, scale, zero)
-            scheme, weight = int_weight(t.name, u, scale, zero, 32, bits=4)
+            scheme, weight = int_weight(t.name, u, scale, zero, group_size, bits=bits)
             tensors = weight.tensors
         if rows is not None:
             tensors = {name: v[rows].contiguous() for name, v in tensors.items()}
@@ -188,7 +197,13 @@ def read_gguf(
 
 
 # GGML type → (values per block, bytes per block) for the types that load
-_BLOCK_BYTES = {"Q4_0": (32, 18), "Q8_0": (32, 34), "Q4_1": (32, 20), "Q4_K": (256, 144)}
+_BLOCK_BYTES = {
+    "Q4_0": (32, 18),
+    "Q8_0": (32, 34),
+    "Q4_1": (32, 20),
+    "Q4_K": (256, 144),
+    "Q6_K": (256, 210),
+}
 
 
 def _f16(b: torch.Tensor) -> torch.Tensor:
@@ -229,7 +244,31 @@ def _q4_k(blocks, n, k):
     return u, scale, -minimum  # w = s·q + (-minimum)
 
 
-_DECODE = {"Q4_0": _q4_0, "Q4_1": _q4_1, "Q4_K": _q4_k}
+def _q6_k(blocks, n, k):
+    """Super-blocks of 256 (gguf-py's ``Q6_K.dequantize_blocks``): ql (128 bytes), qh (64),
+    16 int8 scales, fp16 d. Each half h of 128 values takes ql[64h:64h+64] (value 128h + 64s + i
+    in the nibble s of byte i) and qh[32h:32h+32] (value 128h + 32t + i in the bit pair t of
+    byte i); q = low | high << 4, w = d·sc_j·(q - 32) for the 16 values of sub-block j."""
+    nb = k // 256
+    ql = blocks[..., :128].reshape(n, nb, 2, 1, 64)
+    low = torch.cat([ql & 0x0F, ql >> 4], dim=3)  # [N, nb, h, s, i]
+    qh = blocks[..., 128:192].reshape(n, nb, 2, 1, 32)
+    high = torch.cat([(qh >> (2 * t)) & 0x03 for t in range(4)], dim=3)  # [N, nb, h, t, i]
+    u = (low.reshape(n, nb, 256) | (high.reshape(n, nb, 256) << 4)).reshape(n, k)
+    sc = blocks[..., 192:208].contiguous().view(torch.int8).float()  # [N, nb, 16], signed
+    d = _f16(blocks[..., 208:210])
+    # fp16 × int8: exact in fp32, so this is gguf-py's fp32 d * scales to the bit
+    scale = (d[..., None] * sc).reshape(n, k // 16)
+    return u, scale, torch.full((n, k // 16), 32, dtype=torch.uint8)
+
+
+# GGML type → (decoder to (u, scale, zero), group size, bits) for the grouped-integer types
+_DECODE = {
+    "Q4_0": (_q4_0, 32, 4),
+    "Q4_1": (_q4_1, 32, 4),
+    "Q4_K": (_q4_k, 32, 4),
+    "Q6_K": (_q6_k, 16, 6),
+}
 
 
 def _float_zero(name: str, kind: str, scale: torch.Tensor, m: torch.Tensor) -> torch.Tensor:

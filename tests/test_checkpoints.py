@@ -414,7 +414,8 @@ def test_awq_gemm_checkpoints_load_exactly():
 
 
 def write_gguf(path, tensors: dict, *, arch="llama", heads=None):
-    """tensors: name → (float array to quantize, gguf type name) or a float array (F32)."""
+    """tensors: name → (float array to quantize or uint8 [N, bytes] blocks to write as they
+    are, gguf type name) or a float array (F32)."""
     import gguf
     import numpy as np
 
@@ -426,7 +427,9 @@ def write_gguf(path, tensors: dict, *, arch="llama", heads=None):
         if isinstance(v, tuple):
             data, kind = v
             qtype = gguf.GGMLQuantizationType[kind]
-            if kind.endswith("_K"):  # gguf-py cannot quantize K-quants: zero blocks, same size
+            if isinstance(data, torch.Tensor) and data.dtype == torch.uint8:  # blocks as given
+                raw = data.numpy()
+            elif kind.endswith("_K"):  # gguf-py cannot quantize K-quants: zero blocks, same size
                 block, nbytes = gguf.GGML_QUANT_SIZES[qtype]
                 raw = np.zeros((data.shape[0], data.shape[1] // block * nbytes), dtype=np.uint8)
             else:
@@ -513,7 +516,7 @@ def test_gguf_formats_without_an_exact_form_are_refused(tmp_path):
     got = dequantize(Int8WeightOnly(), ckpt.weights["proj.weight"].tensors, 8, 64)
     torch.testing.assert_close(got, gguf_dequantized(path, "proj.weight"), rtol=0, atol=0)
 
-    for kind, why in (("Q8_0", "different scale per block"), ("Q6_K", "6-bit")):
+    for kind, why in (("Q8_0", "different scale per block"), ("Q3_K", "per 16")):
         path = write_gguf(tmp_path / f"{kind}.gguf", {"proj.weight": (torch.randn(8, 256), kind)})
         with pytest.raises(NotImplementedError, match=f"'proj.weight' is {kind}.*{why}"):
             read_quantized(path, tensor_names=lambda name: name)
@@ -679,6 +682,58 @@ def test_gguf_float_minimum_types_load_with_a_float_zero_point(tmp_path, kind):
     ep = fxquant.load_quantized(One(n, k), ckpt, example_inputs=(x,))
     want = x @ deq.t() + ckpt.tensors["proj.bias"]
     torch.testing.assert_close(ep.module()(x), want, rtol=1e-4, atol=1e-4)
+
+
+def _q6_k_blocks(n: int, k: int) -> torch.Tensor:
+    """Q6_K bytes built to llama.cpp's layout from random fields (gguf-py cannot quantize
+    K-quants; its dequantizer is the oracle): ql (128 bytes), qh (64), 16 int8 scales, fp16 d.
+    Scales and d take negative and zero values too."""
+    nb = n * k // 256
+    qs = torch.randint(0, 256, (nb, 192), dtype=torch.uint8)  # ql and qh: any bits are codes
+    sc = torch.randint(-128, 128, (nb, 16), dtype=torch.int8)
+    sc[::3, 5] = 0
+    d = torch.randn(nb) * 1e-3
+    d[1] = 0.0
+    d = d.half().view(torch.uint8).reshape(nb, 2)
+    return torch.cat([qs, sc.view(torch.uint8), d], dim=1).reshape(n, k // 256 * 210)
+
+
+def test_gguf_q6_k_loads_exactly(tmp_path):
+    """Q6_K's w = d·sc·(q - 32) per 16 is (u - z)·s with z = 32, s = d·sc: the products are
+    exact in fp32, so the weights are gguf-py's dequantization bit for bit (signed zeros too)."""
+    from fxquant.passes.schemes import check_layout
+
+    torch.manual_seed(0)
+    n, k = N, 512
+    blocks, bias = _q6_k_blocks(n, k), torch.randn(n)
+    path = write_gguf(tmp_path / "m.gguf", {"proj.weight": (blocks, "Q6_K"), "proj.bias": bias})
+    deq = gguf_dequantized(path, "proj.weight")
+    ckpt = read_quantized(path, tensor_names=lambda name: name)
+    scheme = IntxWeightOnly(bits=6, group_size=16, symmetric=True)
+    assert ckpt.schemes == {"proj": scheme}
+    weight = ckpt.weights["proj.weight"]
+    check_layout(scheme, "proj.weight", (n, k), weight)
+    assert bool((weight.tensors["scale"] < 0).any()) and bool((weight.tensors["scale"] == 0).any())
+    got = dequantize(scheme, weight.tensors, n, k)
+    assert torch.equal(got.view(torch.int32), deq.view(torch.int32))
+    x = torch.randn(3, k)
+    ep = fxquant.load_quantized(One(n, k), ckpt, example_inputs=(x,))
+    torch.testing.assert_close(ep.module()(x), x @ deq.t() + bias, rtol=1e-5, atol=1e-4)
+
+
+def test_gguf_q6_k_short_block_buffer_names_the_tensor(tmp_path, monkeypatch):
+    """A tensor whose bytes do not fill its Q6_K blocks: CheckpointError naming it and the
+    expected size. (A file cut inside tensor data already fails in gguf-py's reader, which
+    names no tensor: CheckpointError with the file, test_truncated_files_raise_...)."""
+    import gguf
+
+    path = write_gguf(tmp_path / "m.gguf", {"proj.weight": (_q6_k_blocks(4, 256), "Q6_K")})
+    reader = gguf.GGUFReader(str(path))
+    tensor = reader.tensors[0]
+    reader.tensors[0] = tensor._replace(data=tensor.data[:, :-3])  # 207 of 210 bytes a row
+    monkeypatch.setattr(gguf, "GGUFReader", lambda _: reader)
+    with pytest.raises(CheckpointError, match=r"'proj.weight' \(Q6_K\).*expected \[4, 210\]"):
+        read_quantized(path, tensor_names=lambda name: name)
 
 
 def test_gptq_3bit_dense_bit_stream_loads_exactly():
