@@ -414,9 +414,9 @@ HF_CONFIGS: dict[str, dict[str, Any]] = {
         "class": "GgufConfig",
         "status": "refused",
         "why": "GGUF is a checkpoint format, not a way to quantize a float model: "
-        "`fxquant.load_quantized(ep, 'model.gguf')` loads Q4_0 and Q8_0 exactly and Q4_1 / Q4_K "
-        "with float zero points into fxquant constants (Q6_K and 5-bit types refused: no 6- or "
-        "5-bit format); `fxquant quantize model.gguf` dequantizes and requantizes instead",
+        "`fxquant.load_quantized(ep, 'model.gguf')` loads Q4_0, Q6_K and Q8_0 exactly and Q4_1 "
+        "/ Q4_K with float zero points into fxquant constants (5-bit types refused: no 5-bit "
+        "format); `fxquant quantize model.gguf` dequantizes and requantizes instead",
     },
 }
 _BY_CLASS = {v["class"]: k for k, v in HF_CONFIGS.items()}
