@@ -186,10 +186,10 @@ def _convert(source, module, group_name, group, fmt):
         return scheme, weight, shape, used | more
     expect(scale_name, scale, dtype=SCALE_DTYPES)
     if fmt == "pack-quantized":
-        if wtype != "int" or bits not in (2, 3, 4, 8):
+        if wtype != "int" or bits not in (2, 3, 4, 6, 8):
             raise NotImplementedError(
                 f"{where}: pack-quantized {wtype}{bits} weights have no "
-                "fxquant form (int2, int3, int4 and int8 load)"
+                "fxquant form (int2, int3, int4, int6 and int8 load)"
             )
         scheme, weight, shape, more = _packed(source, module, where, w_args, a_args, scale)
         return scheme, weight, shape, used | more

@@ -198,6 +198,12 @@ _CT_CASES = {
         "pack-quantized",
         IntxWeightOnly(bits=2, group_size=32, symmetric=False),
     ),
+    "int6-g16-sym": (  # GGUF Q6_K's grid, as compressed-tensors packs it
+        {"num_bits": 6, "type": "int", "strategy": "group", "group_size": 16},
+        None,
+        "pack-quantized",
+        IntxWeightOnly(bits=6, group_size=16, symmetric=True),
+    ),
     "fp8-channel-wo": (
         {**_FP8, "strategy": "channel"},
         None,
@@ -260,6 +266,7 @@ def test_save_compressed_tensors_is_read_by_the_library_and_loads_back(tmp_path)
         r"layers\.0\.gate_proj": Int4WeightOnly(group_size=32, symmetric=False),
         r"layers\.0\.up_proj": Float8WeightOnly(),
         r"layers\.0\.down_proj": IntxWeightOnly(bits=3, group_size=32),
+        r"layers\.1\.down_proj": IntxWeightOnly(bits=6, group_size=16, symmetric=True),
     }
     config = fxquant.QuantConfig(
         scheme=Int4WeightOnly(group_size=64, symmetric=True), overrides=overrides
@@ -274,6 +281,9 @@ def test_save_compressed_tensors_is_read_by_the_library_and_loads_back(tmp_path)
     ckpt = read_quantized(out)
     assert len(ckpt.schemes) == 14
     assert ckpt.schemes["layers.0.down_proj"] == IntxWeightOnly(bits=3, group_size=32)
+    assert ckpt.schemes["layers.1.down_proj"] == IntxWeightOnly(
+        bits=6, group_size=16, symmetric=True
+    )
     for module, scheme in ckpt.schemes.items():
         n, k = ckpt.shapes[f"{module}.weight"]
         mine = dequantize(
