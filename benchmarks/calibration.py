@@ -11,10 +11,11 @@ fp32; int4 (``Int4WeightOnly(group_size=64)``, every linear but lm_head) by roun
 (``fxquant.quantize``), GPTQ and AWQ (``fxquant.calibrate``); w8a8 (``Int8DynamicActivation``)
 by round-to-nearest and with SmoothQuant. ``--variants`` picks rows; also available: GPTQ with
 static groups, with act-order (static groups), with damping 0.1, with group-aware reordering
-(``gptq-int4-gar``), with all Hessians from one float pass instead of layer by layer through the
-quantized model (``gptq-int4-float``), and AWQ's scales followed by GPTQ (``awq-gptq-int4``: with
-act-order; ``awq-gptq-gar-int4``: with GAR; ``awq-clip-gptq-int4``: AWQ with its clipping, then
-GPTQ with act-order).
+(``gptq-int4-gar``), with the mse range search (``gptq-int4-mse``, ``gptq-int4-actorder-mse``),
+with all Hessians from one float pass instead of layer by layer through the quantized model
+(``gptq-int4-float``), and AWQ's scales followed by GPTQ (``awq-gptq-int4``: with act-order;
+``awq-gptq-mse-int4``: act-order and the mse search; ``awq-gptq-gar-int4``: with GAR;
+``awq-clip-gptq-int4``: AWQ with its clipping, then GPTQ with act-order).
 The issue's target: int4 g64 within +10 % of fp32, each algorithm below RTN at the same bits.
 
 Writes ``results/calibration.json`` after every row (``"complete": false`` until the end).
@@ -61,12 +62,19 @@ def variants(symmetric: bool) -> dict[str, tuple[object, object | None]]:
             GPTQ(damp_percent=0.1, desc_act=True, static_groups=True),
         ),
         "gptq-int4-float": (int4, GPTQ(sequential=False)),
+        # each group's range by the reference quantizer's mse search (p = 2.4) instead of min/max
+        "gptq-int4-mse": (int4, GPTQ(mse=2.4)),
+        "gptq-int4-actorder-mse": (int4, GPTQ(desc_act=True, static_groups=True, mse=2.4)),
         # group-aware reordering (transformers' GPTQConfig default): groups whole, no g_idx
         "gptq-int4-gar": (int4, GPTQ(act_group_aware=True)),
         "awq-int4": (int4, AWQ()),
         # AWQ's scales folded in (no clipping), then GPTQ rounds the scaled weights
         "awq-gptq-int4": (int4, (AWQ(clip=False), GPTQ(desc_act=True, static_groups=True))),
         "awq-gptq-gar-int4": (int4, (AWQ(clip=False), GPTQ(act_group_aware=True))),
+        "awq-gptq-mse-int4": (
+            int4,
+            (AWQ(clip=False), GPTQ(desc_act=True, static_groups=True, mse=2.4)),
+        ),
         # AWQ's scales and clipping, then GPTQ (act-order) on the clipped weights
         "awq-clip-gptq-int4": (int4, (AWQ(), GPTQ(desc_act=True, static_groups=True))),
         "rtn-w8a8": (w8a8, None),

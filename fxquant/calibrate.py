@@ -103,6 +103,10 @@ class GPTQ:
         mse: ``0`` (default): each group's range is its min/max; ``p > 0``: shrink it by the
             factor (1 down to 0.21) minimising the p-norm of the group's rounding error (the
             GPTQ reference quantizer's and GPTQModel's ``mse``; they use p = 2.4).
+        first_token_weight: how many times the first position of each calibration sequence
+            counts in the Hessian (``1``: once, as the reference). The first position is the
+            attention sink every later token attends to, so its error costs far more than one
+            token's share; docs/calibration.md has the measurements.
     """
 
     name: ClassVar[str] = "gptq"
@@ -113,10 +117,12 @@ class GPTQ:
     act_group_aware: bool = False
     sequential: bool = True
     mse: float = 0.0
+    first_token_weight: float = 1.0
 
     def __post_init__(self) -> None:
         _check_number("GPTQ", "damp_percent", self.damp_percent, 0.0, 1.0, lo_open=True)
         _check_number("GPTQ", "mse", self.mse, 0.0, 10.0, lo_open=False)
+        _check_number("GPTQ", "first_token_weight", self.first_token_weight, 0.0, 1e6, lo_open=True)
         _check_int("GPTQ", "blocksize", self.blocksize, 1)
         for f in ("desc_act", "static_groups", "act_group_aware", "sequential"):
             _check_bool("GPTQ", f, getattr(self, f))
@@ -132,6 +138,8 @@ class AWQ:
         clip_max_shrink: smallest range tried is ``(1 - clip_max_shrink) · amax``.
         no_clip: module-name patterns whose weights are not clipped; llm-awq leaves q/k out,
             since their error is seen through the attention scores, not the linear outputs.
+        first_token_weight: how many times the first position of each calibration sequence
+            counts in the statistics the searches use (``1``: once, as llm-awq); see ``GPTQ``.
     """
 
     name: ClassVar[str] = "awq"
@@ -139,8 +147,10 @@ class AWQ:
     clip: bool = True
     clip_max_shrink: float = 0.5
     no_clip: tuple[str, ...] = ("q_proj", "k_proj", "query", "key")
+    first_token_weight: float = 1.0
 
     def __post_init__(self) -> None:
+        _check_number("AWQ", "first_token_weight", self.first_token_weight, 0.0, 1e6, lo_open=True)
         _check_int("AWQ", "n_grid", self.n_grid, 2)
         _check_bool("AWQ", "clip", self.clip)
         _check_number("AWQ", "clip_max_shrink", self.clip_max_shrink, 0.0, 1.0, lo_open=True)
@@ -319,6 +329,32 @@ class _Same:
     value: Any
 
 
+def input_moments(values: list[torch.Tensor], k: int, *, first_token_weight: float = 1.0) -> dict:
+    """Σ = XᵀX/n, mean |x| and max |x| per channel, and n, over every token of ``values`` (one
+    linear's inputs [..., K], one tensor per sample): what GPTQ, AWQ and SmoothQuant see.
+
+    With ``first_token_weight`` w ≠ 1 the first position of each sequence (index 0 of dim -2 of
+    a 3-D or higher input) counts w times in Σ, mean |x| and n, as if it were there w times;
+    max |x| is unweighted and ``"tokens"`` is the real count."""
+    w0 = first_token_weight
+    xtx, absum, amax, n, tokens = torch.zeros(k, k), torch.zeros(k), torch.zeros(k), 0.0, 0
+    for v in values:
+        v = v.detach().float()
+        first = v.select(-2, 0).reshape(-1, k) if w0 != 1.0 and v.dim() >= 3 else None
+        v = v.reshape(-1, k)
+        xtx += v.t() @ v
+        absum += v.abs().sum(0)
+        amax = torch.maximum(amax, v.abs().amax(0))
+        n += v.shape[0]
+        tokens += v.shape[0]
+        if first is not None:  # the first positions w - 1 more times
+            xtx += (w0 - 1.0) * (first.t() @ first)
+            absum += (w0 - 1.0) * first.abs().sum(0)
+            n += (w0 - 1.0) * first.shape[0]
+    n = max(n, 1.0)
+    return {"sigma": xtx / n, "absmean": absum / n, "absmax": amax, "tokens": tokens}
+
+
 class _Run:
     def __init__(self, editor, ep, plans, method, samples, *, progress: bool) -> None:
         self.editor, self.ep, self.method, self.samples = editor, ep, method, samples
@@ -461,17 +497,12 @@ class _Run:
         self.changed.add(fqn)
 
     def _stats(self, x: fx.Node, k: int) -> dict:
-        """Σ = XᵀX/n, mean |x| and max |x| per channel, and n, over every calibration token."""
-        xtx, absum, amax, n = torch.zeros(k, k), torch.zeros(k), torch.zeros(k), 0
         values = self.env[x]
-        for v in values if isinstance(values, list) else [values.value]:
-            v = v.detach().reshape(-1, k).float()
-            xtx += v.t() @ v
-            absum += v.abs().sum(0)
-            amax = torch.maximum(amax, v.abs().amax(0))
-            n += v.shape[0]
-        n = max(n, 1)
-        return {"sigma": xtx / n, "absmean": absum / n, "absmax": amax, "tokens": n}
+        return input_moments(
+            values if isinstance(values, list) else [values.value],
+            k,
+            first_token_weight=float(getattr(self.method, "first_token_weight", 1.0)),
+        )
 
     def _scale_input(self, x: fx.Node, s: torch.Tensor) -> None:
         v = self.env[x]

@@ -9,7 +9,14 @@ import torch
 import fxquant
 from conftest import TinyLlama
 from fxquant import reference as ref
-from fxquant.calibrate import AWQ, GPTQ, SmoothQuant, calibrate, calibration_pass
+from fxquant.calibrate import (
+    AWQ,
+    GPTQ,
+    SmoothQuant,
+    calibrate,
+    calibration_pass,
+    input_moments,
+)
 from fxquant.config import Int4WeightOnly, Int8DynamicActivation, Int8WeightOnly
 from fxquant.gptq import gptq_quantize, output_error
 from fxquant.passes.schemes import handler_for
@@ -125,6 +132,24 @@ def test_gptq_mse_range_search_never_rounds_worse_than_min_max(scheme):
         assert (err(searched) < err(plain)).any()
 
 
+def test_first_token_weight_counts_the_first_position_as_if_repeated():
+    torch.manual_seed(0)
+    samples = [torch.randn(2, 7, 12), torch.randn(2, 5, 12)]
+    heavy = input_moments(samples, 12, first_token_weight=4.0)
+    # the same statistics as the first position of every sequence written out 4 times
+    repeated = [torch.cat([v[:, :1]] * 3 + [v], dim=1) for v in samples]
+    plain = input_moments(repeated, 12)
+    torch.testing.assert_close(heavy["sigma"], plain["sigma"])
+    torch.testing.assert_close(heavy["absmean"], plain["absmean"])
+    assert torch.equal(heavy["absmax"], input_moments(samples, 12)["absmax"])
+    assert heavy["tokens"] == 24  # the real count, for the report
+    # 2-D inputs have no sequence dimension: the weight does not apply
+    flat = [v.reshape(-1, 12) for v in samples]
+    torch.testing.assert_close(
+        input_moments(flat, 12, first_token_weight=4.0)["sigma"], input_moments(flat, 12)["sigma"]
+    )
+
+
 def test_group_aware_order_keeps_groups_whole_strongest_first():
     from fxquant.gptq import _group_aware_order
 
@@ -228,8 +253,13 @@ def test_folding_keeps_the_float_model(llama, scheme, method):
 
 @pytest.mark.parametrize(
     "scheme, method",
-    [(INT4_ASYM, AWQ_FAST), (Int8DynamicActivation(), SmoothQuant(alpha=0.5))],
-    ids=["awq", "smoothquant"],
+    [
+        (INT4_ASYM, AWQ_FAST),
+        (Int8DynamicActivation(), SmoothQuant(alpha=0.5)),
+        (INT4_ASYM, AWQ(n_grid=10, first_token_weight=8.0)),
+        (INT4_ASYM, GPTQ(desc_act=True, static_groups=True, mse=2.4, first_token_weight=8.0)),
+    ],
+    ids=["awq", "smoothquant", "awq-first8", "gptq-actorder-mse-first8"],
 )
 def test_calibrate_program_beats_rtn(llama, scheme, method):
     model, ep, data, evals = llama
@@ -263,6 +293,8 @@ def test_awq_then_gptq_stores_gptq_constants_of_the_scaled_weights(llama):
         (lambda: GPTQ(damp_percent=0.0), "GPTQ.damp_percent=0.0"),
         (lambda: GPTQ(blocksize=0), "GPTQ.blocksize=0"),
         (lambda: GPTQ(mse=-1.0), "GPTQ.mse=-1.0"),
+        (lambda: GPTQ(first_token_weight=0), "GPTQ.first_token_weight=0"),
+        (lambda: AWQ(first_token_weight=-2.0), "AWQ.first_token_weight=-2.0"),
         (lambda: GPTQ(desc_act="yes"), "GPTQ.desc_act='yes'"),
         (lambda: AWQ(n_grid=1), "AWQ.n_grid=1"),
         (lambda: AWQ(no_clip="q_proj"), "AWQ.no_clip='q_proj'"),
