@@ -58,7 +58,15 @@ from fxquant.passes.rewrite import META_KEY, ProgramEditor
 from fxquant.passes.schemes import QuantizedWeight, handler_for
 from fxquant.smoothquant import smoothing_scale
 
-__all__ = ["AWQ", "GPTQ", "CalibrationResult", "SmoothQuant", "calibrate", "calibration_pass"]
+__all__ = [
+    "AWQ",
+    "GPTQ",
+    "CalibrationResult",
+    "SmoothQuant",
+    "calibrate",
+    "calibration_pass",
+    "input_moments",
+]
 
 
 def _check_number(cls: str, name: str, value: Any, lo: float, hi: float, *, lo_open: bool):
