@@ -84,19 +84,16 @@ class _Grid:
         with ``mse`` > 0 the range shrunk by the factor (1, 0.99, …, 0.21) that minimises
         ``Σ |dequantized - w|^mse`` per row (the reference quantizer's ``mse`` search: its grid
         of 100 steps, ``maxshrink`` 0.8)."""
-        self.scale[g], self.zero[g] = self._range(w, 1.0)
-        if self.mse <= 0:
-            return
-        best = self._error(w, g)
-        for i in range(1, _SHRINK_STEPS):
-            s, z = self._range(w, 1.0 - i / 100)
-            old = self.scale[g].clone(), self.zero[g].clone()
-            self.scale[g], self.zero[g] = s, z
-            err = self._error(w, g)
-            better = err < best
-            best = torch.where(better, err, best)
-            self.scale[g] = torch.where(better, s, old[0])
-            self.zero[g] = torch.where(better, z, old[1])
+        s, z = self._range(w, 1.0)
+        if self.mse > 0:
+            best = self._error(w, s, z)
+            for i in range(1, _SHRINK_STEPS):
+                s_i, z_i = self._range(w, 1.0 - i / 100)
+                err = self._error(w, s_i, z_i)
+                better = err < best
+                best = torch.where(better, err, best)
+                s, z = torch.where(better, s_i, s), torch.where(better, z_i, z)
+        self.scale[g], self.zero[g] = s, z
 
     def _range(self, w: torch.Tensor, p: float) -> tuple[torch.Tensor, torch.Tensor]:
         """Scale and zero of each row of ``w`` for its range shrunk by ``p`` (1: the reference)."""
@@ -110,24 +107,30 @@ class _Grid:
         s = ((hi - lo) / 15).clamp(min=ref.EPS)
         return s, torch.round(-lo / s).clamp(0, 15)
 
-    def _error(self, w: torch.Tensor, g: int) -> torch.Tensor:
-        u = self.codes(w.t(), g)  # [group, N]
-        return (self.value(u, g) - w.t()).abs().pow(self.mse).sum(dim=0)
+    def _error(self, w: torch.Tensor, s: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        """Per row of ``w`` [N, group]: Σ |rounded - w|^mse on the grid (s, z) [N]."""
+        wt = w.t()  # [group, N]: columns, as codes() takes them
+        return (self._dequant(self._round(wt, s, z), s, z) - wt).abs().pow(self.mse).sum(dim=0)
 
     def codes(self, w: torch.Tensor, g: int) -> torch.Tensor:
         """Integer codes of column(s) ``w`` [N] in group ``g`` (u for int4, q for int8)."""
-        s, z = self.scale[g], self.zero[g]
+        return self._round(w, self.scale[g], self.zero[g])
+
+    def value(self, u: torch.Tensor, g: int) -> torch.Tensor:
+        """What the codes dequantize to: the same expression as the reference dequantizers."""
+        return self._dequant(u, self.scale[g], self.zero[g])
+
+    def _round(self, w: torch.Tensor, s: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         if not self.int4:
             return torch.round(w / s).clamp(-ref.INT8_MAX, ref.INT8_MAX)
         if self.scheme.symmetric:
             return torch.round(w / s).clamp(-8, 7) + 8
         return (torch.round(w / s) + z).clamp(0, 15)
 
-    def value(self, u: torch.Tensor, g: int) -> torch.Tensor:
-        """What the codes dequantize to: the same expression as the reference dequantizers."""
+    def _dequant(self, u: torch.Tensor, s: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         if not self.int4:
-            return u * self.scale[g]
-        return (u - self.zero[g]) * self.scale[g]
+            return u * s
+        return (u - z) * s
 
     def storage(self, u: torch.Tensor) -> QuantizedWeight:
         """Codes [N, K] → the scheme's constants (and their exact dequantization)."""
