@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -13,6 +16,31 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 import torch.nn.functional as F
 from torch import nn
+
+
+def run_in_shards(
+    args: Callable[[int, int], list[str]], *, most: int, cwd, env: dict, timeout: float = 900
+) -> list[tuple[int, str, str]]:
+    """Run ``python *args(i, shards)`` for shard i of one per core (at most ``most``), all at
+    once: for independent, single-threaded work (Triton compiles, the interpreter). Returns each
+    shard's (return code, stdout, stderr), in shard order."""
+    shards = max(1, min(most, os.cpu_count() or 1))
+    procs = [
+        subprocess.Popen(
+            [sys.executable, *args(i, shards)],
+            cwd=cwd,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(shards)
+    ]
+    results = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=timeout)
+        results.append((proc.returncode, out, err))
+    return results
 
 
 class RMSNorm(nn.Module):

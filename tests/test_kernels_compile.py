@@ -28,7 +28,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -633,27 +632,18 @@ def test_every_kernel_compiles_for_sm90(tmp_path):
         # A fresh cache, so every kernel really goes through the compiler and ptxas.
         "TRITON_CACHE_DIR": str(tmp_path / "triton-cache"),
     }
+    from conftest import run_in_shards  # not at the top: this file also runs as the script
+
     start = time.perf_counter()
     # One shard per core: the compiles are independent and single-threaded.
-    shards = max(1, min(4, os.cpu_count() or 1))
-    procs = [
-        subprocess.Popen(
-            [sys.executable, __file__, str(i), str(shards)],
-            cwd=REPO,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for i in range(shards)
-    ]
+    ran = run_in_shards(lambda i, n: [__file__, str(i), str(n)], most=4, cwd=REPO, env=env)
+    shards = len(ran)
     records, summaries = [], []
-    for proc in procs:
-        out, err = proc.communicate(timeout=900)
+    for rc, out, err in ran:
         lines = [json.loads(ln[len(RESULT) :]) for ln in out.splitlines() if ln.startswith(RESULT)]
         shard_summary = next((r for r in lines if r.get("summary")), None)
-        assert proc.returncode == 0 and shard_summary is not None, (
-            f"compile script failed (rc={proc.returncode}):\n{out[-4000:]}\n{err[-8000:]}"
+        assert rc == 0 and shard_summary is not None, (
+            f"compile script failed (rc={rc}):\n{out[-4000:]}\n{err[-8000:]}"
         )
         summaries.append(shard_summary)
         records += [r for r in lines if not r.get("summary")]

@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+
+from conftest import run_in_shards
 
 pytest.importorskip("triton")
 
@@ -103,27 +103,16 @@ def _python(code: str, out: Path, recipes: list[str], *, interpret: bool) -> dic
     """Run ``code`` over ``recipes`` in one process per core, each on its share of the recipes
     with one thread (the interpreter is single-threaded Python; the lowering is small ops), and
     merge their JSON results."""
-    shards = max(1, min(len(recipes), os.cpu_count() or 1))
     env = {
         **os.environ,
         "TRITON_INTERPRET": "1" if interpret else "0",
         "OMP_NUM_THREADS": "1",
     }
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", code, str(out), *recipes[i::shards]],
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )  # fmt: skip
-        for i in range(shards)
-    ]
     merged: dict = {}
-    for proc in procs:
-        stdout, stderr = proc.communicate(timeout=900)
-        assert proc.returncode == 0, stderr[-4000:]
+    for rc, stdout, stderr in run_in_shards(
+        lambda i, n: ["-c", code, str(out), *recipes[i::n]], most=len(recipes), cwd=ROOT, env=env
+    ):
+        assert rc == 0, stderr[-4000:]
         merged.update(json.loads(stdout.strip().splitlines()[-1]))
     return merged
 
