@@ -167,6 +167,18 @@ def _(x, weight, scale, bias, activations, scale_rule):
     return _out_like(x, weight.shape[0])
 
 
+@torch.library.custom_op(f"{_LIB}::mxfp4_grouped_mm", mutates_args=())
+def mxfp4_grouped_mm(x: Tensor, weight: Tensor, scale: Tensor, offs: Tensor) -> Tensor:
+    """Expert GEMM: x [S, K] (rows sorted by expert, ``offs`` [E] their cumulative ends) · the
+    row's expert's packed e2m1 W [E, N, K/2] with E8M0 scales [E, N, K/32] → [S, N]."""
+    return ref_mx.mxfp4_grouped_mm(x, weight, scale, offs)
+
+
+@mxfp4_grouped_mm.register_fake
+def _(x, weight, scale, offs):
+    return x.new_empty((x.shape[0], weight.shape[1]))
+
+
 @torch.library.custom_op(f"{_LIB}::nvfp4_linear", mutates_args=())
 def nvfp4_linear(
     x: Tensor,

@@ -94,15 +94,15 @@ def integer_grid(
 
 
 def pack_int4(u: torch.Tensor) -> torch.Tensor:
-    """[N, K] uint8 values in [0, 15] → [N, K/2] uint8, low nibble first."""
-    return u[:, 0::2] | (u[:, 1::2] << 4)
+    """[..., N, K] uint8 values in [0, 15] → [..., N, K/2] uint8, low nibble first."""
+    return u[..., 0::2] | (u[..., 1::2] << 4)
 
 
 def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
-    """[N, K/2] uint8 → [N, K] uint8 values in [0, 15]."""
+    """[..., N, K/2] uint8 → [..., N, K] uint8 values in [0, 15]."""
     low = packed & 0x0F
     high = packed >> 4
-    return torch.stack([low, high], dim=-1).reshape(packed.shape[0], -1)
+    return torch.stack([low, high], dim=-1).flatten(-2)
 
 
 def dequantize_int4_grouped(

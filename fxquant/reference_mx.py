@@ -302,6 +302,27 @@ def mxfp4_linear(x, weight, scale, bias=None, *, activation_rule: str | None):
     return _matmul(x_dq, dequantize_mxfp4_weight(weight, scale), bias, x.dtype)
 
 
+def mxfp4_grouped_mm(x: Tensor, weight: Tensor, scale: Tensor, offs: Tensor) -> Tensor:
+    """Mixture-of-experts GEMM with MXFP4 expert weights (gpt-oss' experts): rows of x [S, K]
+    are sorted by expert, and ``offs`` [E] (int) holds each expert's cumulative row end, so row
+    s uses expert e where ``offs[e-1] <= s < offs[e]``; weight packed [E, N, K/2], E8M0 scales
+    [E, N, K/32]. Rows at or past ``offs[-1]`` give zeros, as transformers' grouped_mm fallback
+    (the op this replaces in an exported graph). → [S, N] in x's dtype."""
+    w = dequantize_mxfp4_weight(weight, scale)
+    out = x.new_zeros((x.shape[0], w.shape[1]), dtype=torch.float32)
+    start = 0
+    for e, end in enumerate(offs.tolist()):
+        out[start:end] = x[start:end].float() @ w[e].t()
+        start = max(start, end)
+    return out.to(x.dtype)
+
+
+def expert_of_rows(offs: Tensor, rows: int) -> Tensor:
+    """Each row's expert index from cumulative row ends ``offs`` [E]; E for rows past the end."""
+    positions = torch.arange(rows, device=offs.device, dtype=offs.dtype)
+    return torch.searchsorted(offs, positions, right=True)
+
+
 def nvfp4_linear(x, weight, scale, tensor_scale, bias=None, *, activation_rule: str | None):
     """NVFP4 W (packed [N, K/2], e4m3 block scales [N, K/16], fp32 tensor scale [1]) · x in
     float (``activation_rule`` None) or x quantized to NVFP4 at run time (its tensor scale from

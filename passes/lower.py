@@ -185,6 +185,19 @@ def _mxfp4(x, weight, scale, bias, activations, scale_rule):
     return ref_mx.mxfp4_linear(x, weight, scale, bias, activation_rule=rule)
 
 
+def _mxfp4_grouped_mm(x, weight, scale, offs):
+    # The reference's loop over experts splits rows at data-dependent offsets, which does not
+    # trace into aten. Instead every row meets every expert in one [S, E·N] GEMM and keeps its
+    # own expert's N columns: E/top-k times the FLOPs, but one dense GEMM Inductor compiles and
+    # AOTInductor packages. CUDA runs the grouped Triton kernel (lower_cuda.py).
+    e, n = weight.shape[0], weight.shape[1]
+    w = ref_mx.dequantize_mxfp4_weight(weight, scale)  # [E, N, K]
+    every = (x.float() @ w.flatten(0, 1).t()).unflatten(-1, (e, n))  # [S, E, N]
+    ids = ref_mx.expert_of_rows(offs, x.shape[0])
+    mine = every.gather(1, ids.clamp(max=e - 1)[:, None, None].expand(-1, 1, n)).squeeze(1)
+    return torch.where((ids < e)[:, None], mine, 0.0).to(x.dtype)
+
+
 def _nvfp4(x, weight, scale, tensor_scale, bias, activations, scale_rule):
     rule = scale_rule if activations else None
     return ref_mx.nvfp4_linear(x, weight, scale, tensor_scale, bias, activation_rule=rule)
@@ -380,6 +393,7 @@ CPU_LOWERINGS = {
     fxq.llm_int8_linear.default: _llm_int8,
     fxq.mxfp8_linear.default: _mxfp8,
     fxq.mxfp4_linear.default: _mxfp4,
+    fxq.mxfp4_grouped_mm.default: _mxfp4_grouped_mm,
     fxq.nvfp4_linear.default: _nvfp4,
     fxq.int8_scaled_linear.default: lambda xq, xs, w, s, b, dtype: ref.int8_scaled_linear(
         xq, xs, w, s, b, out_dtype=dtype

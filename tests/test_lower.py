@@ -33,8 +33,13 @@ def _floor_db(recipe: str, dtype: torch.dtype) -> float:
 
 
 def _ops(prefix: str | None = None) -> set:
-    """fxquant's linear and norm_quant ops: semantic ones (no prefix) or a device's own."""
-    names = [n for n in dir(torch.ops.fxquant) if n.endswith("_linear") or n == "norm_quant"]
+    """fxquant's linear, grouped (experts) and norm_quant ops: semantic ones (no prefix) or a
+    device's own."""
+    names = [
+        n
+        for n in dir(torch.ops.fxquant)
+        if n.endswith(("_linear", "_grouped_mm")) or n == "norm_quant"
+    ]
     if prefix is None:
         names = [n for n in names if not n.startswith(("cpu_", "triton_"))]
     else:
