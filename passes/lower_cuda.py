@@ -30,6 +30,7 @@ import fxquant.kernels.int8_weight_only  # noqa: F401
 import fxquant.kernels.intx_weight_only  # noqa: F401
 import fxquant.kernels.llm_int8  # noqa: F401
 import fxquant.kernels.mxfp4  # noqa: F401
+import fxquant.kernels.mxfp4_grouped  # noqa: F401
 import fxquant.kernels.mxfp8  # noqa: F401
 import fxquant.kernels.norm_quant  # noqa: F401
 import fxquant.kernels.nvfp4  # noqa: F401
@@ -168,6 +169,11 @@ def _nvfp4(x, weight, scale, tensor_scale, bias, activations, scale_rule):
     return y.reshape(*x.shape[:-1], weight.shape[0]).to(x.dtype)
 
 
+def _mxfp4_grouped_mm(x, weight, scale, offs):
+    # the kernel takes the op as it is (x [S, K] sorted by expert) and returns x's dtype
+    return fxq.triton_mxfp4_grouped_mm(x, weight, scale, offs)
+
+
 CUDA_LOWERINGS = {
     fxq.int8_weight_only_linear.default: _weight_only(fxq.triton_int8_weight_only_linear.default),
     fxq.int4_weight_only_linear.default: _weight_only(fxq.triton_int4_weight_only_linear.default),
@@ -189,5 +195,6 @@ CUDA_LOWERINGS = {
     fxq.llm_int8_linear.default: _weight_only(fxq.triton_llm_int8_linear.default),
     fxq.mxfp8_linear.default: _mxfp8,
     fxq.mxfp4_linear.default: _mxfp4,
+    fxq.mxfp4_grouped_mm.default: _mxfp4_grouped_mm,
     fxq.nvfp4_linear.default: _nvfp4,
 }
