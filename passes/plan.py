@@ -18,7 +18,7 @@ import torch
 import torch.fx as fx
 import torch.nn.functional as F
 
-from fxquant.config import QuantConfig, Scheme
+from fxquant.config import MXFP4, QuantConfig, Scheme
 
 aten = torch.ops.aten
 
@@ -36,7 +36,23 @@ _LINEAR_TARGETS: dict[object, tuple[str, int, int, int | None]] = {
     operator.matmul: ("matmul", 0, 1, None),
 }
 
+# Mixture-of-experts GEMMs: x [S, K] (rows sorted by expert) · W [E, K, N] with ``offs`` [E]
+# the experts' cumulative row ends, as transformers' grouped experts run them (``experts
+# implementation`` "grouped_mm", its default): ``aten._grouped_mm`` or, where that cannot run,
+# transformers' own custom op, matched by name so planning never imports transformers.
+_GROUPED_TARGETS = {aten._grouped_mm.default: ("grouped_mm", 0, 1, None)}
+_GROUPED_BY_NAME = {"transformers.grouped_mm_fallback.default": ("grouped_mm", 0, 1, None)}
+
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _spec(target) -> tuple[str, int, int, int | None] | None:
+    """(kind, index of x, index of W, index of bias or None) of a site's target, or None."""
+    spec = _LINEAR_TARGETS.get(target) or _GROUPED_TARGETS.get(target)
+    if spec is None and isinstance(target, torch._ops.OpOverload):
+        spec = _GROUPED_BY_NAME.get(str(target))
+    return spec
+
 
 # Looks up the constant behind a weight node: (fully qualified name, tensor) or None.
 WeightLookup = Callable[[fx.Node], "tuple[str, torch.Tensor] | None"]
@@ -47,26 +63,37 @@ class Site:
     """One linear-like node with a constant weight."""
 
     node: fx.Node
-    kind: str  # linear | addmm | mm | matmul
+    kind: str  # linear | addmm | mm | matmul | grouped_mm
     weight_fqn: str
-    weight: torch.Tensor  # as stored: [N, K] for linear, [K, N] otherwise
+    weight: torch.Tensor  # as stored: [N, K] for linear, [K, N] otherwise; grouped: [E, K, N]
 
     # x and bias are read from the node each time: rewriting an earlier site (whose output is
     # this one's input) replaces the node they pointed to.
     @property
     def x(self) -> fx.Node:
-        return self.node.args[_LINEAR_TARGETS[self.node.target][1]]
+        return self.node.args[_spec(self.node.target)[1]]
 
     @property
     def bias(self) -> fx.Node | None:
-        bi = _LINEAR_TARGETS[self.node.target][3]
+        bi = _spec(self.node.target)[3]
         if bi is not None and len(self.node.args) > bi:
             return self.node.args[bi]
         return self.node.kwargs.get("bias") if bi is not None else None
 
     @property
     def weight_node(self) -> fx.Node:
-        return self.node.args[_LINEAR_TARGETS[self.node.target][2]]
+        return self.node.args[_spec(self.node.target)[2]]
+
+    @property
+    def offs(self) -> fx.Node | None:
+        """A grouped site's cumulative row ends per expert (None for the other kinds)."""
+        if self.kind != "grouped_mm":
+            return None
+        return self.node.args[2] if len(self.node.args) > 2 else self.node.kwargs.get("offs")
+
+    @property
+    def experts(self) -> int | None:
+        return self.weight.shape[0] if self.kind == "grouped_mm" else None
 
     @property
     def transposed(self) -> bool:
@@ -74,11 +101,11 @@ class Site:
 
     @property
     def out_features(self) -> int:
-        return self.weight.shape[1 if self.transposed else 0]
+        return self.weight.shape[-1 if self.transposed else -2]
 
     @property
     def in_features(self) -> int:
-        return self.weight.shape[0 if self.transposed else 1]
+        return self.weight.shape[-2 if self.transposed else -1]
 
     @property
     def module_name(self) -> str:
@@ -88,8 +115,8 @@ class Site:
         return _linear_module_name(self.node) or self.weight_fqn.removesuffix(".weight")
 
     def weight_nk(self) -> torch.Tensor:
-        """The weight as [N, K], the layout every fxquant op takes."""
-        return self.weight.t() if self.transposed else self.weight
+        """The weight as [N, K] ([E, N, K] for experts), the layout every fxquant op takes."""
+        return self.weight.transpose(-2, -1) if self.transposed else self.weight
 
 
 @dataclass
@@ -134,7 +161,7 @@ def find_sites(graph: fx.Graph, weight_of: WeightLookup) -> list[Site]:
     """Every linear-like node whose weight is a constant (parameter, buffer or lifted constant)."""
     sites = []
     for node in graph.nodes:
-        spec = _LINEAR_TARGETS.get(node.target) if node.op == "call_function" else None
+        spec = _spec(node.target) if node.op == "call_function" else None
         if spec is None:
             continue
         kind, _, wi, _ = spec
@@ -145,7 +172,7 @@ def find_sites(graph: fx.Graph, weight_of: WeightLookup) -> list[Site]:
         if found is None:
             continue
         fqn, weight = found
-        if weight.dim() != 2:
+        if weight.dim() != (3 if kind == "grouped_mm" else 2):
             continue
         if kind == "addmm" and (
             node.kwargs.get("beta", 1) != 1 or node.kwargs.get("alpha", 1) != 1
@@ -187,9 +214,31 @@ def _shape_problem(site: Site, scheme: Scheme) -> str | None:
         return f"input shape {tuple(x.shape)} does not end in K={site.in_features}"
     if site.kind == "matmul" and x.dim() < 2:
         return "matmul of a vector"
+    if site.kind == "grouped_mm":
+        problem = _grouped_problem(site, scheme, x)
+        if problem is not None:
+            return problem
     if site.bias is not None:
         b = node_value(site.bias)
         if not isinstance(b, torch.Tensor) or tuple(b.shape) != (site.out_features,):
             shape = tuple(b.shape) if isinstance(b, torch.Tensor) else b
             return f"bias of shape {shape} is not a per-output-channel [N] vector"
     return scheme.unsupported_reason(out_features=site.out_features, in_features=site.in_features)
+
+
+def _grouped_problem(site: Site, scheme: Scheme, x: torch.Tensor) -> str | None:
+    node = site.node
+    if node.target is aten._grouped_mm.default and (
+        node.kwargs.get("bias") is not None
+        or node.kwargs.get("out_dtype") is not None
+        or len(node.args) > 3
+    ):
+        return "grouped_mm with a bias or an out_dtype"
+    if site.offs is None or x.dim() != 2:
+        return f"grouped_mm of a {x.dim()}-D input or without offsets (only 2-D x with offs)"
+    if not (isinstance(scheme, MXFP4) and not scheme.activations):
+        return (
+            f"expert weights ([E, K, N], grouped_mm) take only MXFP4(activations=False), "
+            f"not {type(scheme).__name__}"
+        )
+    return None

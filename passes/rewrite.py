@@ -36,7 +36,7 @@ from tqdm.auto import tqdm
 
 from fxquant.config import QuantConfig
 from fxquant.passes.plan import LayerPlan, find_sites, node_value, plan_sites
-from fxquant.passes.schemes import QuantizedWeight, check_layout, handler_for
+from fxquant.passes.schemes import QuantizedWeight, check_layout, grouped_op_args, handler_for
 from fxquant.reference import sqnr
 
 META_KEY = "fxquant"  # node.meta["custom"][META_KEY]: the layer's report row, as JSON
@@ -319,6 +319,7 @@ def _row(plan: LayerPlan) -> dict:
         "bytes_before": site.weight.numel() * site.weight.element_size(),
         "bytes_after": site.weight.numel() * site.weight.element_size(),
         "sqnr_db": None,
+        **({"experts": site.experts} if site.experts is not None else {}),
     }
 
 
@@ -334,7 +335,10 @@ def _constant_prefix(editor, weight_fqn: str, scheme) -> str:
 
 def _replace(editor, plan: LayerPlan, constants: list[fx.Node]) -> fx.Node:
     site = plan.site
-    op, args = handler_for(plan.scheme).op_args(plan.scheme, site.x, constants, site.bias)
+    if site.kind == "grouped_mm":
+        op, args = grouped_op_args(plan.scheme, site.x, constants, site.offs)
+    else:
+        op, args = handler_for(plan.scheme).op_args(plan.scheme, site.x, constants, site.bias)
     weight_node = site.weight_node
     new = editor.swap(site.node, op, args)
     editor.release(weight_node)

@@ -189,9 +189,18 @@ def _(scheme, w):
     ),
 )
 def _(scheme, w):
+    # W [N, K], or experts' [E, N, K]: the blocks run along K either way
     packed, s = ref_mx.quantize_mxfp4_weight(w, rule=scheme.scale_rule)
     dq = ref_mx.dequantize_mxfp4_weight(packed, s)
     return QuantizedWeight({"qweight": packed, "scale": s}, dq)
+
+
+def grouped_op_args(scheme: Scheme, x, constants: list, offs) -> tuple:
+    """The op replacing a mixture-of-experts ``grouped_mm`` site (planning admits only weight-only
+    MXFP4 there: the format gpt-oss ships its experts in)."""
+    if not (isinstance(scheme, MXFP4) and not scheme.activations):
+        raise NotImplementedError(f"no grouped (experts) op for {scheme.to_dict()}")
+    return fxq.mxfp4_grouped_mm.default, (x, *constants, offs)
 
 
 @register(
