@@ -336,12 +336,17 @@ HF_CONFIGS: dict[str, dict[str, Any]] = {
     },
     "mxfp4": {
         "class": "Mxfp4Config",
-        "status": "refused",
-        "why": "transformers' Mxfp4Config quantizes only gpt-oss's MoE experts (3-D batched "
-        "weights with `*_blocks` / `*_scales`) and keeps every nn.Linear in bf16; fxquant plans "
-        "linear-like nodes, not batched expert matmuls, so honouring it would quantize the "
-        "layers the original keeps and keep the ones it quantizes. For MXFP4 linears use "
-        "QuantConfig(scheme=MXFP4(scale_rule='ceil')) (transformers' E8M0 rounding) directly",
+        "status": "mapped",
+        "fields": {
+            "modules_to_not_convert": _SKIP + ". → MXFP4(activations=False, "
+            "scale_rule='ceil') on the mixture-of-experts weights only (`experts.gate_up_proj`"
+            " / `experts.down_proj`, 3-D, run by transformers' grouped_mm), as transformers "
+            "quantizes gpt-oss: every nn.Linear (attention, router, lm_head) stays float. e2m1 "
+            "weights in blocks of 32 along K with an E8M0 scale each, rounded up "
+            "(triton_kernels' downcast_to_mxfp), activations in float",
+            "dequantize": "False honoured; True refused (it asks for float weights: load the "
+            "model with transformers, no fxquant config is needed)",
+        },
     },
     "nvfp4": {
         "class": "NVFP4Config",
@@ -427,8 +432,9 @@ def _fields(obj: Any) -> dict[str, Any]:
         return dict(obj)
     if hasattr(obj, "to_dict"):  # transformers' QuantizationConfigMixin
         d = dict(obj.to_dict())
-        # to_dict serialises some objects (torchao configs); keep the live ones
-        for key in ("quant_type",):
+        # to_dict serialises some objects (torchao configs); keep the live ones. Mxfp4Config's
+        # to_dict drops dequantize, which changes what the config asks for.
+        for key in ("quant_type", "dequantize"):
             if hasattr(obj, key):
                 d[key] = getattr(obj, key)
         return d
@@ -922,6 +928,24 @@ def _bitsandbytes(f: dict[str, Any]) -> QuantConfig:
     return QuantConfig(scheme=scheme, **skip)
 
 
+# the 3-D expert weights transformers' Mxfp4Config quantizes (gpt-oss' names)
+MXFP4_EXPERTS = r"experts\.(gate_up_proj|down_proj)"
+
+
+def _mxfp4(f: dict[str, Any]) -> QuantConfig:
+    if f.get("dequantize"):
+        raise _refuse(
+            "Mxfp4Config",
+            "dequantize",
+            f["dequantize"],
+            "it asks for float weights: load the model with transformers, no fxquant config is "
+            "needed",
+        )
+    return QuantConfig(
+        overrides={MXFP4_EXPERTS: MXFP4(activations=False, scale_rule="ceil")}, **_skip(f)
+    )
+
+
 def _nvfp4(f: dict[str, Any]) -> QuantConfig:
     return QuantConfig(scheme=NVFP4(activations=True, scale_rule="six"), **_skip(f))
 
@@ -1124,6 +1148,7 @@ def _awq(f: dict[str, Any]) -> tuple[QuantConfig, Any, str | None]:
 _CALIBRATION_MAPPERS = {"gptq": _gptq, "awq": _awq}
 
 _MAPPERS = {
+    "mxfp4": _mxfp4,
     "hqq": _hqq,
     "bitnet": _bitnet,
     "nvfp4": _nvfp4,

@@ -461,16 +461,17 @@ def test_hf_configs_map(config, scheme):
     assert from_hf(config).scheme == scheme
 
 
-def test_hf_nvfp4_maps_with_a_warning_and_mxfp4_is_refused():
+def test_hf_nvfp4_maps_with_a_warning_and_mxfp4_takes_only_the_experts():
     from fxquant.hf import ApproximationWarning
 
     with pytest.warns(ApproximationWarning, match="bf16 activations"):
         cfg = from_hf({"quant_method": "nvfp4", "modules_to_not_convert": ["lm_head", "router"]})
     assert cfg.scheme == NVFP4(activations=True, scale_rule="six")
     assert cfg.modules_to_not_convert == ("lm_head", "router")
-    # transformers quantizes only gpt-oss's 3-D experts: the complement of what fxquant plans
-    with pytest.raises(NotImplementedError, match="only gpt-oss's MoE experts"):
-        from_hf({"quant_method": "mxfp4"})
+    # transformers quantizes only gpt-oss's 3-D experts (tests/test_mxfp4_experts.py runs it)
+    cfg = from_hf({"quant_method": "mxfp4"})
+    assert cfg.scheme is None
+    assert list(cfg.overrides.values()) == [MXFP4(activations=False, scale_rule="ceil")]
 
 
 def test_hf_objects_and_skip_lists():
