@@ -147,14 +147,15 @@ class LoadedCheckpoint:
         format: the checkpoint format, e.g. ``"compressed-tensors/pack-quantized"``.
         schemes: module name → the fxquant scheme its constants are stored for.
         weights: weight name (``<module>.weight``) → its constants, in that scheme's layout.
-        shapes: weight name → the float weight's [N, K] (what the model's linear must have).
+        shapes: weight name → the float weight's [N, K] (what the model's linear must have;
+            experts: the [E, K, N] the model stores).
         tensors: every other tensor (embeddings, norms, biases, unquantized linears), as stored.
     """
 
     format: str
     schemes: dict[str, Scheme] = field(default_factory=dict)
     weights: dict[str, QuantizedWeight] = field(default_factory=dict)
-    shapes: dict[str, tuple[int, int]] = field(default_factory=dict)
+    shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
     tensors: dict[str, torch.Tensor] = field(default_factory=dict)
 
     def add(self, module: str, scheme: Scheme, weight: QuantizedWeight, shape) -> None:
@@ -164,6 +165,16 @@ class LoadedCheckpoint:
         self.schemes[module] = scheme
         self.weights[name] = weight
         self.shapes[name] = shape
+
+    def add_experts(self, name: str, scheme: Scheme, weight: QuantizedWeight, shape) -> None:
+        """A mixture-of-experts weight: ``name`` is the 3-D parameter itself (gpt-oss'
+        ``<block>.mlp.experts.gate_up_proj``, no ``.weight``), which the model stores as
+        [E, K, N]; ``shape`` is its [E, N, K], the layout the constants are in."""
+        e, n, k = (int(d) for d in shape)
+        check_layout(scheme, name, (e, n, k), weight)
+        self.schemes[name] = scheme  # a grouped site's module name is its parameter's
+        self.weights[name] = weight
+        self.shapes[name] = (e, k, n)
 
     def with_prefix(self, prefix: str) -> LoadedCheckpoint:
         """The same checkpoint under ``prefix + name``: for a model wrapped in another module
@@ -248,14 +259,13 @@ def _read_with_config(source: TensorSource, qcfg: Mapping[str, Any] | None) -> L
 
         return (read_gptq if method == "gptq" else read_awq)(source, qcfg)
     if method == "mxfp4":
-        raise NotImplementedError(
-            "quant_method='mxfp4' (gpt-oss): its MXFP4 tensors (*_blocks / *_scales) are 3-D "
-            "expert weights used by a grouped matmul, not linear layers, which is what fxquant "
-            "rewrites"
-        )
+        from fxquant.ckpt_mxfp4 import read_mxfp4_experts
+
+        return read_mxfp4_experts(source, qcfg)
     raise NotImplementedError(
         f"loading quant_method={method!r} checkpoints is not supported; supported: "
-        "'compressed-tensors', 'fp8' (DeepSeek-style blocks), 'gptq', 'awq', and .gguf files"
+        "'compressed-tensors', 'fp8' (DeepSeek-style blocks), 'gptq', 'awq', 'mxfp4' (gpt-oss "
+        "experts), and .gguf files"
     )
 
 
@@ -472,8 +482,8 @@ def _with_tensors(ep: ExportedProgram, ckpt: LoadedCheckpoint, *, strict: bool) 
             )
         if tuple(state[name].shape) != shape:
             raise CheckpointError(
-                f"the checkpoint's {name!r} is {list(shape)} ([out, in]), the model's is "
-                f"{list(state[name].shape)}"
+                f"the checkpoint's {name!r} is {list(shape)} (as the model stores it), the "
+                f"model's is {list(state[name].shape)}"
             )
     missing, used = [], set()
     for names in groups:
