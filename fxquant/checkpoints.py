@@ -18,7 +18,8 @@ ExportedProgram ──save_compressed_tensors──▶ model.safetensors + confi
 Formats (docs/checkpoints.md lists what maps exactly and what is refused, and why):
 compressed-tensors ``naive-quantized`` / ``int-quantized`` / ``float-quantized`` /
 ``pack-quantized`` (``fxquant.ckpt_compressed_tensors``), DeepSeek-style FP8 blocks
-(``fxquant.ckpt_fp8``), GPTQ and AWQ GEMM (``fxquant.ckpt_gptq``), GGUF (``fxquant.ckpt_gguf``).
+(``fxquant.ckpt_fp8``), GPTQ and AWQ GEMM (``fxquant.ckpt_gptq``), gpt-oss MXFP4 experts
+(``fxquant.ckpt_mxfp4``), GGUF (``fxquant.ckpt_gguf``).
 Each reader raises ``CheckpointError`` naming the tensor and what was expected, and
 ``NotImplementedError`` saying why when a layout has no exact fxquant form.
 """

@@ -3,8 +3,9 @@
 First pass of the data flow (plan → rewrite → lower). It reads the graph only. A *site* is a node
 computing ``x @ W.T (+ b)`` with a constant W: ``aten.linear`` (``nn.Linear``, ``F.linear`` on a
 bare parameter), ``aten.addmm``/``aten.mm`` with W stored [K, N] (Hugging Face ``Conv1D``), and the
-torch-level spellings of the same calls that a Dynamo graph holds. The plan is data: the report
-prints it and the tests assert on it.
+torch-level spellings of the same calls that a Dynamo graph holds; and a mixture-of-experts
+``grouped_mm`` with a constant 3-D W [E, K, N] (transformers' grouped experts, e.g. gpt-oss),
+named after that parameter. The plan is data: the report prints it and the tests assert on it.
 """
 
 from __future__ import annotations
