@@ -41,8 +41,17 @@ _LINEAR_TARGETS: dict[object, tuple[str, int, int, int | None]] = {
 # the experts' cumulative row ends, as transformers' grouped experts run them (``experts
 # implementation`` "grouped_mm", its default): ``aten._grouped_mm`` or, where that cannot run,
 # transformers' own custom op, matched by name so planning never imports transformers.
-_GROUPED_TARGETS = {aten._grouped_mm.default: ("grouped_mm", 0, 1, None)}
-_GROUPED_BY_NAME = {"transformers.grouped_mm_fallback.default": ("grouped_mm", 0, 1, None)}
+# A Dynamo graph holds the torch functions and transformers' op packet, offs as a keyword.
+_GROUPED = ("grouped_mm", 0, 1, None)
+_GROUPED_TARGETS = {
+    aten._grouped_mm.default: _GROUPED,
+    **({torch._grouped_mm: _GROUPED} if hasattr(torch, "_grouped_mm") else {}),
+    **({F.grouped_mm: _GROUPED} if hasattr(F, "grouped_mm") else {}),
+}
+_GROUPED_BY_NAME = {
+    "transformers.grouped_mm_fallback.default": _GROUPED,
+    "transformers.grouped_mm_fallback": _GROUPED,
+}
 
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -50,7 +59,7 @@ FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 def _spec(target) -> tuple[str, int, int, int | None] | None:
     """(kind, index of x, index of W, index of bias or None) of a site's target, or None."""
     spec = _LINEAR_TARGETS.get(target) or _GROUPED_TARGETS.get(target)
-    if spec is None and isinstance(target, torch._ops.OpOverload):
+    if spec is None and isinstance(target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
         spec = _GROUPED_BY_NAME.get(str(target))
     return spec
 
@@ -229,12 +238,13 @@ def _shape_problem(site: Site, scheme: Scheme) -> str | None:
 
 def _grouped_problem(site: Site, scheme: Scheme, x: torch.Tensor) -> str | None:
     node = site.node
-    if node.target is aten._grouped_mm.default and (
-        node.kwargs.get("bias") is not None
-        or node.kwargs.get("out_dtype") is not None
-        or len(node.args) > 3
-    ):
-        return "grouped_mm with a bias or an out_dtype"
+    # torch's grouped_mm also takes a bias and an out dtype (torch 2.13 refuses both, but for
+    # bf16 out), transformers' op neither: the fxquant op has no bias and returns x's dtype
+    if str(node.target) not in _GROUPED_BY_NAME:
+        bias = node.args[3] if len(node.args) > 3 else node.kwargs.get("bias")
+        out_dtype = node.args[4] if len(node.args) > 4 else node.kwargs.get("out_dtype")
+        if bias is not None or out_dtype not in (None, x.dtype):
+            return "grouped_mm with a bias or an out_dtype other than its input's"
     if site.offs is None or x.dim() != 2:
         return f"grouped_mm of a {x.dim()}-D input or without offsets (only 2-D x with offs)"
     if not (isinstance(scheme, MXFP4) and not scheme.activations):

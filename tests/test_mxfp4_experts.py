@@ -161,6 +161,43 @@ def test_other_schemes_skip_the_experts_and_say_why(gpt_oss):
     assert rows["model.layers.0.self_attn.q_proj"]["status"] == "quantized"
 
 
+def test_torch_compile_backend_quantizes_the_experts():
+    model = tiny_model()
+    compiled = torch.compile(
+        model, backend="fxquant", options={"config": fxquant.from_hf(Mxfp4Config())}
+    )
+    with torch.no_grad():
+        got = logits(compiled)
+        want = logits(fake_quantized(tiny_model()))
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert not torch.equal(got, logits(model))  # the caller's model stays float
+
+
+class Grouped(torch.nn.Module):
+    """``torch._grouped_mm`` itself (what transformers calls in bf16 where it can)."""
+
+    def __init__(self, out_dtype=None) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(4, 64, 32, dtype=torch.bfloat16))
+        self.out_dtype = out_dtype
+
+    def forward(self, x, offs):
+        return torch._grouped_mm(x, self.w, offs=offs, out_dtype=self.out_dtype)
+
+
+@pytest.mark.parametrize("out_dtype", [None, torch.bfloat16])
+def test_aten_grouped_mm_is_a_site(out_dtype):
+    x = torch.randn(10, 64, dtype=torch.bfloat16)
+    offs = torch.tensor([3, 3, 7, 10], dtype=torch.int32)
+    model = Grouped(out_dtype)
+    qep = fxquant.quantize(model, fxquant.MXFP4(), example_inputs=(x, offs))
+    (row,) = fxquant.report(qep).rows
+    assert row["status"] == "quantized" and row["kind"] == "grouped_mm"
+    packed, scale = rmx.quantize_mxfp4_weight(model.w.detach().transpose(-2, -1), rule="floor")
+    want = rmx.mxfp4_grouped_mm(x, packed, scale, offs)
+    torch.testing.assert_close(qep.module()(x, offs), want, rtol=0, atol=0)
+
+
 @pytest.mark.slow
 def test_aot_package_runs_the_experts(gpt_oss, tmp_path):
     _, ep = gpt_oss
