@@ -16,7 +16,8 @@ static groups, with act-order (static groups), with damping 0.1, with group-awar
 with all Hessians from one float pass instead of layer by layer through the quantized model
 (``gptq-int4-float``), and AWQ's scales followed by GPTQ (``awq-gptq-int4``: with act-order;
 ``awq-gptq-mse-int4``: act-order and the mse search, ``awq-gptq-mse-first32-int4``: and the first
-position counted 32 times; ``awq-gptq-gar-int4``: with GAR;
+position counted 32 times, ``awq-gptq-mse-first32-damp0.1-int4``: and damping 0.1;
+``awq-gptq-gar-int4``: with GAR;
 ``awq-clip-gptq-int4``: AWQ with its clipping, then GPTQ with act-order).
 The issue's target: int4 g64 within +10 % of fp32, each algorithm below RTN at the same bits.
 
@@ -87,6 +88,30 @@ def variants(symmetric: bool) -> dict[str, tuple[object, object | None]]:
             (
                 AWQ(clip=False),
                 GPTQ(desc_act=True, static_groups=True, mse=2.4, first_token_weight=32.0),
+            ),
+        ),
+        # ...with damping 0.1 (Hugging Face GPTQConfig's default) instead of 0.01
+        "awq-gptq-mse-first32-damp0.1-int4": (
+            int4,
+            (
+                AWQ(clip=False),
+                GPTQ(
+                    desc_act=True,
+                    static_groups=True,
+                    mse=2.4,
+                    first_token_weight=32.0,
+                    damp_percent=0.1,
+                ),
+            ),
+        ),
+        "gptq-int4-actorder-mse-first32-damp0.1": (
+            int4,
+            GPTQ(
+                desc_act=True,
+                static_groups=True,
+                mse=2.4,
+                first_token_weight=32.0,
+                damp_percent=0.1,
             ),
         ),
         # AWQ's scales and clipping, then GPTQ (act-order) on the clipped weights

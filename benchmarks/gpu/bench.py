@@ -1,6 +1,6 @@
 """Are the Triton kernels right on a real GPU, and how fast are they against what CUDA users have?
 
-Run by ``benchmarks/gpu/run.sh`` on a lent H200 (one call; see benchmarks/README.md). Four
+Run by ``benchmarks/gpu/run.sh`` on a lent H200 (one call; see benchmarks/README.md). Five
 sections, in priority order, each written to ``$OUT/gpu.json`` as soon as it finishes, inside a
 wall-clock budget (``--budget-s``) so the call ends well before the device's per-call limit:
 
@@ -13,6 +13,9 @@ wall-clock budget (``--budget-s``) so the call ends well before the device's per
    ``torch._scaled_mm`` (per-tensor and per-row fp8) and ``torch._int_mm`` on the same M, N, K.
    Dynamic-activation recipes are timed twice: the whole linear (activation quantization +
    GEMM) and the GEMM alone on a pre-quantized activation (what ``_scaled_mm`` is given).
+1b. **experts**: gpt-oss-20b's MXFP4 expert GEMMs (32 experts, d = 2880, top-4; 1, 16, 512
+   tokens) through the CUDA lowering of ``fxquant::mxfp4_grouped_mm``, checked against its
+   reference and timed beside bf16 ``torch._grouped_mm`` on the dequantized weights.
 2. **norm_quant**: the fused RMSNorm → quantize kernel on a [8192, 4096] bf16 activation, as a
    fraction of the HBM copy bandwidth measured in the same run (target >= 75 %).
 3. **stack**: an 8-layer Llama-3-8B-shaped decoder (random weights, bf16) exported with a dynamic
@@ -75,7 +78,14 @@ class Budget:
 class Results:
     def __init__(self, out: Path, meta: dict):
         self.path = out / "gpu.json"
-        self.rec = {**meta, "kernels": [], "norm_quant": None, "stack": [], "complete": False}
+        self.rec = {
+            **meta,
+            "kernels": [],
+            "experts": [],
+            "norm_quant": None,
+            "stack": [],
+            "complete": False,
+        }
 
     def write(self) -> None:
         tmp = self.path.with_suffix(".tmp")
@@ -236,6 +246,51 @@ def _kernel_line(row: dict) -> str:
         else:
             parts.append(f"{r} {e['speedup_vs_bf16']:.2f}x ({e['sqnr_vs_reference_db']:.0f} dB)")
     return " | ".join(parts)
+
+
+# --------------------------------------------------------------------------- 1b. experts
+
+
+def run_experts(res: Results, budget: Budget, *, device: str, smoke: bool) -> None:
+    """gpt-oss-20b's MXFP4 experts (E = 32, d = 2880, top-4): the lowered
+    ``fxquant::mxfp4_grouped_mm`` beside bf16 ``torch._grouped_mm`` on the dequantized weight."""
+    from fxquant import reference_mx as rmx
+    from fxquant.passes.lower import lowerings
+
+    bench = timer(smoke)
+    fast = lowerings("cuda")[torch.ops.fxquant.mxfp4_grouped_mm.default]
+    e, top_k, d = (4, 2, 64) if smoke else (32, 4, 2880)
+    shapes = [("gate_up", 2 * d, d), ("down", d, d)] if not smoke else [("gate_up", 48, d)]
+    for label, n, k in shapes:
+        torch.manual_seed(0)
+        w = torch.randn(e, n, k, device=device) * 0.02
+        packed, scale = rmx.quantize_mxfp4_weight(w, rule="ceil")
+        w_ekn = rmx.dequantize_mxfp4_weight(packed, scale).to(torch.bfloat16).transpose(1, 2)
+        w_ekn = w_ekn.contiguous()
+        for tokens in (1, 5) if smoke else (1, 16, 512):
+            if budget.left() < 60:
+                print("experts: budget spent, stopping", flush=True)
+                return
+            rows = tokens * top_k
+            x = torch.randn(rows, k, device=device, dtype=torch.bfloat16)
+            ids = torch.randint(0, e, (rows,), device=device).sort().values
+            offs = torch.bincount(ids, minlength=e).cumsum(0).to(torch.int32)
+            row = {"shape": label, "tokens": tokens, "rows": rows, "N": n, "K": k, "E": e}
+            try:
+                args = (x, packed, scale, offs)
+                y = fast(*args)
+                row["sqnr_vs_reference_db"] = sqnr(rmx.mxfp4_grouped_mm(*args), y)
+                row["ms"] = bench(lambda args=args: fast(*args))
+                if hasattr(torch, "_grouped_mm") and not smoke:
+                    bf16 = (x, w_ekn)
+                    base = bench(lambda b=bf16, o=offs: torch._grouped_mm(*b, offs=o))
+                    row["bf16_grouped_mm_ms"] = base
+                    row["speedup_vs_bf16"] = base / row["ms"]
+            except Exception as ex:  # noqa: BLE001 - a failing kernel is a result
+                row["error"] = f"{type(ex).__name__}: {str(ex)[:300]}"
+            res.rec["experts"].append(row)
+            res.write()
+            print(f"experts {label} tokens={tokens}: {row}", flush=True)
 
 
 # --------------------------------------------------------------------------- 2. norm_quant
@@ -449,6 +504,20 @@ def write_table(rec: dict, path: Path) -> None:
                 f"| {r['recipe']} | {r['decode_speedup_vs_bf16']:.2f} | "
                 f"{r['prefill_speedup_vs_bf16']:.2f} | {r['build_s']:.0f} |"
             )
+    lines += [
+        "",
+        "| experts (MXFP4) | tokens | ms | x bf16 grouped_mm | SQNR dB |",
+        "|---|---|---|---|---|",
+    ]
+    for r in rec["experts"]:
+        if "error" in r:
+            lines.append(f"| {r['shape']} | {r['tokens']} | error | {r['error'][:80]} | |")
+        else:
+            speed = r.get("speedup_vs_bf16")
+            lines.append(
+                f"| {r['shape']} | {r['tokens']} | {r['ms']:.3f} | "
+                f"{'-' if speed is None else f'{speed:.2f}'} | {r['sqnr_vs_reference_db']:.0f} |"
+            )
     path.write_text("\n".join(lines) + "\n")
 
 
@@ -458,7 +527,9 @@ def main() -> None:
     ap.add_argument("--budget-s", type=float, default=420.0)
     ap.add_argument("--smoke", action="store_true", help="CPU + TRITON_INTERPRET=1, tiny shapes")
     ap.add_argument(
-        "--sections", default="kernels,norm_quant,stack", help="comma-separated subset to run"
+        "--sections",
+        default="kernels,experts,norm_quant,stack",
+        help="comma-separated subset to run",
     )
     a = ap.parse_args()
     if a.smoke:
@@ -490,6 +561,8 @@ def main() -> None:
     sections = a.sections.split(",")
     if "kernels" in sections:
         run_kernels(res, budget, device=device, smoke=a.smoke)
+    if "experts" in sections:
+        run_experts(res, budget, device=device, smoke=a.smoke)
     if "norm_quant" in sections and budget.left() > 30:
         run_norm_quant(res, device=device, smoke=a.smoke)
     if "stack" in sections:
