@@ -113,7 +113,9 @@ class Report:
                 (
                     r["name"] or "<root>",
                     _scheme_str(r) if r["status"] == "quantized" else "float (skipped)",
-                    f"{r['out_features']}×{r['in_features']}",
+                    # experts' weights (grouped_mm sites): E×N×K
+                    ("" if r.get("experts") is None else f"{r['experts']}×")
+                    + f"{r['out_features']}×{r['in_features']}",
                     f"{r['bytes_before']:,}",
                     f"{r['bytes_after']:,}",
                     "" if r["sqnr_db"] is None else f"{r['sqnr_db']:.1f}",

@@ -139,6 +139,7 @@ def test_mxfp4config_quantizes_the_experts_and_nothing_else(gpt_oss):
     )
     assert all(r["kind"] == "grouped_mm" and r["experts"] == 4 for r in quantized)
     assert all(r["sqnr_db"] > 15 for r in quantized)  # e2m1: ~18 dB on Gaussian weights
+    assert "4×128×64" in str(fxquant.report(qep))  # E×N×K of gate_up
     # every nn.Linear stays float, as transformers' Mxfp4Config keeps them
     assert {r["kind"] for r in rows if r["status"] == "skipped"} == {"linear"}
     targets = {str(n.target) for n in qep.graph.nodes if n.op == "call_function"}
