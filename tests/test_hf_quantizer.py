@@ -7,6 +7,11 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
+import json  # noqa: E402
+
+from safetensors import safe_open  # noqa: E402
+from safetensors.torch import load_file, save_file  # noqa: E402
+
 import fxquant  # noqa: E402
 from fxquant.hf_quantizer import FxquantHfConfig, QuantizedLinear  # noqa: E402
 from fxquant.reference import sqnr  # noqa: E402
@@ -88,10 +93,160 @@ def test_errors(tiny_checkpoint, tmp_path):
         FxquantHfConfig(8)
     with pytest.raises(ValueError, match="recipe"):
         FxquantHfConfig("int9")
+    with pytest.raises(TypeError, match="unknown \\['quant_method'\\]"):
+        FxquantHfConfig("int8wo", quant_method="gptq")
+    assert FxquantHfConfig(quant_method="fxquant", config="int4wo-64").config == (
+        FxquantHfConfig("int4wo-64").config
+    )
+
+
+def _ids():
+    return torch.randint(0, 128, (2, 11), generator=torch.Generator().manual_seed(1))
+
+
+def _logits(model, ids):
+    with torch.no_grad():
+        return model(ids, use_cache=False).logits
+
+
+@pytest.mark.parametrize("recipe", ["int8wo", "int4wo-64", "fp8-row"])
+def test_save_pretrained_round_trip(tiny_checkpoint, tmp_path, recipe):
+    """save_pretrained writes the QuantizedLinear buffers; from_pretrained of that folder (no
+    quantization_config) rebuilds the same modules before loading them: same buffers, same
+    report, bit-identical logits, and it exports to the same fxquant:: ops."""
+    path, _ = tiny_checkpoint
+    model = _load(path, recipe)
+    model.save_pretrained(tmp_path)
+    stored = json.loads((tmp_path / "config.json").read_text())["quantization_config"]
+    assert stored == {"quant_method": "fxquant", "config": FxquantHfConfig(recipe).config}
+    with safe_open(tmp_path / "model.safetensors", framework="pt") as f:
+        keys = set(f.keys())
+    assert "model.layers.0.self_attn.q_proj.qweight" in keys and "lm_head.weight" in keys
+    assert not any(k.endswith("proj.weight") for k in keys)  # no float copy of a quantized weight
+
+    again = transformers.AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    assert isinstance(again.model.layers[1].self_attn.o_proj, QuantizedLinear)
+    assert again.fxquant_report.rows == model.fxquant_report.rows
+    want, got = model.state_dict(), again.state_dict()
+    assert want.keys() == got.keys()
+    for k in want:
+        assert want[k].dtype == got[k].dtype and torch.equal(want[k], got[k]), k
+    ids = _ids()
+    logits = _logits(again, ids)
+    assert torch.equal(logits, _logits(model, ids))
+
+    kw = {"use_cache": False}
+    ep = torch.export.export(again, (ids,), kwargs=kw)
+    ops = {str(n.target) for n in ep.graph.nodes if str(n.target).startswith("fxquant")}
+    ref = torch.export.export(model, (ids,), kwargs=kw)
+    assert ops and ops == {
+        str(n.target) for n in ref.graph.nodes if str(n.target).startswith("fxquant")
+    }
+    torch.testing.assert_close(ep.module()(ids, **kw).logits, logits, rtol=0, atol=0)
+
+
+def test_reload_plans_with_the_dtype_it_was_quantized_from(tiny_checkpoint, tmp_path):
+    """Reloading in another dtype rebuilds the layers the checkpoint holds: the plan's dtype
+    check reads the dtype each weight was quantized from (float32), not the skeleton's
+    (float64, which the planner would keep in float)."""
     path, _ = tiny_checkpoint
     model = _load(path, "int8wo")
-    with pytest.raises(Exception, match="serializ|fxquant"):
+    model.save_pretrained(tmp_path)
+    again = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float64)
+    assert again.model.embed_tokens.weight.dtype == torch.float64
+    assert again.fxquant_report.rows == model.fxquant_report.rows
+    q, q2 = model.model.layers[0].mlp.up_proj, again.model.layers[0].mlp.up_proj
+    assert torch.equal(q2.qweight, q.qweight) and torch.equal(q2.scale, q.scale)
+
+
+class _TiedLlama(transformers.LlamaForCausalLM):
+    # lm_head tied to the embedding (as in most small models), and two linears tied to each other
+    _tied_weights_keys = {
+        "lm_head.weight": "model.embed_tokens.weight",
+        "model.layers.1.mlp.up_proj.weight": "model.layers.0.mlp.up_proj.weight",
+    }
+
+
+def test_save_pretrained_round_trip_tied_weights(tmp_path):
+    """A weight two linears share is quantized once and stored once; a quantized lm_head tied
+    to the embedding drops the tie (it has no weight left). Both come back from a bf16 save."""
+    cfg = transformers.LlamaConfig(
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(0)
+    _TiedLlama(cfg).save_pretrained(tmp_path / "float")
+    qcfg = fxquant.QuantConfig(scheme=fxquant.Int8WeightOnly(), modules_to_not_convert=())
+    model = _TiedLlama.from_pretrained(
+        tmp_path / "float", quantization_config=FxquantHfConfig(qcfg), dtype=torch.bfloat16
+    ).eval()
+    up0, up1 = (model.model.layers[i].mlp.up_proj for i in (0, 1))
+    assert up1.qweight is up0.qweight
+    rows = {r["name"]: r for r in model.fxquant_report.rows}
+    assert rows["model.layers.1.mlp.up_proj"]["shared_with"] == "model.layers.0.mlp.up_proj"
+    assert rows["lm_head"]["status"] == "quantized"
+
+    model.save_pretrained(tmp_path / "q")
+    with safe_open(tmp_path / "q" / "model.safetensors", framework="pt") as f:
+        keys = set(f.keys())
+    assert not any(k.startswith("model.layers.1.mlp.up_proj") for k in keys)
+    assert {"lm_head.qweight", "model.embed_tokens.weight"} <= keys
+
+    again = _TiedLlama.from_pretrained(tmp_path / "q").eval()
+    assert again.dtype == torch.bfloat16
+    assert again.model.layers[1].mlp.up_proj.qweight is again.model.layers[0].mlp.up_proj.qweight
+    assert isinstance(again.lm_head, QuantizedLinear)
+    assert again.fxquant_report.rows == model.fxquant_report.rows
+    ids = _ids()
+    assert torch.equal(_logits(again, ids), _logits(model, ids))
+
+
+def _rewrite(path, edit):
+    """Rewrite model.safetensors in ``path`` through ``edit(tensors)``, keeping its metadata."""
+    f = path / "model.safetensors"
+    with safe_open(f, framework="pt") as h:
+        metadata = h.metadata()
+    tensors = load_file(f)
+    edit(tensors)
+    save_file(tensors, f, metadata=metadata)
+
+
+def test_reload_refuses_a_checkpoint_that_does_not_match(tiny_checkpoint, tmp_path):
+    path, _ = tiny_checkpoint
+    model = _load(path, "int4wo-64")
+    model.save_pretrained(tmp_path)
+    key = "model.layers.1.mlp.down_proj.scale"
+
+    _rewrite(tmp_path, lambda t: t.update({key: t[key][:, :1].contiguous()}))
+    with pytest.raises(ValueError, match=f"tensor '{key}' .* is \\[64, 1\\] F32; .*\\[64, 2\\]"):
+        transformers.AutoModelForCausalLM.from_pretrained(tmp_path)
+
+    _rewrite(tmp_path, lambda t: t.pop(key))
+    with pytest.raises(ValueError, match=f"no tensor '{key}'"):
+        transformers.AutoModelForCausalLM.from_pretrained(tmp_path)
+
+    # config.json says int8 while the weights are int4: refused before any tensor is read
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    cfg["quantization_config"] = FxquantHfConfig("int8wo").to_dict()
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="config.json and the weights disagree"):
+        transformers.AutoModelForCausalLM.from_pretrained(tmp_path)
+
+
+def test_save_pretrained_refuses_constants_it_cannot_store(tiny_checkpoint, tmp_path):
+    path, _ = tiny_checkpoint
+    model = _load(path, "int8wo")
+    o_proj = model.model.layers[0].self_attn.o_proj
+    o_proj.scale = torch.ones(o_proj.scale.shape, dtype=torch.float8_e8m0fnu)
+    with pytest.raises(ValueError, match="Int8WeightOnly.*o_proj.scale.*float8_e8m0fnu"):
         model.save_pretrained(tmp_path / "q")
+    assert not (tmp_path / "q" / "model.safetensors").exists()
+    assert not (tmp_path / "q" / "config.json").exists()
 
 
 @pytest.mark.slow
