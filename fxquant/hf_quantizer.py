@@ -239,7 +239,34 @@ def quantize_linears(model: nn.Module, config: QuantConfig | Scheme | str) -> Re
             site.row.update(bytes_after=q.nbytes, sqnr_db=round(sqnr(wf, q.dequantized), 2))
             done[site.name] = q
         _swap(model, site, q)
-    return Report(rows=[s.row for s in sites], config=config, program_bytes=_bytes(model))
+    rows = [s.row for s in sites] + _expert_rows(model, config)
+    return Report(rows=rows, config=config, program_bytes=_bytes(model))
+
+
+def _expert_rows(model: nn.Module, config: QuantConfig) -> list[dict]:
+    """Skipped rows for the 3-D mixture-of-experts weights the config gives a scheme (gpt-oss'
+    ``experts.gate_up_proj``, as ``from_hf(Mxfp4Config())`` targets): transformers runs them in
+    a grouped GEMM inside the experts module, not in an ``nn.Linear`` this bridge can swap. The
+    export path rewrites that GEMM (``fxquant.quantize`` / ``load_quantized``)."""
+    rows = []
+    for name, p in model.named_parameters():
+        scheme = config.scheme_for(name)[0] if p.dim() == 3 else None
+        if scheme is None:
+            continue
+        owner = model.get_submodule(name.rpartition(".")[0])
+        e, a, b = p.shape  # transformers' experts: [E, K, N] when is_transposed, else [E, N, K]
+        n, k = (b, a) if getattr(owner, "is_transposed", False) else (a, b)
+        size = p.numel() * p.dtype.itemsize
+        rows.append({
+            "name": name, "weight": name, "node": None, "kind": "experts", "experts": e,
+            "in_features": k, "out_features": n, "dtype": str(p.dtype).removeprefix("torch."),
+            "status": "skipped", "scheme": None,
+            "reason": f"expert weights ({scheme.name} planned) run in a grouped GEMM, not an "
+            "nn.Linear: the from_pretrained bridge swaps nn.Linear only; export the model and "
+            "use fxquant.quantize or load_quantized, which rewrite that GEMM",
+            "bytes_before": size, "bytes_after": size, "sqnr_db": None,
+        })  # fmt: skip
+    return rows
 
 
 def _bytes(model: nn.Module) -> int:
@@ -480,7 +507,9 @@ class FxquantHfQuantizer(HfQuantizer):
             saved = _lookup(self._saved_rows, site.name, prefix)
             site.row["sqnr_db"] = None if saved is None else saved["sqnr_db"]
         model.fxquant_report = Report(
-            rows=[s.row for s in self._sites], config=config, program_bytes=_bytes(model)
+            rows=[s.row for s in self._sites] + _expert_rows(model, config),
+            config=config,
+            program_bytes=_bytes(model),
         )
         return model
 

@@ -348,3 +348,19 @@ def test_dequantize_true_is_refused(tmp_path):
         fxquant.read_quantized(
             tmp_path, quantization_config={**config["quantization_config"], "dequantize": True}
         )
+
+
+def test_the_from_pretrained_bridge_reports_the_experts_it_cannot_swap(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from fxquant.hf_quantizer import FxquantHfConfig
+
+    tiny_model().save_pretrained(tmp_path)
+    config = FxquantHfConfig(fxquant.from_hf(Mxfp4Config()))
+    model = AutoModelForCausalLM.from_pretrained(tmp_path, quantization_config=config)
+    rows = {r["name"]: r for r in model.fxquant_report.rows}
+    row = rows["model.layers.0.mlp.experts.gate_up_proj"]
+    assert row["status"] == "skipped" and row["kind"] == "experts"
+    assert (row["experts"], row["out_features"], row["in_features"]) == (4, 128, 64)
+    assert "export the model and use fxquant.quantize or load_quantized" in row["reason"]
+    assert not model.fxquant_report.quantized  # Mxfp4Config plans no nn.Linear
