@@ -52,6 +52,9 @@ def variants(symmetric: bool) -> dict[str, tuple[object, object | None]]:
     """name → (scheme, calibration method or None for round-to-nearest)."""
     int4 = fxquant.Int4WeightOnly(group_size=64, symmetric=symmetric)
     w8a8 = fxquant.Int8DynamicActivation()
+    gptq_best = GPTQ(
+        desc_act=True, static_groups=True, mse=2.4, first_token_weight=32.0, damp_percent=0.1
+    )
     return {
         "fp32": (None, None),
         "rtn-int4": (int4, None),
@@ -91,29 +94,8 @@ def variants(symmetric: bool) -> dict[str, tuple[object, object | None]]:
             ),
         ),
         # ...with damping 0.1 (Hugging Face GPTQConfig's default) instead of 0.01
-        "awq-gptq-mse-first32-damp0.1-int4": (
-            int4,
-            (
-                AWQ(clip=False),
-                GPTQ(
-                    desc_act=True,
-                    static_groups=True,
-                    mse=2.4,
-                    first_token_weight=32.0,
-                    damp_percent=0.1,
-                ),
-            ),
-        ),
-        "gptq-int4-actorder-mse-first32-damp0.1": (
-            int4,
-            GPTQ(
-                desc_act=True,
-                static_groups=True,
-                mse=2.4,
-                first_token_weight=32.0,
-                damp_percent=0.1,
-            ),
-        ),
+        "awq-gptq-mse-first32-damp0.1-int4": (int4, (AWQ(clip=False), gptq_best)),
+        "gptq-int4-actorder-mse-first32-damp0.1": (int4, gptq_best),
         # AWQ's scales and clipping, then GPTQ (act-order) on the clipped weights
         "awq-clip-gptq-int4": (int4, (AWQ(), GPTQ(desc_act=True, static_groups=True))),
         "rtn-w8a8": (w8a8, None),

@@ -17,18 +17,22 @@ from fxquant.hf_quantizer import FxquantHfConfig, QuantizedLinear  # noqa: E402
 from fxquant.reference import sqnr  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def tiny_checkpoint(tmp_path_factory):
-    """A small random Llama saved as a float checkpoint (what a Hub download looks like)."""
-    cfg = transformers.LlamaConfig(
+def _llama_config(**kw) -> transformers.LlamaConfig:
+    return transformers.LlamaConfig(
         vocab_size=128,
         hidden_size=64,
         intermediate_size=128,
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
-        max_position_embeddings=64,
+        **kw,
     )
+
+
+@pytest.fixture(scope="module")
+def tiny_checkpoint(tmp_path_factory):
+    """A small random Llama saved as a float checkpoint (what a Hub download looks like)."""
+    cfg = _llama_config(max_position_embeddings=64)
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(cfg).eval()
     path = tmp_path_factory.mktemp("tiny_llama")
@@ -170,15 +174,7 @@ class _TiedLlama(transformers.LlamaForCausalLM):
 def test_save_pretrained_round_trip_tied_weights(tmp_path):
     """A weight two linears share is quantized once and stored once; a quantized lm_head tied
     to the embedding drops the tie (it has no weight left). Both come back from a bf16 save."""
-    cfg = transformers.LlamaConfig(
-        vocab_size=128,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        tie_word_embeddings=True,
-    )
+    cfg = _llama_config(tie_word_embeddings=True)
     torch.manual_seed(0)
     _TiedLlama(cfg).save_pretrained(tmp_path / "float")
     qcfg = fxquant.QuantConfig(scheme=fxquant.Int8WeightOnly(), modules_to_not_convert=())
