@@ -343,8 +343,9 @@ def _cases():
 
 def _format_cases():
     """bitsandbytes 4-bit (plain and double-quantized absmax), LLM.int8's activation quantizer
-    (with and without outlier columns), MXFP4 / NVFP4 (E8M0 or e4m3 block scales) and MXFP8."""
-    from fxquant.kernels import bnb4_weight_only, llm_int8, mxfp4, mxfp8
+    (with and without outlier columns), MXFP4 / NVFP4 (E8M0 or e4m3 block scales), the MXFP4
+    experts' grouped GEMM and MXFP8."""
+    from fxquant.kernels import bnb4_weight_only, llm_int8, mxfp4, mxfp4_grouped, mxfp8
 
     cases = []
     ints = {"M": "i32", "N": "i32", "K": "i32"}
@@ -417,6 +418,28 @@ def _format_cases():
                     },
                 )
             )
+    for offs in ("*i32", "*i64"):  # the MoE grouped GEMM, with either offsets dtype
+        cases.append(
+            _case(
+                f"mxfp4 grouped mm offs={offs}",
+                mxfp4_grouped._fp4_grouped_kernel,
+                {
+                    "x_ptr": "*bf16",
+                    "w_ptr": "*u8",
+                    "s_ptr": "*u8",
+                    "offs_ptr": offs,
+                    "out_ptr": "*bf16",
+                    "S": "i32",
+                    "N": "i32",
+                    "K": "i32",
+                },
+                {
+                    "BLOCK_M": mxfp4_grouped._BLOCK_M,
+                    "BLOCK_N": mxfp4_grouped._BLOCK_N,
+                    "BLOCK_K": mxfp4_grouped._BLOCK_K,
+                },
+            )
+        )
     for rows in (1, 128):
         bm, bn = mxfp8.block_sizes(rows)
         cases.append(
