@@ -4,8 +4,9 @@ First pass of the data flow (plan → rewrite → lower). It reads the graph onl
 computing ``x @ W.T (+ b)`` with a constant W: ``aten.linear`` (``nn.Linear``, ``F.linear`` on a
 bare parameter), ``aten.addmm``/``aten.mm`` with W stored [K, N] (Hugging Face ``Conv1D``), and the
 torch-level spellings of the same calls that a Dynamo graph holds; and a mixture-of-experts
-``grouped_mm`` with a constant 3-D W [E, K, N] (transformers' grouped experts, e.g. gpt-oss),
-named after that parameter. The plan is data: the report prints it and the tests assert on it.
+``grouped_mm`` with a constant 3-D W [E, K, N], or the transpose of one stored [E, N, K]
+(transformers' grouped experts: gpt-oss, Mixtral, Qwen3-MoE …), named after that parameter.
+The plan is data: the report prints it and the tests assert on it.
 """
 
 from __future__ import annotations
@@ -75,7 +76,10 @@ class Site:
     node: fx.Node
     kind: str  # linear | addmm | mm | matmul | grouped_mm
     weight_fqn: str
-    weight: torch.Tensor  # as stored: [N, K] for linear, [K, N] otherwise; grouped: [E, K, N]
+    # as stored: [N, K] for linear, [K, N] otherwise; grouped: [E, K, N], or [E, N, K] when
+    # the node reads it through a transpose (``stored_nk``)
+    weight: torch.Tensor
+    stored_nk: bool = False
 
     # x and bias are read from the node each time: rewriting an earlier site (whose output is
     # this one's input) replaces the node they pointed to.
@@ -107,7 +111,7 @@ class Site:
 
     @property
     def transposed(self) -> bool:
-        return self.kind != "linear"
+        return self.kind != "linear" and not self.stored_nk
 
     @property
     def out_features(self) -> int:
@@ -178,7 +182,11 @@ def find_sites(graph: fx.Graph, weight_of: WeightLookup) -> list[Site]:
         args = node.args
         if len(args) <= wi or not isinstance(args[wi], fx.Node):
             continue
-        found = weight_of(args[wi])
+        found, stored_nk = weight_of(args[wi]), False
+        if found is None and kind == "grouped_mm":
+            # most transformers MoE models store experts [E, N, K] and pass W.transpose(-2, -1)
+            source = _transposed_last_two(args[wi])
+            found, stored_nk = (None, False) if source is None else (weight_of(source), True)
         if found is None:
             continue
         fqn, weight = found
@@ -188,8 +196,24 @@ def find_sites(graph: fx.Graph, weight_of: WeightLookup) -> list[Site]:
             node.kwargs.get("beta", 1) != 1 or node.kwargs.get("alpha", 1) != 1
         ):
             continue
-        sites.append(Site(node, kind, fqn, weight))
+        sites.append(Site(node, kind, fqn, weight, stored_nk))
     return sites
+
+
+def _transposed_last_two(node: fx.Node) -> fx.Node | None:
+    """The 3-D tensor node ``node`` transposes the last two dims of, or None: ``aten.transpose``
+    in an exported graph, ``.transpose`` / ``torch.transpose`` in a Dynamo graph."""
+    is_transpose = (node.op, node.target) in (
+        ("call_function", aten.transpose.int),
+        ("call_function", torch.transpose),
+        ("call_method", "transpose"),
+    )
+    if not is_transpose:
+        return None
+    src, dims = node.args[0], node.args[1:3]
+    if not isinstance(src, fx.Node) or len(dims) != 2:
+        return None
+    return src if {d % 3 for d in dims if isinstance(d, int)} == {1, 2} else None
 
 
 def plan_sites(

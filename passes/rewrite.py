@@ -341,6 +341,10 @@ def _replace(editor, plan: LayerPlan, constants: list[fx.Node]) -> fx.Node:
         op, args = handler_for(plan.scheme).op_args(plan.scheme, site.x, constants, site.bias)
     weight_node = site.weight_node
     new = editor.swap(site.node, op, args)
+    if site.stored_nk and not weight_node.users:
+        # experts read through a transpose: drop it, then the parameter it read
+        view, weight_node = weight_node, weight_node.args[0]
+        editor.graph.erase_node(view)
     editor.release(weight_node)
     return new
 

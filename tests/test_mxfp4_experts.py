@@ -174,6 +174,45 @@ def test_torch_compile_backend_quantizes_the_experts():
     assert not torch.equal(got, logits(model))  # the caller's model stays float
 
 
+def test_experts_stored_n_by_k_are_read_through_their_transpose():
+    """Most transformers MoE models (Mixtral here) store experts [E, N, K] and hand grouped_mm
+    ``W.transpose(-2, -1)``: the site is the parameter behind the transpose."""
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    config = MixtralConfig(
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+    )
+    torch.manual_seed(0)
+    model = MixtralForCausalLM(config).eval()
+    qconfig = fxquant.QuantConfig(overrides={r"experts\.(gate_up_proj|down_proj)": fxquant.MXFP4()})
+    qep = fxquant.quantize(export(model), qconfig)
+    quantized = [r for r in fxquant.report(qep).rows if r["status"] == "quantized"]
+    assert [(r["experts"], r["out_features"], r["in_features"]) for r in quantized[:2]] == [
+        (4, 128, 64),
+        (4, 64, 64),
+    ]
+    assert not any(k.endswith("experts.gate_up_proj") for k in qep.state_dict)  # float released
+    fake = MixtralForCausalLM(config).eval()
+    fake.load_state_dict(model.state_dict())
+    for layer in fake.model.layers:
+        for name in ("gate_up_proj", "down_proj"):
+            p = getattr(layer.mlp.experts, name)
+            packed, scale = rmx.quantize_mxfp4_weight(p.data, rule="floor")  # stored [E, N, K]
+            p.data = rmx.dequantize_mxfp4_weight(packed, scale)
+    with torch.no_grad():
+        want = logits(fake)
+        torch.testing.assert_close(logits(qep.module()), want, rtol=1e-5, atol=1e-5)
+        compiled = torch.compile(model, backend="fxquant", options={"config": qconfig})
+        torch.testing.assert_close(logits(compiled), want, rtol=1e-5, atol=1e-5)
+
+
 class Grouped(torch.nn.Module):
     """``torch._grouped_mm`` itself (what transformers calls in bf16 where it can)."""
 
