@@ -83,7 +83,9 @@ HF_CONFIGS: dict[str, dict[str, Any]] = {
             "modules_to_not_convert": _SKIP,
             "modules_to_convert": "only these modules are quantized (QuantConfig.overrides)",
             "scale_fmt": "'float' honoured; 'ue8m0' (power-of-two block scales) refused",
-            "expert_dtype": "'fp8' honoured for experts that are nn.Linear; 'fp4' refused",
+            "expert_dtype": "'fp8' honoured for experts that are nn.Linear (3-D expert weights "
+            "stay float: fxquant's grouped expert op is MXFP4 weight-only); 'fp4' refused "
+            "(DeepSeek-V4's FP4 experts run with FP8 block activations, which that op lacks)",
         },
     },
     "quanto": {
@@ -567,7 +569,13 @@ def _fine_grained(f: dict[str, Any]) -> QuantConfig:
             "power-of-two (ue8m0) block scales are not a Float8Block option yet",
         )
     if f.get("expert_dtype", "fp8") != "fp8":
-        raise _refuse(cls, "expert_dtype", f["expert_dtype"], "no FP4 format yet")
+        raise _refuse(
+            cls,
+            "expert_dtype",
+            f["expert_dtype"],
+            "DeepSeek-V4's FP4 experts run with FP8 block activations; fxquant's grouped "
+            "expert op (fxquant::mxfp4_grouped_mm) is MXFP4 weight-only",
+        )
     if f.get("dequantize"):
         return QuantConfig(scheme=None, **_skip(f))
     scheme = Float8Block(block_size=int(block[0]))
