@@ -10,7 +10,9 @@ AOTInductor.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import shutil
 import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -19,10 +21,12 @@ from typing import Any
 import torch
 from torch.export import ExportedProgram
 
+from fxquant import runtime
 from fxquant.config import QuantConfig, Scheme
+from fxquant.llm import llm_info
 from fxquant.passes.float8_regions import inference_config, uses_float8_training
 from fxquant.passes.fuse import fuse_norms
-from fxquant.passes.lower import lower
+from fxquant.passes.lower import _device_type, lower, native_cpu
 from fxquant.passes.rewrite import ProgramEditor, rewrite
 from fxquant.passes.schemes import QuantizedWeight
 
@@ -121,29 +125,73 @@ def aot_compile(
     if package_path.suffix != ".pt2":
         raise ValueError(f"package_path={str(package_path)!r} must end in .pt2 (AOTInductor)")
     lowered = lower(ep, device=device)
-    with atomic_path(package_path) as tmp:
+    configs = dict(inductor_configs or {})
+    info = llm_info(ep)
+    if info is not None:
+        # what the runtime checks before serving (fxquant.runtime.LLMPackage)
+        configs["aot_inductor.metadata"] = {
+            **configs.get("aot_inductor.metadata", {}),
+            runtime.METADATA_KEY: json.dumps(_package_info(ep, info, device), sort_keys=True),
+        }
+    link = contextlib.nullcontext()
+    if _device_type(device) == "cpu" and native_cpu():
+        # the native kernels' C shims, linked statically into the package (fxquant.kernels.cpu)
+        import fxquant.kernels.cpu as native
+
+        configs = {**native.aoti_options(), **configs}
+        link = native.link_path()
+    with atomic_path(package_path, keep_name=True) as tmp, link:
         torch._inductor.aoti_compile_and_package(
-            lowered, package_path=str(tmp), inductor_configs=inductor_configs or {}
+            lowered, package_path=str(tmp), inductor_configs=configs
         )
     return torch._inductor.aoti_load_package(str(package_path))
 
 
+def _package_info(ep: ExportedProgram, info: dict, device: str | torch.device) -> dict:
+    from fxquant.report import report
+
+    rep = report(ep)
+    return {
+        **info,
+        "device": _device_type(device),
+        "torch": torch.__version__,
+        "fxquant": _version(),
+        "isa_flags": runtime.isa_flags() if _device_type(device) == "cpu" else [],
+        "config": None if rep.config is None else rep.config.to_dict(),
+    }
+
+
+def _version() -> str:
+    import fxquant
+
+    return fxquant.__version__
+
+
 @contextlib.contextmanager
-def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+def atomic_path(path: str | os.PathLike, *, keep_name: bool = False) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; on success rename it into place, else delete it.
 
-    So a failed or interrupted write never leaves a half-written file at ``path``.
+    So a failed or interrupted write never leaves a half-written file at ``path``. With
+    ``keep_name`` the temporary file has ``path``'s own name, in a temporary folder beside it
+    (AOTInductor names the package's inner folder after the file it writes).
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=path.suffix, prefix=f".{path.name}.", dir=path.parent)
-    os.close(fd)
+    if keep_name:
+        folder = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+        tmp = folder / path.name
+    else:
+        fd, name = tempfile.mkstemp(suffix=path.suffix, prefix=f".{path.name}.", dir=path.parent)
+        os.close(fd)
+        tmp, folder = Path(name), None
     try:
-        yield Path(tmp)
+        yield tmp
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600 files; give the usual mode
         os.replace(tmp, path)
     finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        if tmp.exists():
+            tmp.unlink()
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)

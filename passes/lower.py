@@ -412,6 +412,14 @@ def _device_type(device: str | torch.device) -> str:
     return device_type
 
 
+def native_cpu() -> bool:
+    """Whether the CPU lowering targets fxquant's native kernels (``fxquant.kernels.cpu``, built
+    on first use); False where they cannot be built, and with ``FXQUANT_NATIVE=0``."""
+    from fxquant.passes import lower_native
+
+    return lower_native.available()
+
+
 def lowerings(device: str | torch.device = "cpu") -> dict:
     """The op → aten composition table for a device type (semantic and device ops)."""
     if _device_type(device) == "cuda":
@@ -419,7 +427,20 @@ def lowerings(device: str | torch.device = "cpu") -> dict:
         from fxquant.passes.lower_cuda import CUDA_LOWERINGS
 
         return dict(CUDA_LOWERINGS)
-    return {**CPU_LOWERINGS, **CPU_DECOMPOSITIONS}
+    table = {**CPU_LOWERINGS, **CPU_DECOMPOSITIONS}
+    if native_cpu():
+        from fxquant.passes import lower_native
+
+        table.update(lower_native.LOWERINGS)
+    return table
+
+
+def _cpu_prepack_rules() -> dict:
+    if native_cpu():
+        from fxquant.passes import lower_native
+
+        return lower_native.prepack_table()  # int8 and fp8 need none: the kernels read W as is
+    return CPU_PREPACK
 
 
 def prepack(editor, *, device: str | torch.device = "cpu") -> int:
@@ -429,10 +450,11 @@ def prepack(editor, *, device: str | torch.device = "cpu") -> int:
 
     if _device_type(device) != "cpu":
         return 0
+    rules = _cpu_prepack_rules()
     done = 0
     cache: dict[tuple, fx.Node] = {}
     for node in list(editor.graph.nodes):
-        rule = CPU_PREPACK.get(node.target) if node.op == "call_function" else None
+        rule = rules.get(node.target) if node.op == "call_function" else None
         if rule is None or (rule.when is not None and not rule.when(node)):
             continue
         const_nodes = node.args[rule.first_const : rule.first_const + rule.n_consts]

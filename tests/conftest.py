@@ -132,6 +132,21 @@ class Mixed(nn.Module):
 SMOLLM2_PPL_1024 = 31.716
 
 
+@pytest.fixture(params=["native", "aten"])
+def cpu_kernels(request, monkeypatch):
+    """Run a test on both CPU lowerings: the native kernels (fxquant.kernels.cpu, the default
+    where they build) and the aten compositions that stand in where no compiler works."""
+    from fxquant.passes import lower_native
+
+    if request.param == "native" and not lower_native.available():
+        pytest.skip(
+            "native CPU kernels unavailable: " + str(lower_native.native.unavailable_reason())
+        )
+    if request.param == "aten":
+        monkeypatch.setattr(lower_native, "available", lambda: False)
+    return request.param
+
+
 @pytest.fixture(scope="session")
 def smollm2():
     """(model, tokenizer): the real SmolLM2-135M, loaded once per test session (~45 s)."""

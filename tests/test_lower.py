@@ -8,26 +8,29 @@ from torch.export import Dim
 
 import fxquant
 from conftest import Mixed
+from fxquant.passes import lower_native
 from fxquant.passes.lower import CPU_DECOMPOSITIONS, CPU_LOWERINGS, lower, lowerings
 from fxquant.passes.rewrite import counters
 from fxquant.reference import sqnr
 
 RECIPES = list(fxquant.RECIPES)
-# recipes whose CPU lowering prepacks for a bf16 kernel (int2/int3/hqq take the int4 kernel)
+# recipes whose aten CPU lowering prepacks for a bf16 kernel (int2/int3/hqq take the int4 one)
 _BF16_KERNELS = ("int8wo", "int4wo", "w8a8", "int3wo", "int2wo", "hqq-int4")
+# recipes the native lowering repacks (the int4 nibble layout); int8 and fp8 read W as it is
+_NATIVE_PREPACK = ("int4wo", "int3wo", "int2wo", "hqq-int4")
 
 
-def _floor_db(recipe: str, dtype: torch.dtype) -> float:
+def _floor_db(recipe: str, dtype: torch.dtype, native: bool) -> float:
     """How close (SQNR, dB) the lowered program must be to the semantic one.
 
-    The CPU int8/int4 kernels (int8wo, int4wo, w8a8) take bf16 activations (fp32 ones run a
-    scalar path 10-30x slower) and return bf16, which costs ~50 dB per layer; the fp8 lowerings
-    compute the reference math in fp32 and differ only by the order of fp32 roundings.
-    A bf16 model rounds every layer's output as well (three layers deep here).
+    The aten CPU int8/int4 kernels (int8wo, int4wo, w8a8) take bf16 activations (fp32 ones run a
+    scalar path 10-30x slower) and return bf16, which costs ~50 dB per layer; the native kernels
+    and the fp8 lowerings compute the reference math in fp32 and differ only by the order of
+    fp32 roundings. A bf16 model rounds every layer's output as well (three layers deep here).
     """
     if dtype == torch.bfloat16:
         return 35.0
-    if recipe.startswith(_BF16_KERNELS):
+    if recipe.startswith(_BF16_KERNELS) and not native:
         return 40.0
     return 80.0
 
@@ -41,7 +44,7 @@ def _ops(prefix: str | None = None) -> set:
         if n.endswith(("_linear", "_grouped_mm")) or n == "norm_quant"
     ]
     if prefix is None:
-        names = [n for n in names if not n.startswith(("cpu_", "triton_"))]
+        names = [n for n in names if not n.startswith(("cpu_", "triton_", "native_"))]
     else:
         names = [n for n in names if n.startswith(prefix)]
     return {getattr(torch.ops.fxquant, n).default for n in names}
@@ -51,7 +54,10 @@ def test_every_op_has_a_cpu_lowering():
     # Checked against what is registered now (other test modules may have imported the Triton
     # ops, which are not CPU lowerings' business).
     ops = _ops() | _ops("cpu_")
-    assert ops and ops == set(CPU_LOWERINGS) | set(CPU_DECOMPOSITIONS)
+    native_device_ops = {k for k in lower_native.LOWERINGS if "native" in str(k)}
+    assert ops and ops == set(CPU_LOWERINGS) | set(CPU_DECOMPOSITIONS) | native_device_ops
+    # the native table covers semantic ops and its own device op, nothing unknown
+    assert set(lower_native.LOWERINGS) <= ops
 
 
 def test_every_semantic_op_has_a_cuda_lowering():
@@ -64,7 +70,8 @@ def test_every_semantic_op_has_a_cuda_lowering():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("recipe", RECIPES)
-def test_lowered_program_matches_semantic_program(recipe, dtype):
+def test_lowered_program_matches_semantic_program(recipe, dtype, cpu_kernels):
+    native = cpu_kernels == "native"
     torch.manual_seed(0)
     model = Mixed().eval().to(dtype)
     x = torch.randn(2, 7, 64, dtype=dtype)
@@ -75,14 +82,17 @@ def test_lowered_program_matches_semantic_program(recipe, dtype):
     lowered = lower(qep)
     prepacked = sum(v - before.get(k, 0) for k, v in counters.items() if k.startswith("prepack."))
     # the three linears of Mixed (nn.Linear, F.linear, Conv1D) all get the CPU kernel layout
-    assert prepacked == (3 if recipe.startswith(_BF16_KERNELS) else 0)
+    repacked = _NATIVE_PREPACK if native else _BF16_KERNELS
+    assert prepacked == (3 if recipe.startswith(repacked) else 0)
     targets = {str(n.target) for n in lowered.graph.nodes if n.op == "call_function"}
-    assert not any(t.startswith("fxquant.") for t in targets), targets
+    # only the native kernels (C++, with C shims for AOTInductor) may stay fxquant ops
+    left = {t for t in targets if t.startswith("fxquant.")}
+    assert all(t.startswith("fxquant.native_") for t in left) and (native or not left), targets
     for shape in [(1, 1, 64), (3, 5, 64)]:
         x = torch.randn(shape, dtype=dtype)
         got, want = lowered.module()(x), qep.module()(x)
         assert got.dtype == want.dtype and got.shape == want.shape
-        assert sqnr(want, got) >= _floor_db(recipe, dtype), (shape, sqnr(want, got))
+        assert sqnr(want, got) >= _floor_db(recipe, dtype, native), (shape, sqnr(want, got))
 
 
 def test_lower_rejects_unknown_device():

@@ -1,0 +1,273 @@
+"""Native CPU kernels: the ``fxquant::native_*`` ops, built from ``linear.cpp`` on first use.
+
+Where this sits: below ``fxquant.passes.lower``. On CPU the lowering rewrites the int8, int4,
+w8a8 and fp8 linears to these ops (weights repacked once by the ``prepack_*`` helpers here);
+in process they run through a small shared library registered with torch's stable ABI, and
+``aot_compile`` links the same kernels statically into the AOTInductor package
+(:func:`aoti_options`), whose model .so then calls their C shims directly: the package needs
+neither fxquant nor this library to run.
+
+The library is compiled with the C++ compiler AOTInductor itself uses, for this machine
+(``-march=native``), once per source, torch version and CPU, into ``$FXQUANT_CACHE_DIR``
+(default ``~/.cache/fxquant``)/native/<key>; a build takes a few seconds and is reused by every
+later process. Where no compiler works, :func:`available` is False with the reason, and the
+lowering keeps its aten compositions (slower, same numerics).
+
+Why C++ and not an aten composition: see the header of ``linear.cpp`` (memory bandwidth at
+M = 1, measured by ``benchmarks/cpu_kernels.py``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+__all__ = [
+    "NATIVE_OPS",
+    "aoti_options",
+    "available",
+    "build_dir",
+    "cache_root",
+    "load",
+    "prepack_int4",
+    "unavailable_reason",
+]
+
+_HERE = Path(__file__).resolve().parent
+_SOURCES = ("linear.cpp", "register.cpp")
+_ARCHIVE = "libfxquant_native.a"
+_SHARED = "libfxquant_native.so"
+INT4_BLOCK = 32  # nibble interleave block of the int4 kernel layout (linear.cpp)
+
+# op name → its C shim declaration (what AOTInductor calls; the name is aoti_torch_cpu_<op>)
+NATIVE_OPS = {
+    "native_int8_weight_only_linear": (
+        "native_int8_weight_only_linear(Tensor x, Tensor weight, Tensor scale) -> Tensor",
+        "AOTITorchError aoti_torch_cpu_native_int8_weight_only_linear(AtenTensorHandle x, "
+        "AtenTensorHandle weight, AtenTensorHandle scale, AtenTensorHandle* ret0)",
+    ),
+    "native_float8_weight_only_linear": (
+        "native_float8_weight_only_linear(Tensor x, Tensor weight, Tensor scale) -> Tensor",
+        "AOTITorchError aoti_torch_cpu_native_float8_weight_only_linear(AtenTensorHandle x, "
+        "AtenTensorHandle weight, AtenTensorHandle scale, AtenTensorHandle* ret0)",
+    ),
+    "native_int8_scaled_linear": (
+        "native_int8_scaled_linear(Tensor xq, Tensor xs, Tensor weight, Tensor scale) -> Tensor",
+        "AOTITorchError aoti_torch_cpu_native_int8_scaled_linear(AtenTensorHandle xq, "
+        "AtenTensorHandle xs, AtenTensorHandle weight, AtenTensorHandle scale, "
+        "AtenTensorHandle* ret0)",
+    ),
+    "native_int4_weight_only_linear": (
+        "native_int4_weight_only_linear(Tensor x, Tensor weight, Tensor scale, Tensor offset, "
+        "int group_size) -> Tensor",
+        "AOTITorchError aoti_torch_cpu_native_int4_weight_only_linear(AtenTensorHandle x, "
+        "AtenTensorHandle weight, AtenTensorHandle scale, AtenTensorHandle offset, "
+        "int64_t group_size, AtenTensorHandle* ret0)",
+    ),
+}
+
+_lib = torch.library.Library("fxquant", "FRAGMENT")
+for _name, (_schema, _) in NATIVE_OPS.items():
+    _lib.define(_schema)
+
+
+def _out(x: Tensor, weight: Tensor) -> Tensor:
+    return x.new_empty((x.shape[0], weight.shape[0]), dtype=torch.float32)
+
+
+torch.library.register_fake("fxquant::native_int8_weight_only_linear", lib=_lib)(
+    lambda x, weight, scale: _out(x, weight)
+)
+torch.library.register_fake("fxquant::native_float8_weight_only_linear", lib=_lib)(
+    lambda x, weight, scale: _out(x, weight)
+)
+torch.library.register_fake("fxquant::native_int8_scaled_linear", lib=_lib)(
+    lambda xq, xs, weight, scale: _out(xq, weight)
+)
+torch.library.register_fake("fxquant::native_int4_weight_only_linear", lib=_lib)(
+    lambda x, weight, scale, offset, group_size: _out(x, weight)
+)
+
+
+# --------------------------------------------------------------------------------------------
+# Weight layouts (computed once, at lowering time)
+# --------------------------------------------------------------------------------------------
+
+
+def prepack_int4(
+    packed: Tensor, scale: Tensor, zero: Tensor, *, group_size: int
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The rewrite's int4 layout → the kernel's: (weight uint8 [N, K/2], scale, offset).
+
+    In: ``packed`` [N, K/2] (two codes a byte along K, low nibble = even column), ``scale``
+    fp32 and ``zero`` uint8 [N, K/g], with w = (u - z) * s. Out: per 32 columns 16 bytes, byte
+    i holding columns i (low nibble) and i + 16 (high), so 16 low nibbles meet 16 consecutive
+    activations; ``offset = -z * s`` so that w = u * s + offset.
+    """
+    from fxquant import reference as ref
+
+    if group_size % INT4_BLOCK:
+        raise ValueError(f"prepack_int4: group_size={group_size} must be a multiple of 32")
+    u = ref.unpack_int4(packed)  # [N, K]
+    n, k = u.shape
+    blocks = u.reshape(n, k // INT4_BLOCK, 2, INT4_BLOCK // 2)
+    kernel = (blocks[:, :, 0] | (blocks[:, :, 1] << 4)).reshape(n, k // 2).contiguous()
+    scale = scale.float().contiguous()
+    offset = (-zero.float() * scale).contiguous()
+    return kernel, scale, offset
+
+
+def pad_columns(t: Tensor, k: int) -> Tensor:
+    """``t`` [M, K'] zero-padded to K columns (int4 weights are padded to whole groups)."""
+    return t if t.shape[-1] == k else F.pad(t, (0, k - t.shape[-1]))
+
+
+# --------------------------------------------------------------------------------------------
+# Build and load
+# --------------------------------------------------------------------------------------------
+
+
+def cache_root() -> Path:
+    """fxquant's cache folder: ``$FXQUANT_CACHE_DIR`` or ``~/.cache/fxquant``."""
+    env = os.environ.get("FXQUANT_CACHE_DIR")
+    return Path(env) if env else Path.home() / ".cache" / "fxquant"
+
+
+def _compiler() -> str:
+    from torch._inductor.cpp_builder import get_cpp_compiler
+
+    return get_cpp_compiler()
+
+
+def _cpu_signature() -> str:
+    # -march=native: the build belongs to this CPU model and flag set
+    flags = ""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "model name")):
+                flags += line
+            if line.startswith("flags"):
+                break
+    return platform.machine() + flags
+
+
+@functools.cache
+def _key() -> str:
+    h = hashlib.sha256()
+    for name in _SOURCES:
+        h.update((_HERE / name).read_bytes())
+    h.update(torch.__version__.encode())
+    h.update(_cpu_signature().encode())
+    h.update(_compiler().encode())
+    return h.hexdigest()[:20]
+
+
+def build_dir() -> Path:
+    """Where this machine's build of the kernels lives (it may not exist yet)."""
+    return cache_root() / "native" / _key()
+
+
+def _build(target: Path) -> None:
+    from torch.utils.cpp_extension import include_paths
+
+    cxx = _compiler()
+    includes = [f"-I{p}" for p in include_paths()]
+    flags = ["-O3", "-march=native", "-fopenmp", "-fPIC", "-std=c++17", "-DNDEBUG"]
+    torch_lib = Path(torch.__file__).parent / "lib"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".build-", dir=target.parent))
+    try:
+
+        def run(*cmd: str) -> None:
+            proc = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True)
+            if proc.returncode:
+                raise RuntimeError(f"{' '.join(cmd[:3])} … failed:\n{proc.stderr[-2000:]}")
+
+        run(cxx, *flags, *includes, "-c", str(_HERE / "linear.cpp"), "-o", "linear.o")
+        run("ar", "rcs", _ARCHIVE, "linear.o")
+        run(cxx, *flags, *includes, "-c", str(_HERE / "register.cpp"), "-o", "register.o")
+        run(
+            cxx, "-shared", "-fopenmp", "register.o", "linear.o", f"-L{torch_lib}",
+            f"-Wl,-rpath,{torch_lib}", "-ltorch", "-ltorch_cpu", "-lc10", "-o", _SHARED,
+        )  # fmt: skip
+        try:
+            os.replace(tmp, target)  # atomic: another process may have finished first
+        except OSError:
+            if not (target / _SHARED).exists():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+_state: dict[str, object] = {}
+
+
+def load() -> bool:
+    """Build (if needed) and load the kernels into this process; True when they are usable."""
+    if "ok" in _state:
+        return bool(_state["ok"])
+    if os.environ.get("FXQUANT_NATIVE", "1") == "0":
+        _state.update(ok=False, reason="disabled by FXQUANT_NATIVE=0")
+        return False
+    try:
+        target = build_dir()
+        if not (target / _SHARED).exists():
+            _build(target)
+        torch.ops.load_library(str(target / _SHARED))
+        _state.update(ok=True, reason=None)
+    except Exception as exc:  # noqa: BLE001  (no compiler, a failed build: fall back, say why)
+        _state.update(ok=False, reason=f"{type(exc).__name__}: {exc}".strip())
+    return bool(_state["ok"])
+
+
+def available() -> bool:
+    """Whether the native kernels are built and loaded (building them on first call)."""
+    return load()
+
+
+def unavailable_reason() -> str | None:
+    """Why :func:`available` is False (None when it is True)."""
+    load()
+    return _state.get("reason")  # type: ignore[return-value]
+
+
+def aoti_options() -> dict:
+    """Inductor settings that make AOTInductor call the C shims and link the kernels in."""
+    if not load():
+        return {}
+    ops = {getattr(torch.ops.fxquant, n).default: [shim] for n, (_, shim) in NATIVE_OPS.items()}
+    return {
+        "aot_inductor.custom_ops_to_c_shims": ops,
+        # ":name" makes the linker take that exact file from LIBRARY_PATH (see link_path)
+        "aot_inductor.custom_op_libs": [f":{_ARCHIVE}"],
+    }
+
+
+@contextlib.contextmanager
+def link_path() -> Iterator[None]:
+    """Put the static archive's folder on the linker's search path (``LIBRARY_PATH``) while an
+    AOTInductor package links; the archive's code is copied into the package's model .so."""
+    if not load():
+        yield
+        return
+    old = os.environ.get("LIBRARY_PATH")
+    os.environ["LIBRARY_PATH"] = os.pathsep.join(p for p in (str(build_dir()), old) if p)
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("LIBRARY_PATH", None)
+        else:
+            os.environ["LIBRARY_PATH"] = old

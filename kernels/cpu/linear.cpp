@@ -1,0 +1,468 @@
+// Native CPU kernels for the quantized linears: what fxquant.passes.lower emits on CPU.
+//
+// Where this sits: the last step of the CPU data flow. The lowering rewrites each quantized
+// linear to one `fxquant::native_*` op; Inductor calls it as an extern kernel, and AOTInductor
+// calls the C shims below (`aoti_torch_cpu_<op name>`), which `fxquant.kernels.cpu` links
+// statically into the package's model .so, so a package runs where fxquant is not installed.
+// The same functions back the ops in process (register.cpp, through torch's stable ABI).
+//
+// Why they exist: at M = 1 (LLM decode) a linear is a read of its weight, and the ATen
+// kernels PyTorch ships read int8 / int4 weights at a fraction of the memory bandwidth on AVX2
+// (benchmarks/cpu_kernels.py): `_weight_int8pack_mm` ~5 GB/s where fp32 sgemm streams ~11.
+// The GEMVs here stream each weight row once, decode it in registers (int8, int4 nibbles,
+// fp8 e4m3) and accumulate in fp32 (int32 for int8 x int8). For larger M the weight is
+// dequantized a chunk of rows at a time into a buffer that stays in cache and multiplied by
+// ATen's mm (MKL): as fast as fp32 at prefill, with a quarter of the bytes at rest.
+//
+// Numerics match fxquant.reference: the same integer/fp8 values, scales applied in the same
+// places, fp32 accumulation (int8 x int8 in exact int32); only the order of the fp32 sums
+// differs. Layouts (made once by the lowering's prepack, fxquant.kernels.cpu.prepack_*):
+//   int8      w [N, K] int8, scale [N] fp32                       y = (x . w) * scale
+//   int8xint8 xq [M, K] int8, xs [M] fp32, w and scale as above     y = (xq . w) * xs * scale
+//   int4      w [N, K/2] uint8: per 32 columns 16 bytes, byte i = u[i] | u[i + 16] << 4;
+//             scale, offset [N, K/g] fp32 with w = u * scale + offset (offset = -z * scale)
+//   fp8 e4m3  w [N, K] float8_e4m3fn, scale [N] fp32                y = (x . w) * scale
+// Every input is contiguous; the output is a new fp32 [M, N] tensor. K of int4 is a multiple
+// of 32 (the lowering pads); nothing else is assumed about the sizes.
+
+#include <torch/csrc/inductor/aoti_torch/c/shim.h>
+#include <torch/csrc/inductor/aoti_torch/generated/c_shim_cpu.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define FXQ_AVX2 1
+#endif
+
+namespace {
+
+// Up to this many rows a GEMV (the weight read once, each row decoded again per activation
+// row) beats dequantize + mm; above it the mm wins. Measured on the SmolLM2 linears, AVX2 EPYC
+// (benchmarks/cpu_kernels.py): int8 x int8 keeps winning longest (one maddubs per 32 products).
+constexpr int64_t kGemvMaxM[] = {/* kInt8 */ 16, /* kInt4 */ 8, /* kFp8 */ 8};
+constexpr int64_t kGemvMaxMInt8Int8 = 32;
+// Rows of weight dequantized per mm call: about 2 MiB of fp32, which stays in cache.
+constexpr int64_t kChunkBytes = 2 * 1024 * 1024;
+constexpr int64_t kRowBlock = 4;  // weight rows per GEMV micro-kernel
+
+enum class Fmt { kInt8, kInt4, kFp8 };
+
+// ---- scalar decoders (reference for the vector paths, and the non-AVX2 build) -------------
+
+inline float fp8_e4m3_to_float(uint8_t b) {
+  // The 7 magnitude bits moved to the top of an fp32's exponent/mantissa, then rebiased by
+  // 2^(127-7): exact for normals and subnormals alike (0x7F, NaN in e4m3fn, never occurs in
+  // a quantized weight: the rewrite refuses non-finite weights).
+  uint32_t bits = (uint32_t(b & 0x7F) << 20) | (uint32_t(b & 0x80) << 24);
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f * 0x1p120f;
+}
+
+inline float int4_code(const uint8_t* row, int64_t k) {
+  const uint8_t byte = row[(k / 32) * 16 + (k % 16)];
+  return float((k % 32) < 16 ? (byte & 0x0F) : (byte >> 4));
+}
+
+#ifdef FXQ_AVX2
+inline float hsum(__m256 v) {
+  __m128 lo = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+  lo = _mm_add_ss(lo, _mm_shuffle_ps(lo, lo, 1));
+  return _mm_cvtss_f32(lo);
+}
+
+inline int32_t hsum_i32(__m256i v) {
+  __m128i lo = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  lo = _mm_add_epi32(lo, _mm_unpackhi_epi64(lo, lo));
+  lo = _mm_add_epi32(lo, _mm_shuffle_epi32(lo, 1));
+  return _mm_cvtsi128_si32(lo);
+}
+
+inline __m256 load_int8x8(const int8_t* p) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)p)));
+}
+
+inline __m256 load_fp8x8(const uint8_t* p) {
+  const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)p));
+  const __m256i mag = _mm256_slli_epi32(_mm256_and_si256(b, _mm256_set1_epi32(0x7F)), 20);
+  const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(b, _mm256_set1_epi32(0x80)), 24);
+  return _mm256_mul_ps(_mm256_castsi256_ps(_mm256_or_si256(mag, sign)),
+                       _mm256_set1_ps(0x1p120f));
+}
+#endif
+
+// ---- GEMV: y[m, n] for m < M <= kGemvMaxM, one block of weight rows at a time --------------
+// The block's rows (a few KiB) stay in L1 across the M activation rows, so the weight is read
+// from memory once whatever M is.
+
+// y[m, n] = sum_k x[m, k] * w[n, k]   (w int8 or fp8 bits), times scale[n]
+template <Fmt F>
+void gemv_bytes(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t N,
+                const float* scale, float* y) {
+#pragma omp parallel for schedule(static)
+  for (int64_t n0 = 0; n0 < N; n0 += kRowBlock) {
+    const int64_t nb = std::min(kRowBlock, N - n0);
+    for (int64_t m = 0; m < M; ++m) {
+      const float* xm = x + m * K;
+      float out[kRowBlock] = {0.f, 0.f, 0.f, 0.f};
+      int64_t k = 0;
+#ifdef FXQ_AVX2
+      if (nb == kRowBlock) {
+        __m256 acc[kRowBlock] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                                 _mm256_setzero_ps()};
+        for (; k + 8 <= K; k += 8) {
+          const __m256 xv = _mm256_loadu_ps(xm + k);
+          for (int r = 0; r < kRowBlock; ++r) {
+            const uint8_t* p = w + (n0 + r) * K + k;
+            const __m256 wv = F == Fmt::kInt8 ? load_int8x8((const int8_t*)p) : load_fp8x8(p);
+            acc[r] = _mm256_fmadd_ps(xv, wv, acc[r]);
+          }
+        }
+        for (int r = 0; r < kRowBlock; ++r) out[r] = hsum(acc[r]);
+      }
+#endif
+      for (int64_t r = 0; r < nb; ++r) {
+        const uint8_t* row = w + (n0 + r) * K;
+        float s = 0.f;
+        for (int64_t kk = (nb == kRowBlock ? k : 0); kk < K; ++kk) {
+          const float wv = F == Fmt::kInt8 ? float(int8_t(row[kk])) : fp8_e4m3_to_float(row[kk]);
+          s += xm[kk] * wv;
+        }
+        y[m * N + n0 + r] = (out[r] + s) * scale[n0 + r];
+      }
+    }
+  }
+}
+
+// y[m, n] = (sum_k xq[m, k] * w[n, k]) * xs[m] * scale[n], the sum in exact int32
+void gemv_int8_int8(const int8_t* xq, const float* xs, int64_t M, int64_t K, const int8_t* w,
+                    int64_t N, const float* scale, float* y) {
+#pragma omp parallel for schedule(static)
+  for (int64_t n0 = 0; n0 < N; n0 += kRowBlock) {
+    const int64_t nb = std::min(kRowBlock, N - n0);
+    for (int64_t m = 0; m < M; ++m) {
+      const int8_t* xm = xq + m * K;
+      int32_t out[kRowBlock] = {0, 0, 0, 0};
+      int64_t k = 0;
+#ifdef FXQ_AVX2
+      if (nb == kRowBlock) {
+        // maddubs multiplies unsigned by signed bytes: |x| times w with x's sign moved onto w.
+        // |x| <= 127 and |w| <= 127, so a pair sums to at most 2 * 127 * 127 < 2^15: no
+        // saturation, and the int32 sums are exact.
+        const __m256i ones = _mm256_set1_epi16(1);
+        __m256i acc[kRowBlock] = {_mm256_setzero_si256(), _mm256_setzero_si256(),
+                                  _mm256_setzero_si256(), _mm256_setzero_si256()};
+        for (; k + 32 <= K; k += 32) {
+          const __m256i xv = _mm256_loadu_si256((const __m256i*)(xm + k));
+          const __m256i ax = _mm256_sign_epi8(xv, xv);
+          for (int r = 0; r < kRowBlock; ++r) {
+            const __m256i wv = _mm256_loadu_si256((const __m256i*)(w + (n0 + r) * K + k));
+            const __m256i p16 = _mm256_maddubs_epi16(ax, _mm256_sign_epi8(wv, xv));
+            acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(p16, ones));
+          }
+        }
+        for (int r = 0; r < kRowBlock; ++r) out[r] = hsum_i32(acc[r]);
+      }
+#endif
+      for (int64_t r = 0; r < nb; ++r) {
+        const int8_t* row = w + (n0 + r) * K;
+        int32_t s = 0;
+        for (int64_t kk = (nb == kRowBlock ? k : 0); kk < K; ++kk) s += int32_t(xm[kk]) * row[kk];
+        y[m * N + n0 + r] = float(out[r] + s) * xs[m] * scale[n0 + r];
+      }
+    }
+  }
+}
+
+// int4: y[m, n] = sum_g scale[n, g] * (sum_{k in g} x u) + offset[n, g] * (sum_{k in g} x)
+void gemv_int4(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t N,
+               const float* scale, const float* offset, int64_t group, float* y) {
+  const int64_t G = K / group;
+  std::vector<float> xsum(M * G);  // per activation row and group: sum of x (the offset term)
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t g = 0; g < G; ++g) {
+      float s = 0.f;
+      for (int64_t k = g * group; k < (g + 1) * group; ++k) s += x[m * K + k];
+      xsum[m * G + g] = s;
+    }
+  const int64_t row_bytes = K / 2;
+#pragma omp parallel for schedule(static)
+  for (int64_t n0 = 0; n0 < N; n0 += kRowBlock) {
+    const int64_t nb = std::min(kRowBlock, N - n0);
+    for (int64_t m = 0; m < M; ++m) {
+      const float* xm = x + m * K;
+      for (int64_t r0 = 0; r0 < nb;) {
+#ifdef FXQ_AVX2
+        if (nb - r0 >= 2) {  // two rows at a time: x loads shared, 8 accumulators live
+          const __m128i low = _mm_set1_epi8(0x0F);
+          __m256 tot[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+          for (int64_t g = 0; g < G; ++g) {
+            __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+            for (int64_t k = g * group; k < (g + 1) * group; k += 32) {
+              const __m256 x0 = _mm256_loadu_ps(xm + k), x1 = _mm256_loadu_ps(xm + k + 8);
+              const __m256 x2 = _mm256_loadu_ps(xm + k + 16), x3 = _mm256_loadu_ps(xm + k + 24);
+              for (int r = 0; r < 2; ++r) {
+                const __m128i b = _mm_loadu_si128(
+                    (const __m128i*)(w + (n0 + r0 + r) * row_bytes + k / 2));
+                const __m128i lo = _mm_and_si128(b, low);
+                const __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), low);
+                auto cvt = [](__m128i v) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)); };
+                acc[r] = _mm256_fmadd_ps(x0, cvt(lo), acc[r]);
+                acc[r] = _mm256_fmadd_ps(x1, cvt(_mm_srli_si128(lo, 8)), acc[r]);
+                acc[r] = _mm256_fmadd_ps(x2, cvt(hi), acc[r]);
+                acc[r] = _mm256_fmadd_ps(x3, cvt(_mm_srli_si128(hi, 8)), acc[r]);
+              }
+            }
+            for (int r = 0; r < 2; ++r)
+              tot[r] = _mm256_fmadd_ps(_mm256_set1_ps(scale[(n0 + r0 + r) * G + g]), acc[r],
+                                       tot[r]);
+          }
+          for (int r = 0; r < 2; ++r) {
+            const int64_t n = n0 + r0 + r;
+            float off = 0.f;
+            for (int64_t g = 0; g < G; ++g) off += offset[n * G + g] * xsum[m * G + g];
+            y[m * N + n] = hsum(tot[r]) + off;
+          }
+          r0 += 2;
+          continue;
+        }
+#endif
+        const int64_t n = n0 + r0;
+        const uint8_t* row = w + n * row_bytes;
+        float tot = 0.f;
+        for (int64_t g = 0; g < G; ++g) {
+          float acc = 0.f;
+          for (int64_t k = g * group; k < (g + 1) * group; ++k) acc += xm[k] * int4_code(row, k);
+          tot += scale[n * G + g] * acc + offset[n * G + g] * xsum[m * G + g];
+        }
+        y[m * N + n] = tot;
+        r0 += 1;
+      }
+    }
+  }
+}
+
+// ---- Large M: dequantize a chunk of rows, mm straight into the output ---------------------
+
+// rows [n0, n0 + nc) of the weight, dequantized to fp32 with their scales folded in
+void dequant_rows(Fmt fmt, const uint8_t* w, int64_t K, const float* scale, const float* offset,
+                  int64_t group, int64_t n0, int64_t nc, float* out) {
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < nc; ++r) {
+    const int64_t n = n0 + r;
+    float* o = out + r * K;
+    if (fmt == Fmt::kInt8) {
+      const int8_t* row = (const int8_t*)w + n * K;
+      const float s = scale[n];
+      for (int64_t k = 0; k < K; ++k) o[k] = float(row[k]) * s;
+    } else if (fmt == Fmt::kFp8) {
+      const uint8_t* row = w + n * K;
+      const float s = scale[n];
+      int64_t k = 0;
+#ifdef FXQ_AVX2
+      for (; k + 8 <= K; k += 8)
+        _mm256_storeu_ps(o + k, _mm256_mul_ps(load_fp8x8(row + k), _mm256_set1_ps(s)));
+#endif
+      for (; k < K; ++k) o[k] = fp8_e4m3_to_float(row[k]) * s;
+    } else {
+      const uint8_t* row = w + n * (K / 2);
+      const int64_t G = K / group;
+      for (int64_t k0 = 0; k0 < K; k0 += 32) {  // K is a multiple of the group, hence of 32
+        const float s = scale[n * G + k0 / group], b = offset[n * G + k0 / group];
+        const uint8_t* bytes = row + k0 / 2;
+        for (int i = 0; i < 16; ++i) {
+          o[k0 + i] = float(bytes[i] & 0x0F) * s + b;
+          o[k0 + 16 + i] = float(bytes[i] >> 4) * s + b;
+        }
+      }
+    }
+  }
+}
+
+AOTITorchError blob(void* data, int64_t rows, int64_t cols, int64_t row_stride,
+                    int64_t col_stride, AtenTensorHandle* out) {
+  const int64_t sizes[2] = {rows, cols}, strides[2] = {row_stride, col_stride};
+  return aoti_torch_create_tensor_from_blob(data, 2, sizes, strides, 0,
+                                            aoti_torch_dtype_float32(),
+                                            aoti_torch_device_type_cpu(), 0, out);
+}
+
+struct Handles {  // owns up to four AtenTensorHandle references
+  AtenTensorHandle hs[4] = {nullptr, nullptr, nullptr, nullptr};
+  int n = 0;
+  AtenTensorHandle* add() { return &hs[n++]; }
+  ~Handles() {
+    for (AtenTensorHandle h : hs)
+      if (h) aoti_torch_delete_tensor_object(h);
+  }
+};
+
+// y [M, N] = x [M, K] (fp32) @ dequant(w)^T, a chunk of weight rows at a time: the chunk is
+// written to a buffer that stays in cache, and ATen's mm (MKL) writes y's columns in place.
+AOTITorchError gemm_chunked(Fmt fmt, const float* x, int64_t M, int64_t K, const uint8_t* w,
+                            int64_t N, const float* scale, const float* offset, int64_t group,
+                            float* y) {
+  const int64_t nc_max = std::max<int64_t>(16, kChunkBytes / (4 * std::max<int64_t>(K, 1)));
+  std::vector<float> wbuf(std::min(nc_max, N) * K);
+  Handles h;
+  AtenTensorHandle* xt = h.add();
+  if (AOTITorchError e = blob((void*)x, M, K, K, 1, xt)) return e;
+  for (int64_t n0 = 0; n0 < N; n0 += nc_max) {
+    const int64_t nc = std::min(nc_max, N - n0);
+    dequant_rows(fmt, w, K, scale, offset, group, n0, nc, wbuf.data());
+    Handles chunk;
+    AtenTensorHandle* wt = chunk.add();  // the chunk as a [K, nc] (transposed) view
+    AtenTensorHandle* yt = chunk.add();  // y[:, n0 : n0 + nc], row stride N
+    if (AOTITorchError e = blob(wbuf.data(), K, nc, 1, K, wt)) return e;
+    if (AOTITorchError e = blob(y + n0, M, nc, N, 1, yt)) return e;
+    if (AOTITorchError e = aoti_torch_cpu_mm_out(*yt, *xt, *wt)) return e;
+  }
+  return AOTI_TORCH_SUCCESS;
+}
+
+// ---- Shim plumbing: checks, output allocation ----------------------------------------------
+
+struct Mat {
+  void* data = nullptr;
+  int64_t rows = 0, cols = 0;
+};
+
+// A contiguous tensor of `dim` dims and dtype `dtype`, on CPU; 2-D ones as (rows, cols).
+bool view(AtenTensorHandle t, int64_t dim, int32_t dtype, Mat* out) {
+  int64_t d = 0;
+  int32_t dt = 0, dev = 0;
+  int64_t* sizes = nullptr;
+  int64_t* strides = nullptr;
+  if (aoti_torch_get_dim(t, &d) || d != dim) return false;
+  if (aoti_torch_get_dtype(t, &dt) || dt != dtype) return false;
+  if (aoti_torch_get_device_type(t, &dev) || dev != aoti_torch_device_type_cpu()) return false;
+  if (aoti_torch_get_sizes(t, &sizes) || aoti_torch_get_strides(t, &strides)) return false;
+  int64_t expect = 1;
+  for (int64_t i = dim - 1; i >= 0; --i) {
+    if (sizes[i] != 1 && strides[i] != expect) return false;
+    expect *= sizes[i];
+  }
+  if (aoti_torch_get_data_ptr(t, &out->data)) return false;
+  out->rows = dim >= 1 ? sizes[0] : 1;
+  out->cols = dim >= 2 ? sizes[1] : 1;
+  return true;
+}
+
+AOTITorchError new_output(int64_t M, int64_t N, AtenTensorHandle* ret, float** data) {
+  const int64_t sizes[2] = {M, N}, strides[2] = {N, 1};
+  if (AOTITorchError e = aoti_torch_empty_strided(2, sizes, strides, aoti_torch_dtype_float32(),
+                                                  aoti_torch_device_type_cpu(), 0, ret))
+    return e;
+  void* p = nullptr;
+  if (AOTITorchError e = aoti_torch_get_data_ptr(*ret, &p)) return e;
+  *data = (float*)p;
+  return AOTI_TORCH_SUCCESS;
+}
+
+AOTITorchError bytes_linear(Fmt fmt, int32_t w_dtype, AtenTensorHandle x, AtenTensorHandle w,
+                            AtenTensorHandle scale, AtenTensorHandle* ret0) {
+  Mat xm, wm, sm;
+  if (!view(x, 2, aoti_torch_dtype_float32(), &xm) || !view(w, 2, w_dtype, &wm) ||
+      !view(scale, 1, aoti_torch_dtype_float32(), &sm) || wm.cols != xm.cols ||
+      sm.rows != wm.rows)
+    return AOTI_TORCH_FAILURE;
+  const int64_t M = xm.rows, K = xm.cols, N = wm.rows;
+  float* y = nullptr;
+  if (AOTITorchError e = new_output(M, N, ret0, &y)) return e;
+  if (M == 0 || N == 0) return AOTI_TORCH_SUCCESS;
+  const auto* xp = (const float*)xm.data;
+  const auto* wp = (const uint8_t*)wm.data;
+  const auto* sp = (const float*)sm.data;
+  if (M <= kGemvMaxM[int(fmt)]) {
+    if (fmt == Fmt::kInt8)
+      gemv_bytes<Fmt::kInt8>(xp, M, K, wp, N, sp, y);
+    else
+      gemv_bytes<Fmt::kFp8>(xp, M, K, wp, N, sp, y);
+    return AOTI_TORCH_SUCCESS;
+  }
+  return gemm_chunked(fmt, xp, M, K, wp, N, sp, nullptr, 0, y);
+}
+
+}  // namespace
+
+// ---- C shims: the ABI AOTInductor calls (aoti_torch_cpu_<op name>) ---------------------------
+
+extern "C" {
+
+AOTITorchError aoti_torch_cpu_native_int8_weight_only_linear(AtenTensorHandle x,
+                                                             AtenTensorHandle w,
+                                                             AtenTensorHandle scale,
+                                                             AtenTensorHandle* ret0) {
+  return bytes_linear(Fmt::kInt8, aoti_torch_dtype_int8(), x, w, scale, ret0);
+}
+
+AOTITorchError aoti_torch_cpu_native_float8_weight_only_linear(AtenTensorHandle x,
+                                                               AtenTensorHandle w,
+                                                               AtenTensorHandle scale,
+                                                               AtenTensorHandle* ret0) {
+  return bytes_linear(Fmt::kFp8, aoti_torch_dtype_float8_e4m3fn(), x, w, scale, ret0);
+}
+
+AOTITorchError aoti_torch_cpu_native_int8_scaled_linear(AtenTensorHandle xq, AtenTensorHandle xs,
+                                                        AtenTensorHandle w,
+                                                        AtenTensorHandle scale,
+                                                        AtenTensorHandle* ret0) {
+  Mat xm, xsm, wm, sm;
+  if (!view(xq, 2, aoti_torch_dtype_int8(), &xm) || !view(xs, 1, aoti_torch_dtype_float32(), &xsm) ||
+      !view(w, 2, aoti_torch_dtype_int8(), &wm) || !view(scale, 1, aoti_torch_dtype_float32(), &sm) ||
+      wm.cols != xm.cols || sm.rows != wm.rows || xsm.rows != xm.rows)
+    return AOTI_TORCH_FAILURE;
+  const int64_t M = xm.rows, K = xm.cols, N = wm.rows;
+  float* y = nullptr;
+  if (AOTITorchError e = new_output(M, N, ret0, &y)) return e;
+  if (M == 0 || N == 0) return AOTI_TORCH_SUCCESS;
+  const auto* xp = (const int8_t*)xm.data;
+  const auto* xsp = (const float*)xsm.data;
+  const auto* wp = (const int8_t*)wm.data;
+  const auto* sp = (const float*)sm.data;
+  if (M <= kGemvMaxMInt8Int8) {
+    gemv_int8_int8(xp, xsp, M, K, wp, N, sp, y);
+    return AOTI_TORCH_SUCCESS;
+  }
+  std::vector<float> xf(M * K);  // the dequantized activation, xq * xs
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t k = 0; k < K; ++k) xf[m * K + k] = float(xp[m * K + k]) * xsp[m];
+  return gemm_chunked(Fmt::kInt8, xf.data(), M, K, (const uint8_t*)wp, N, sp, nullptr, 0, y);
+}
+
+AOTITorchError aoti_torch_cpu_native_int4_weight_only_linear(AtenTensorHandle x,
+                                                             AtenTensorHandle w,
+                                                             AtenTensorHandle scale,
+                                                             AtenTensorHandle offset,
+                                                             int64_t group_size,
+                                                             AtenTensorHandle* ret0) {
+  Mat xm, wm, sm, om;
+  if (!view(x, 2, aoti_torch_dtype_float32(), &xm) || !view(w, 2, aoti_torch_dtype_uint8(), &wm) ||
+      !view(scale, 2, aoti_torch_dtype_float32(), &sm) ||
+      !view(offset, 2, aoti_torch_dtype_float32(), &om))
+    return AOTI_TORCH_FAILURE;
+  const int64_t M = xm.rows, K = xm.cols, N = wm.rows;
+  if (group_size <= 0 || group_size % 32 != 0 || K % group_size != 0 || wm.cols * 2 != K ||
+      sm.rows != N || sm.cols != K / group_size || om.rows != N || om.cols != sm.cols)
+    return AOTI_TORCH_FAILURE;
+  float* y = nullptr;
+  if (AOTITorchError e = new_output(M, N, ret0, &y)) return e;
+  if (M == 0 || N == 0) return AOTI_TORCH_SUCCESS;
+  const auto* xp = (const float*)xm.data;
+  const auto* wp = (const uint8_t*)wm.data;
+  const auto* sp = (const float*)sm.data;
+  const auto* op = (const float*)om.data;
+  if (M <= kGemvMaxM[int(Fmt::kInt4)]) {
+    gemv_int4(xp, M, K, wp, N, sp, op, group_size, y);
+    return AOTI_TORCH_SUCCESS;
+  }
+  return gemm_chunked(Fmt::kInt4, xp, M, K, wp, N, sp, op, group_size, y);
+}
+
+}  // extern "C"

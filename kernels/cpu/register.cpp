@@ -1,0 +1,68 @@
+// The in-process face of linear.cpp: CPU kernels for the `fxquant::native_*` ops, registered
+// through torch's stable ABI when `fxquant.kernels.cpu` loads the shared library (eager calls,
+// torch.compile's Inductor wrapper). The schemas and fake kernels live in Python
+// (fxquant/kernels/cpu/__init__.py); AOTInductor packages call the C shims directly instead.
+
+#include <torch/csrc/stable/library.h>
+#include <torch/csrc/stable/tensor.h>
+
+extern "C" {
+AOTITorchError aoti_torch_cpu_native_int8_weight_only_linear(AtenTensorHandle, AtenTensorHandle,
+                                                             AtenTensorHandle, AtenTensorHandle*);
+AOTITorchError aoti_torch_cpu_native_float8_weight_only_linear(AtenTensorHandle, AtenTensorHandle,
+                                                               AtenTensorHandle,
+                                                               AtenTensorHandle*);
+AOTITorchError aoti_torch_cpu_native_int8_scaled_linear(AtenTensorHandle, AtenTensorHandle,
+                                                        AtenTensorHandle, AtenTensorHandle,
+                                                        AtenTensorHandle*);
+AOTITorchError aoti_torch_cpu_native_int4_weight_only_linear(AtenTensorHandle, AtenTensorHandle,
+                                                             AtenTensorHandle, AtenTensorHandle,
+                                                             int64_t, AtenTensorHandle*);
+}
+
+namespace {
+
+using torch::stable::Tensor;
+
+Tensor checked(AOTITorchError err, AtenTensorHandle out, const char* op) {
+  // The shims return an error only for inputs outside their contract (dtype, layout, shape);
+  // the Python wrappers make them contiguous with the right dtypes, so this is a bug report.
+  STD_TORCH_CHECK(err == AOTI_TORCH_SUCCESS, "fxquant::", op,
+                  ": inputs outside the kernel's contract (dtype, contiguity or shape)");
+  return Tensor(out);
+}
+
+Tensor int8_weight_only(Tensor x, Tensor w, Tensor scale) {
+  AtenTensorHandle out = nullptr;
+  auto err = aoti_torch_cpu_native_int8_weight_only_linear(x.get(), w.get(), scale.get(), &out);
+  return checked(err, out, "native_int8_weight_only_linear");
+}
+
+Tensor float8_weight_only(Tensor x, Tensor w, Tensor scale) {
+  AtenTensorHandle out = nullptr;
+  auto err = aoti_torch_cpu_native_float8_weight_only_linear(x.get(), w.get(), scale.get(), &out);
+  return checked(err, out, "native_float8_weight_only_linear");
+}
+
+Tensor int8_scaled(Tensor xq, Tensor xs, Tensor w, Tensor scale) {
+  AtenTensorHandle out = nullptr;
+  auto err =
+      aoti_torch_cpu_native_int8_scaled_linear(xq.get(), xs.get(), w.get(), scale.get(), &out);
+  return checked(err, out, "native_int8_scaled_linear");
+}
+
+Tensor int4_weight_only(Tensor x, Tensor w, Tensor scale, Tensor offset, int64_t group_size) {
+  AtenTensorHandle out = nullptr;
+  auto err = aoti_torch_cpu_native_int4_weight_only_linear(x.get(), w.get(), scale.get(),
+                                                           offset.get(), group_size, &out);
+  return checked(err, out, "native_int4_weight_only_linear");
+}
+
+}  // namespace
+
+STABLE_TORCH_LIBRARY_IMPL(fxquant, CPU, m) {
+  m.impl("native_int8_weight_only_linear", TORCH_BOX(&int8_weight_only));
+  m.impl("native_float8_weight_only_linear", TORCH_BOX(&float8_weight_only));
+  m.impl("native_int8_scaled_linear", TORCH_BOX(&int8_scaled));
+  m.impl("native_int4_weight_only_linear", TORCH_BOX(&int4_weight_only));
+}

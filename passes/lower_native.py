@@ -1,0 +1,194 @@
+"""The CPU lowering onto fxquant's native kernels (``fxquant.kernels.cpu``), where they built.
+
+Part of the lowering pass (``fxquant.passes.lower``), consulted for ``device="cpu"`` when
+``fxquant.kernels.cpu.available()``. Each semantic op becomes a short aten composition around
+one ``fxquant::native_*`` op: activations flattened to fp32 rows (and, for w8a8 and fp8,
+quantized here in aten ops exactly as the reference does), the GEMM in the native kernel, the
+bias and the caller's dtype in the epilogue, which Inductor fuses.
+
+- int8 weight-only, w8a8 (``int8_dynamic_linear`` and the fused ``int8_scaled_linear``) and
+  the fp8 weight-only / dynamic / static / scaled linears read the rewrite's own weights
+  ([N, K] int8 or e4m3, per-channel fp32 scales): no prepack.
+- int4 (and the int2 / int3 / float-zero int4 codes of ``IntxWeightOnly`` in groups of 32 or
+  more) are repacked once into the kernel's nibble layout with ``offset = -z * s``
+  (``prepack_codes``), which takes any code in [0, 15] and any zero point, integer or float:
+  fp32 numerics, no bf16 rounding, no code shifting.
+
+The kernels pick their own path by M (a GEMV for decode, dequantize-a-chunk + MKL for
+prefill), so one graph serves every M with no ``torch.cond``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.fx as fx
+from torch import Tensor
+
+import fxquant.kernels.cpu as native
+import fxquant.ops  # noqa: F401  (registers the fxquant:: ops)
+from fxquant import reference as ref
+from fxquant import reference_lowbit as ref_lowbit
+
+fxq = torch.ops.fxquant
+
+__all__ = ["LOWERINGS", "PREPACK", "available", "prepack_codes"]
+
+
+def available() -> bool:
+    """Whether the native kernels can serve this process (built and loaded)."""
+    return native.available()
+
+
+def _per_row(scale: Tensor, n: int) -> Tensor:
+    # the kernels take one weight scale per output row: per-tensor scales ([1]) broadcast
+    return scale.float().reshape(-1).expand(n).contiguous()
+
+
+def _rows(x: Tensor) -> Tensor:
+    return x.reshape(-1, x.shape[-1]).float().contiguous()
+
+
+def _finish(y: Tensor, like: Tensor, n: int, bias: Tensor | None, dtype=None) -> Tensor:
+    if bias is not None:
+        y = y + bias.float()
+    return y.reshape(like.shape[:-1] + (n,)).to(like.dtype if dtype is None else dtype)
+
+
+def _int8_weight_only(x, weight, scale, bias):
+    y = fxq.native_int8_weight_only_linear(_rows(x), weight, _per_row(scale, weight.shape[0]))
+    return _finish(y, x, weight.shape[0], bias)
+
+
+def _int8_scaled_rows(xq2: Tensor, xs2: Tensor, weight: Tensor, scale: Tensor) -> Tensor:
+    return fxq.native_int8_scaled_linear(
+        xq2.contiguous(),
+        xs2.reshape(-1).float().contiguous(),
+        weight,
+        _per_row(scale, weight.shape[0]),
+    )
+
+
+def _int8_dynamic(x, weight, scale, bias):
+    xq, xs = ref.quantize_int8_per_token(x.reshape(-1, x.shape[-1]))
+    return _finish(_int8_scaled_rows(xq, xs, weight, scale), x, weight.shape[0], bias)
+
+
+def _int8_scaled(xq, xs, weight, scale, bias, out_dtype):
+    y = _int8_scaled_rows(xq.reshape(-1, xq.shape[-1]), xs, weight, scale)
+    return _finish(y, xq, weight.shape[0], bias, out_dtype)
+
+
+def _fp8_rows(x2: Tensor, weight: Tensor, scale: Tensor) -> Tensor:
+    # e4m3 activations upcast exactly to fp32; the kernel decodes the e4m3 weight itself
+    return fxq.native_float8_weight_only_linear(
+        x2.float().contiguous(), weight, _per_row(scale, weight.shape[0])
+    )
+
+
+def _float8_weight_only(x, weight, scale, bias):
+    return _finish(_fp8_rows(_rows(x), weight, scale), x, weight.shape[0], bias)
+
+
+def _float8_dynamic(x, weight, scale, bias, per_row, activation_scale_ub):
+    x2 = x.reshape(-1, x.shape[-1])
+    if per_row:
+        xq, xs = ref.quantize_fp8_per_token(x2, scale_ub=activation_scale_ub)
+    else:
+        xq, xs = ref.quantize_fp8_per_tensor(x2, scale_ub=activation_scale_ub)
+    y = _fp8_rows(xq, weight, scale) * xs
+    return _finish(y, x, weight.shape[0], bias)
+
+
+def _float8_static(x, weight, scale, activation_scale, bias):
+    xq = ref.quantize_fp8_static(x.reshape(-1, x.shape[-1]), activation_scale)
+    y = _fp8_rows(xq, weight, scale) * activation_scale.float()
+    return _finish(y, x, weight.shape[0], bias)
+
+
+def _float8_scaled(xq, xs, weight, scale, bias, out_dtype):
+    y = _fp8_rows(xq.reshape(-1, xq.shape[-1]), weight, scale) * xs.reshape(-1, 1).float()
+    return _finish(y, xq, weight.shape[0], bias, out_dtype)
+
+
+def _cpu_native_int4(x, weight, scale, offset, bias, group_size, out_features):
+    x2 = native.pad_columns(_rows(x), 2 * weight.shape[1]).contiguous()
+    y = fxq.native_int4_weight_only_linear(x2, weight, scale, offset, group_size)
+    return _finish(y, x, out_features, bias)
+
+
+# --------------------------------------------------------------------------------------------
+# The int4-layout device op (what prepack emits) and the prepack rules
+# --------------------------------------------------------------------------------------------
+
+
+@torch.library.custom_op("fxquant::cpu_native_int4_linear", mutates_args=())
+def cpu_native_int4_linear(
+    x: Tensor,
+    weight: Tensor,
+    scale: Tensor,
+    offset: Tensor,
+    bias: Tensor | None,
+    group_size: int,
+    out_features: int,
+) -> Tensor:
+    return _cpu_native_int4(x, weight, scale, offset, bias, group_size, out_features)
+
+
+@cpu_native_int4_linear.register_fake
+def _(x, weight, scale, offset, bias, group_size, out_features):
+    return x.new_empty((*x.shape[:-1], out_features))
+
+
+def prepack_codes(
+    u: Tensor, scale: Tensor, zero: Tensor, *, group_size: int
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Codes u [N, Kp] in [0, 15] with w = (u - z) * s → the int4 kernel's three constants."""
+    return native.prepack_int4(ref.pack_int4(u), scale, zero, group_size=group_size)
+
+
+def _prepack_int4(editor, node: fx.Node, consts: list[Tensor]):
+    x, _, _, _, bias, group_size = node.args
+    packed, scale, zero = consts
+    w, s, o = native.prepack_int4(packed, scale, zero, group_size=group_size)
+    args = (x, ("weight", w), ("scale", s), ("offset", o), bias, group_size, packed.shape[0])
+    return fxq.cpu_native_int4_linear.default, args
+
+
+def _prepack_intx(editor, node: fx.Node, consts: list[Tensor]):
+    x, _, _, _, bias, bits, group_size = node.args
+    packed, scale, zero = consts
+    u = ref_lowbit.unpack_intx(packed, bits)
+    w, s, o = prepack_codes(u, scale, zero, group_size=group_size)
+    args = (x, ("weight", w), ("scale", s), ("offset", o), bias, group_size, packed.shape[0])
+    return fxq.cpu_native_int4_linear.default, args
+
+
+def _int4_kernel_takes(node: fx.Node) -> bool:
+    # codes of at most 4 bits in groups that are whole 32-column blocks of the kernel layout
+    bits, group_size = node.args[5], node.args[6]
+    return bits <= 4 and group_size % native.INT4_BLOCK == 0
+
+
+def prepack_table():
+    """The native prepack rules (``fxquant.passes.lower._Prepack`` entries)."""
+    from fxquant.passes.lower import _Prepack
+
+    return {
+        fxq.int4_weight_only_linear.default: _Prepack(_prepack_int4, 3),
+        fxq.intx_weight_only_linear.default: _Prepack(_prepack_intx, 3, when=_int4_kernel_takes),
+    }
+
+
+# Semantic and device ops → compositions around the native kernels.
+LOWERINGS = {
+    fxq.int8_weight_only_linear.default: _int8_weight_only,
+    fxq.int8_dynamic_linear.default: _int8_dynamic,
+    fxq.int8_scaled_linear.default: _int8_scaled,
+    fxq.float8_weight_only_linear.default: _float8_weight_only,
+    fxq.float8_dynamic_linear.default: _float8_dynamic,
+    fxq.float8_static_linear.default: _float8_static,
+    fxq.float8_scaled_linear.default: _float8_scaled,
+    fxq.cpu_native_int4_linear.default: _cpu_native_int4,
+}
+
+PREPACK = prepack_table

@@ -1,0 +1,222 @@
+"""The native CPU kernels (fxquant.kernels.cpu) against the reference math.
+
+Every op at awkward sizes (K of 1 to 200, not multiples of the vector width; N not a multiple
+of the row block; M on both sides of each GEMV / chunked-mm threshold; empty inputs), opcheck,
+and an AOTInductor package that calls the C shims, run in a process that never imports fxquant.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import fxquant.kernels.cpu as native
+from fxquant import reference as ref
+from fxquant import reference_lowbit as ref_lowbit
+from fxquant.passes.lower_native import prepack_codes
+
+pytestmark = pytest.mark.skipif(
+    not native.available(), reason=f"native CPU kernels unavailable: {native.unavailable_reason()}"
+)
+
+fxq = torch.ops.fxquant
+DEFAULT_UTILS = torch.library._OPCHECK_DEFAULT_UTILS
+# M around the kernels' thresholds (GEMV up to 8/16/32 rows, chunked mm above)
+MS = (0, 1, 2, 5, 8, 9, 16, 17, 33, 70)
+
+
+def _close(got: torch.Tensor, want: torch.Tensor) -> None:
+    # fp32 sums in another order: relative to the output's scale, not per element
+    assert got.shape == want.shape and got.dtype == torch.float32
+    if want.numel():
+        tol = 1e-5 * want.abs().max().clamp(min=1.0)
+        assert (got - want).abs().max() <= tol, (got - want).abs().max()
+
+
+@pytest.mark.parametrize("k", [1, 7, 8, 9, 31, 33, 100, 127, 136, 200])
+def test_int8_weight_only_every_k(k):
+    g = torch.Generator().manual_seed(k)
+    w, x = torch.randn(37, k, generator=g), torch.randn(3, k, generator=g)
+    q, s = ref.quantize_int8_per_channel(w)
+    _close(fxq.native_int8_weight_only_linear(x, q, s), ref.int8_weight_only_linear(x, q, s))
+
+
+@pytest.mark.parametrize("m", MS)
+@pytest.mark.parametrize(("n", "k"), [(1, 1), (5, 64), (37, 100), (130, 576)])
+def test_int8_weight_only(m, n, k):
+    g = torch.Generator().manual_seed(m * 1000 + n)
+    w, x = torch.randn(n, k, generator=g), torch.randn(m, k, generator=g)
+    q, s = ref.quantize_int8_per_channel(w)
+    _close(fxq.native_int8_weight_only_linear(x, q, s), ref.int8_weight_only_linear(x, q, s))
+
+
+@pytest.mark.parametrize("m", MS)
+@pytest.mark.parametrize(("n", "k"), [(1, 1), (5, 64), (37, 100), (130, 576)])
+def test_int8_scaled_is_exact_in_the_gemv(m, n, k):
+    g = torch.Generator().manual_seed(m * 1000 + n + 1)
+    w, x = torch.randn(n, k, generator=g), torch.randn(m, k, generator=g)
+    q, s = ref.quantize_int8_per_channel(w)
+    xq, xs = ref.quantize_int8_per_token(x)
+    got = fxq.native_int8_scaled_linear(xq, xs.reshape(-1), q, s)
+    want = ref.int8_scaled_linear(xq, xs, q, s, out_dtype=torch.float32)
+    if m <= 32:  # int32 sums of int8 products: exact, then the same two fp32 multiplies
+        assert torch.equal(got, want)
+    else:  # the chunked path dequantizes both operands to fp32 first
+        _close(got, want)
+
+
+@pytest.mark.parametrize("m", MS)
+@pytest.mark.parametrize(("n", "k"), [(1, 3), (5, 64), (37, 100), (130, 576)])
+def test_float8_weight_only(m, n, k):
+    g = torch.Generator().manual_seed(m * 1000 + n + 2)
+    w, x = torch.randn(n, k, generator=g), torch.randn(m, k, generator=g)
+    q, s = ref.quantize_fp8_per_channel(w)
+    _close(fxq.native_float8_weight_only_linear(x, q, s), ref.float8_weight_only_linear(x, q, s))
+
+
+def test_float8_decode_is_exact_for_every_code():
+    # all 254 finite e4m3 codes (subnormals included) times 1.0: the decoder in both the GEMV
+    # and the chunked path is exact
+    codes = torch.arange(256, dtype=torch.uint8)
+    finite = codes[(codes & 0x7F) != 0x7F]
+    w = finite.view(torch.float8_e4m3fn).reshape(-1, 1)
+    ones = torch.ones(w.shape[0])
+    for m in (1, 40):
+        got = fxq.native_float8_weight_only_linear(torch.ones(m, 1), w, ones)
+        assert torch.equal(got, w.float().t().expand(m, -1))
+
+
+@pytest.mark.parametrize("m", MS)
+@pytest.mark.parametrize(
+    ("n", "k", "group"), [(1, 32, 32), (5, 64, 64), (37, 256, 128), (130, 576, 64)]
+)
+@pytest.mark.parametrize("symmetric", [False, True])
+def test_int4_weight_only(m, n, k, group, symmetric):
+    g = torch.Generator().manual_seed(m * 1000 + n + 3)
+    w, x = torch.randn(n, k, generator=g), torch.randn(m, k, generator=g)
+    p, s, z = ref.quantize_int4_grouped(w, group_size=group, symmetric=symmetric)
+    kw, ks, ko = native.prepack_int4(p, s, z, group_size=group)
+    got = fxq.native_int4_weight_only_linear(x, kw, ks, ko, group)
+    _close(got, ref.int4_weight_only_linear(x, p, s, z, group_size=group))
+
+
+@pytest.mark.parametrize("bits", [2, 3])
+def test_low_bit_codes_and_float_zero_points_take_the_int4_kernel(bits):
+    g = torch.Generator().manual_seed(bits)
+    w, x = torch.randn(24, 128, generator=g), torch.randn(3, 128, generator=g)
+    p, s, z = ref_lowbit.quantize_intx_grouped(w, bits=bits, group_size=64, symmetric=False)
+    z = z.float() + 0.37  # a float zero point (HQQ's) goes into the offset as well
+    kw, ks, ko = prepack_codes(ref_lowbit.unpack_intx(p, bits), s, z, group_size=64)
+    want = ref_lowbit.intx_weight_only_linear(x, p, s, z, bits=bits, group_size=64)
+    _close(fxq.native_int4_weight_only_linear(x, kw, ks, ko, 64), want)
+
+
+def test_all_zero_weights_and_inputs_give_zeros_not_nan():
+    q, s = ref.quantize_int8_per_channel(torch.zeros(8, 64))
+    for m in (1, 40):
+        x = torch.zeros(m, 64)
+        y = fxq.native_int8_weight_only_linear(x, q, s)
+        assert torch.equal(y, torch.zeros(m, 8))
+        p, s4, z4 = ref.quantize_int4_grouped(torch.zeros(8, 64), group_size=32, symmetric=False)
+        y4 = fxq.native_int4_weight_only_linear(
+            x, *native.prepack_int4(p, s4, z4, group_size=32), 32
+        )
+        assert torch.equal(y4, torch.zeros(m, 8))
+
+
+def test_inputs_outside_the_contract_raise_not_crash():
+    q, s = ref.quantize_int8_per_channel(torch.randn(8, 64))
+    with pytest.raises(RuntimeError, match="outside the kernel's contract"):
+        fxq.native_int8_weight_only_linear(torch.randn(2, 63), q, s)  # K mismatch
+    with pytest.raises(RuntimeError, match="outside the kernel's contract"):
+        fxq.native_int8_weight_only_linear(torch.randn(64, 2).t(), q, s)  # not contiguous
+    with pytest.raises(RuntimeError, match="outside the kernel's contract"):
+        fxq.native_int8_weight_only_linear(torch.randn(2, 64).double(), q, s)
+
+
+def test_prepack_int4_needs_whole_blocks():
+    p, s, z = ref.quantize_int4_grouped(torch.randn(4, 64), group_size=32, symmetric=False)
+    with pytest.raises(ValueError, match="multiple of 32"):
+        native.prepack_int4(p, s, z, group_size=16)
+
+
+def test_opcheck():
+    g = torch.Generator().manual_seed(0)
+    w, x = torch.randn(20, 64, generator=g), torch.randn(3, 64, generator=g)
+    q, s = ref.quantize_int8_per_channel(w)
+    xq, xs = ref.quantize_int8_per_token(x)
+    f8, fs = ref.quantize_fp8_per_channel(w)
+    p, s4, z4 = ref.quantize_int4_grouped(w, group_size=32, symmetric=False)
+    cases = [
+        (fxq.native_int8_weight_only_linear, (x, q, s)),
+        (fxq.native_int8_scaled_linear, (xq, xs.reshape(-1), q, s)),
+        (fxq.native_float8_weight_only_linear, (x, f8, fs)),
+        (
+            fxq.native_int4_weight_only_linear,
+            (x, *native.prepack_int4(p, s4, z4, group_size=32), 32),
+        ),
+    ]
+    # SchemaCheckMode compares tensors with allclose, which has no CPU float8 kernel: the fp8 op
+    # runs every other opcheck test (as in tests/test_ops.py)
+    no_schema = ("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
+    for op, args in cases:
+        fp8 = any(a.dtype == torch.float8_e4m3fn for a in args if isinstance(a, torch.Tensor))
+        torch.library.opcheck(op, args, test_utils=no_schema if fp8 else DEFAULT_UTILS)
+
+
+@pytest.mark.slow
+def test_aoti_package_calls_the_shims_without_fxquant(tmp_path):
+    """A program with every native op, packaged by fxquant.aot_compile, then run in a fresh
+    process where importing fxquant would fail."""
+    import fxquant
+
+    class Four(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(64, 48), torch.nn.Linear(48, 40)
+            self.c, self.d = torch.nn.Linear(40, 64, bias=False), torch.nn.Linear(64, 33)
+
+        def forward(self, x):
+            return self.d(torch.relu(self.c(torch.relu(self.b(torch.relu(self.a(x)))))))
+
+    torch.manual_seed(0)
+    model = Four().eval()
+    cfg = fxquant.QuantConfig(
+        scheme=fxquant.Int8WeightOnly(),
+        overrides={
+            "b": fxquant.Int8DynamicActivation(),
+            "c": fxquant.Float8Dynamic(granularity="row"),
+            "d": fxquant.Int4WeightOnly(group_size=32),
+        },
+        modules_to_not_convert=(),
+    )
+    x = torch.randn(5, 64)
+    qep = fxquant.quantize(
+        model, cfg, example_inputs=(x,), dynamic_shapes=({0: torch.export.Dim.DYNAMIC},)
+    )
+    pkg_path = tmp_path / "four.pt2"
+    fxquant.aot_compile(qep, pkg_path)
+    inputs = [torch.randn(m, 64) for m in (1, 5, 40)]
+    torch.save([(i, qep.module()(i)) for i in inputs], tmp_path / "io.pt")
+    script = textwrap.dedent(
+        f"""
+        import sys, torch
+        class NoFxquant:
+            def find_spec(self, name, path=None, target=None):
+                if name == "fxquant" or name.startswith("fxquant."):
+                    raise ImportError("fxquant must not be imported here")
+        sys.meta_path.insert(0, NoFxquant())
+        pkg = torch._inductor.aoti_load_package({str(pkg_path)!r})
+        for x, want in torch.load({str(tmp_path / "io.pt")!r}):
+            got = pkg(x)
+            err = float((got - want).abs().max() / want.abs().max())
+            assert got.shape == want.shape and err < 1e-5, err
+        print("ok")
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
