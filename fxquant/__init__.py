@@ -5,50 +5,130 @@
 AOTInductor; ``torch.compile(model, backend="fxquant")`` does the same in process, and with a
 ``Float8Recipe`` trains with FP8 GEMMs (``fp8_state_dict`` / ``load_fp8_state_dict`` keep its
 delayed-scaling state). ``calibrate`` runs GPTQ, AWQ or SmoothQuant over real data first, then
-quantizes.
+quantizes. ``export_llm`` captures a causal LM with its KV cache (prefill and decode in one
+program) and ``generate`` serves its package (``fxquant.runtime``: torch only).
 Importing fxquant registers the ``fxquant::`` ops, which loading a saved ``.pt2`` needs.
 """
 
+import importlib
+from typing import TYPE_CHECKING
+
 from fxquant import ops  # noqa: F401  (registers the fxquant:: ops)
-from fxquant.accelerate import from_accelerate
-from fxquant.api import aot_compile, quantize
-from fxquant.calibrate import AWQ, GPTQ, SmoothQuant, calibrate
-from fxquant.checkpoints import load_quantized, read_quantized, save_compressed_tensors
-from fxquant.config import (
-    MXFP4,
-    MXFP8,
-    NVFP4,
-    RECIPES,
-    BitNetTernary,
-    Bnb4WeightOnly,
-    Float8Block,
-    Float8Dynamic,
-    Float8Recipe,
-    Float8WeightOnly,
-    Int4WeightOnly,
-    Int8DynamicActivation,
-    Int8WeightOnly,
-    IntxWeightOnly,
-    LLMInt8,
-    QuantConfig,
-    Scheme,
-    from_recipe_name,
-)
-from fxquant.float8_state import fp8_state_dict, load_fp8_state_dict
-from fxquant.hf import calibration_from_hf, from_hf
-from fxquant.report import Report, report
+
+# Everything else loads on first use (PEP 562), so a process that only serves a package
+# (``fxquant generate``, ``fxquant.runtime``) never imports the passes, and ``import fxquant``
+# stays as cheap as registering the ops.
+_EXPORTS = {
+    "from_accelerate": "fxquant.accelerate",
+    "aot_compile": "fxquant.api",
+    "quantize": "fxquant.api",
+    "AWQ": "fxquant.calibrate",
+    "GPTQ": "fxquant.calibrate",
+    "SmoothQuant": "fxquant.calibrate",
+    "calibrate": "fxquant.calibrate",
+    "load_quantized": "fxquant.checkpoints",
+    "read_quantized": "fxquant.checkpoints",
+    "save_compressed_tensors": "fxquant.checkpoints",
+    "fp8_state_dict": "fxquant.float8_state",
+    "load_fp8_state_dict": "fxquant.float8_state",
+    "calibration_from_hf": "fxquant.hf",
+    "from_hf": "fxquant.hf",
+    "export_llm": "fxquant.llm",
+    "llm_info": "fxquant.llm",
+    "Report": "fxquant.report",
+    "report": "fxquant.report",
+    "LLMPackage": "fxquant.runtime",
+    "generate": "fxquant.runtime",
+    **{
+        name: "fxquant.config"
+        for name in (
+            "MXFP4",
+            "MXFP8",
+            "NVFP4",
+            "RECIPES",
+            "BitNetTernary",
+            "Bnb4WeightOnly",
+            "Float8Block",
+            "Float8Dynamic",
+            "Float8Recipe",
+            "Float8Static",
+            "Float8WeightOnly",
+            "Int4WeightOnly",
+            "Int8DynamicActivation",
+            "Int8WeightOnly",
+            "IntxWeightOnly",
+            "LLMInt8",
+            "QuantConfig",
+            "Scheme",
+            "from_recipe_name",
+        )
+    },
+}
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is not None:
+        value = getattr(importlib.import_module(module), name)
+        globals()[name] = value
+        return value
+    try:  # a submodule: fxquant.api, fxquant.passes, …
+        return importlib.import_module(f"{__name__}.{name}")
+    except ModuleNotFoundError as exc:
+        if exc.name != f"{__name__}.{name}":
+            raise
+        raise AttributeError(f"module 'fxquant' has no attribute {name!r}") from None
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))
+
+
+if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerly
+    from fxquant.accelerate import from_accelerate
+    from fxquant.api import aot_compile, quantize
+    from fxquant.calibrate import AWQ, GPTQ, SmoothQuant, calibrate
+    from fxquant.checkpoints import load_quantized, read_quantized, save_compressed_tensors
+    from fxquant.config import (
+        MXFP4,
+        MXFP8,
+        NVFP4,
+        RECIPES,
+        BitNetTernary,
+        Bnb4WeightOnly,
+        Float8Block,
+        Float8Dynamic,
+        Float8Recipe,
+        Float8Static,
+        Float8WeightOnly,
+        Int4WeightOnly,
+        Int8DynamicActivation,
+        Int8WeightOnly,
+        IntxWeightOnly,
+        LLMInt8,
+        QuantConfig,
+        Scheme,
+        from_recipe_name,
+    )
+    from fxquant.float8_state import fp8_state_dict, load_fp8_state_dict
+    from fxquant.hf import calibration_from_hf, from_hf
+    from fxquant.llm import export_llm, llm_info
+    from fxquant.report import Report, report
+    from fxquant.runtime import LLMPackage, generate
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AWQ",
     "GPTQ",
+    "LLMPackage",
     "RECIPES",
     "BitNetTernary",
     "Bnb4WeightOnly",
     "Float8Block",
     "Float8Dynamic",
     "Float8Recipe",
+    "Float8Static",
     "Float8WeightOnly",
     "Int4WeightOnly",
     "Int8DynamicActivation",
@@ -65,10 +145,13 @@ __all__ = [
     "aot_compile",
     "calibrate",
     "calibration_from_hf",
+    "export_llm",
     "fp8_state_dict",
     "from_accelerate",
     "from_hf",
     "from_recipe_name",
+    "generate",
+    "llm_info",
     "load_fp8_state_dict",
     "load_quantized",
     "quantize",

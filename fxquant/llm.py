@@ -1,0 +1,256 @@
+"""An LLM as one exported program with its KV cache: prefill and decode, ``export_llm``.
+
+Where this sits: the capture step of the data flow, for causal LMs that are served token by
+token. A Hugging Face decoder-only model is wrapped with a static KV cache whose tensors are
+buffers of the wrapper, and exported once with a dynamic number of tokens T:
+
+    (input_ids [B, T] int64, cache_position [T] int64) → logits [B, T, V] fp32
+
+``cache_position`` holds the positions of those T tokens: ``arange(T)`` for a prompt (one call
+prefills it), ``[p]`` for the token at position p (one call per decoded token). The program
+writes the new keys and values into its cache buffers (mutated in place by an AOTInductor
+package as well) and attends over positions ``<= p``, so a new prompt at position 0 starts
+over without any reset. The result is an ordinary ``ExportedProgram``: ``fxquant.quantize``,
+``fxquant.aot_compile`` and ``torch.export.save`` take it as they take any other, and
+``fxquant.generate`` (``fxquant.runtime``) drives the package.
+
+What is fixed at export: the batch (``max_batch`` rows; the runtime pads fewer), the cache
+length, the dtype. The program records them (:func:`llm_info`) and ``aot_compile`` copies them
+into the package's metadata, where the runtime checks every request against them before any
+computation.
+
+Built on transformers' ``StaticCache`` (``cache_utils``), as its executorch exporter is, with
+two differences: prompts prefill in one call (T is dynamic) and ``cache_position`` is an input
+(its wrapper drops it). Sliding-window layers become full-attention static layers, which is
+exact while the cache is no longer than the window (checked).
+"""
+
+from __future__ import annotations
+
+import json
+import traceback
+from typing import Any
+
+import torch
+from torch import nn
+from torch.export import Dim, ExportedProgram
+
+__all__ = ["INFO_KEY", "CachedCausalLM", "LLMExportError", "export_llm", "llm_info"]
+
+INFO_KEY = "fxquant_llm"  # node.meta["custom"][INFO_KEY], the JSON of llm_info
+
+
+class LLMExportError(RuntimeError):
+    """A model the cached-LLM export cannot take; the message names the architecture and why."""
+
+
+def _text_config(model: nn.Module):
+    config = getattr(model, "config", None)
+    if config is None:
+        raise LLMExportError(
+            f"export_llm: {type(model).__name__} has no .config; it takes a Hugging Face causal "
+            "LM (AutoModelForCausalLM)"
+        )
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
+
+
+def _architecture(model: nn.Module) -> str:
+    config = getattr(model, "config", None)
+    archs = getattr(config, "architectures", None) or [type(model).__name__]
+    return archs[0]
+
+
+class CachedCausalLM(nn.Module):
+    """``(input_ids [B, T], cache_position [T]) → logits [B, T, V]`` over a static KV cache.
+
+    The cache tensors are this module's buffers (``cache_key_<i>``, ``cache_value_<i>``,
+    ``cache_length_<i>``, non-persistent), so ``torch.export`` lifts them as buffers the
+    program mutates. Each call points transformers' cache layers at those buffers first:
+    during a non-strict export they are the tracer's versions, not the eager tensors.
+    """
+
+    def __init__(self, model: nn.Module, *, max_cache_len: int, max_batch: int = 1) -> None:
+        super().__init__()
+        from transformers.cache_utils import StaticCache, StaticLayer
+        from transformers.configuration_utils import get_head_shapes
+
+        config = _text_config(model)
+        self.model = model
+        self.max_cache_len, self.max_batch = max_cache_len, max_batch
+        self.cache = StaticCache(config=config, max_cache_len=max_cache_len)
+        for i, layer in enumerate(self.cache.layers):
+            # sliding-window layers have data-dependent control flow; a full static layer is
+            # the same attention while max_cache_len <= the window (export_llm checks it)
+            if type(layer) is not StaticLayer:
+                self.cache.layers[i] = StaticLayer(max_cache_len)
+        heads, head_dim = get_head_shapes(config)
+        device = next(model.parameters()).device
+        self.cache.early_initialization(max_batch, heads, head_dim, _dtype(model), device)
+        for i, layer in enumerate(self.cache.layers):
+            self.register_buffer(f"cache_key_{i}", layer.keys, persistent=False)
+            self.register_buffer(f"cache_value_{i}", layer.values, persistent=False)
+            self.register_buffer(f"cache_length_{i}", layer.cumulative_length, persistent=False)
+
+    def forward(self, input_ids: torch.Tensor, cache_position: torch.Tensor) -> torch.Tensor:
+        for i, layer in enumerate(self.cache.layers):
+            layer.keys = getattr(self, f"cache_key_{i}")
+            layer.values = getattr(self, f"cache_value_{i}")
+            layer.cumulative_length = getattr(self, f"cache_length_{i}")
+            # the layer writes at cumulative_length + arange(T): start at this call's position
+            layer.cumulative_length.copy_(cache_position[0])
+        position_ids = cache_position.unsqueeze(0).expand(input_ids.shape[0], -1)
+        out = self.model(
+            input_ids=input_ids,
+            position_ids=position_ids,
+            cache=self.cache,
+            use_cache=True,
+        )
+        return out.logits.float()
+
+
+def _dtype(model: nn.Module) -> torch.dtype:
+    return next(model.parameters()).dtype
+
+
+def _positional_limit(config) -> int | None:
+    for name in ("max_position_embeddings", "n_positions", "n_ctx"):
+        value = getattr(config, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def _eos_ids(model: nn.Module) -> list[int]:
+    found: list[int] = []
+    for cfg in (getattr(model, "generation_config", None), getattr(model, "config", None)):
+        eos = getattr(cfg, "eos_token_id", None)
+        for e in eos if isinstance(eos, (list, tuple)) else [eos]:
+            if isinstance(e, int) and e not in found:
+                found.append(e)
+    return found
+
+
+def _check(model: nn.Module, config, *, max_cache_len: int, max_batch: int) -> None:
+    arch = _architecture(model)
+    if not isinstance(max_cache_len, int) or max_cache_len < 2:
+        raise ValueError(f"export_llm: max_cache_len={max_cache_len!r}; allowed: an int >= 2")
+    if not isinstance(max_batch, int) or max_batch < 1:
+        raise ValueError(f"export_llm: max_batch={max_batch!r}; allowed: an int >= 1")
+    limit = _positional_limit(config)
+    if limit is not None and max_cache_len > limit:
+        raise ValueError(
+            f"export_llm: max_cache_len={max_cache_len} is above {arch}'s positional limit "
+            f"({limit} positions, config.max_position_embeddings); allowed: 2..{limit}"
+        )
+    window = getattr(config, "sliding_window", None)
+    layer_types = getattr(config, "layer_types", None) or []
+    uses_window = window is not None and (
+        not layer_types or any("sliding" in str(t) for t in layer_types)
+    )
+    if uses_window and getattr(config, "use_sliding_window", True) and max_cache_len > window:
+        raise ValueError(
+            f"export_llm: max_cache_len={max_cache_len} is longer than {arch}'s sliding window "
+            f"({window}); the static cache attends over the whole cache, which is the model's "
+            f"attention only up to the window: allowed 2..{window}"
+        )
+    if getattr(config, "is_encoder_decoder", False):
+        raise LLMExportError(
+            f"export_llm: {arch} is an encoder-decoder model; it takes decoder-only LMs"
+        )
+
+
+def _failing_frame(exc: BaseException) -> str:
+    # the innermost frame in the model's own code (transformers or the user's), which names
+    # the op or line the exporter could not trace
+    frames = traceback.extract_tb(exc.__traceback__)
+    mine = [f for f in frames if "torch/" not in f.filename.replace("\\", "/")]
+    f = (mine or frames or [None])[-1]
+    return (
+        "" if f is None else f" at {f.filename.rsplit('/', 1)[-1]}:{f.lineno} ({f.name}: {f.line})"
+    )
+
+
+def export_llm(
+    model: nn.Module,
+    *,
+    max_cache_len: int = 2048,
+    max_batch: int = 1,
+    example_tokens: int = 8,
+) -> ExportedProgram:
+    """Export a Hugging Face causal LM with a static KV cache, for prefill and decode alike.
+
+    Args:
+        model: a decoder-only ``AutoModelForCausalLM`` (Llama, Mistral, Qwen2/3, GPT-2 …) in
+            eval mode; it is not changed.
+        max_cache_len: positions the cache holds: prompt plus generated tokens, at most the
+            model's positional limit (and its sliding window, where it has one).
+        max_batch: rows of the cache; the program takes exactly this many sequences (the
+            runtime pads fewer).
+        example_tokens: trace-time T (>= 2: a 1 would specialize the dynamic dim).
+
+    Returns:
+        An ``ExportedProgram`` ``(input_ids [max_batch, T], cache_position [T]) → logits``
+        with T dynamic in 1..max_cache_len, the KV cache as mutated buffers and
+        :func:`llm_info` recorded on its inputs.
+
+    Raises:
+        ValueError: a size outside what the model allows.
+        LLMExportError: an architecture the exporter cannot trace (the message names it and
+            the failing op; ``fxquant.evaluate.export_causal_lm`` still exports it uncached).
+    """
+    config = _text_config(model)
+    _check(model, config, max_cache_len=max_cache_len, max_batch=max_batch)
+    example_tokens = max(2, min(example_tokens, max_cache_len))
+    arch = _architecture(model)
+    try:
+        wrapper = CachedCausalLM(model, max_cache_len=max_cache_len, max_batch=max_batch).eval()
+        vocab = config.vocab_size
+        ids = torch.randint(0, vocab, (max_batch, example_tokens))
+        pos = torch.arange(example_tokens)
+        tokens = Dim("tokens", min=1, max=max_cache_len)
+        with torch.no_grad():
+            ep = torch.export.export(
+                wrapper, (ids, pos), dynamic_shapes=({1: tokens}, {0: tokens}), strict=False
+            )
+    except (ValueError, LLMExportError):
+        raise
+    except Exception as exc:  # noqa: BLE001  (any tracing failure: say which model and where)
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise LLMExportError(
+            f"export_llm: {arch} could not be exported with a static KV cache"
+            f"{_failing_frame(exc)}: {type(exc).__name__}: {first[:300]}. The uncached export "
+            "(fxquant.evaluate.export_causal_lm) may still work."
+        ) from exc
+    info = {
+        "architecture": arch,
+        "name_or_path": getattr(model.config, "_name_or_path", "") or "",
+        "max_cache_len": max_cache_len,
+        "max_batch": max_batch,
+        "vocab_size": int(config.vocab_size),
+        "eos_token_ids": _eos_ids(model),
+        "dtype": str(_dtype(model)).removeprefix("torch."),
+        "positional_limit": _positional_limit(config),
+    }
+    set_llm_info(ep, info)
+    return ep
+
+
+def set_llm_info(ep: ExportedProgram, info: dict[str, Any]) -> None:
+    """Record ``info`` on the nodes that read the program's inputs (their meta["custom"], which
+    ``torch.export.save`` keeps for operator nodes and the passes copy along)."""
+    text = json.dumps(info, sort_keys=True)
+    inputs = {n for n in ep.graph.nodes if n.op == "placeholder"}
+    inputs = {n for n in inputs if n.name in ("input_ids", "cache_position")}
+    for node in ep.graph.nodes:
+        if node.op == "call_function" and any(a in inputs for a in node.all_input_nodes):
+            node.meta.setdefault("custom", {})[INFO_KEY] = text
+
+
+def llm_info(ep: ExportedProgram) -> dict[str, Any] | None:
+    """What :func:`export_llm` recorded (cache length, batch, vocabulary, EOS ids …), or None
+    for a program that is not a cached LLM."""
+    for node in ep.graph.nodes:
+        text = node.meta.get("custom", {}).get(INFO_KEY)
+        if text:
+            return json.loads(text)
+    return None

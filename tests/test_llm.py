@@ -1,0 +1,298 @@
+"""export_llm (one program with its KV cache) and the runtime that serves its package."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import zipfile
+
+import pytest
+import torch
+
+import fxquant
+from fxquant.llm import LLMExportError, export_llm, llm_info
+from fxquant.runtime import GenerationStats, LLMPackage, PackageError, _sample, generate
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+tf = pytest.importorskip("transformers")
+
+VOCAB = 96
+_COMMON = dict(
+    vocab_size=VOCAB,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=128,
+)
+
+
+def _config(arch: str):
+    if arch == "llama":
+        return tf.LlamaConfig(**_COMMON, tie_word_embeddings=True)
+    if arch == "qwen2":
+        return tf.Qwen2Config(**_COMMON)
+    if arch == "qwen3":
+        return tf.Qwen3Config(**_COMMON, head_dim=16)
+    if arch == "mistral":
+        return tf.MistralConfig(**_COMMON, sliding_window=64)
+    if arch == "gpt2":
+        return tf.GPT2Config(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=128)
+    raise AssertionError(arch)
+
+
+def _model(arch: str = "llama", seed: int = 0):
+    torch.manual_seed(seed)
+    return tf.AutoModelForCausalLM.from_config(_config(arch)).eval()
+
+
+class CharTokenizer:
+    """Printable ASCII, one id per character (id = code - 32): enough to stream real text."""
+
+    def __len__(self) -> int:
+        return VOCAB
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return [min(max(ord(c) - 32, 0), VOCAB - 1) for c in text]
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        return "".join(chr(i + 32) for i in ids)
+
+
+def _cached_logits(fn, ids: torch.Tensor, split: int) -> torch.Tensor:
+    """Prefill ids[:, :split] in one call, then one call per remaining token."""
+    outs = [fn(ids[:, :split], torch.arange(split))]
+    outs += [fn(ids[:, i : i + 1], torch.tensor([i])) for i in range(split, ids.shape[1])]
+    return torch.cat(outs, dim=1)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2", "qwen2", "qwen3", "mistral"])
+def test_cached_program_equals_the_uncached_model(arch):
+    model = _model(arch)
+    ep = export_llm(model, max_cache_len=32)
+    ids = torch.randint(0, VOCAB, (1, 14))
+    want = model(ids, use_cache=False).logits
+    m = ep.module()
+    got = _cached_logits(m, ids, split=9)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    # a new prompt at position 0 starts over: no reset, the stale cache is never attended to
+    torch.testing.assert_close(m(ids[:, :5], torch.arange(5)), want[:, :5], atol=1e-5, rtol=1e-5)
+    info = llm_info(ep)
+    assert info["max_cache_len"] == 32 and info["max_batch"] == 1 and info["vocab_size"] == VOCAB
+
+
+def test_the_model_is_not_changed():
+    model = _model()
+    ids = torch.randint(0, VOCAB, (1, 6))
+    before = model(ids, use_cache=False).logits
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    export_llm(model, max_cache_len=16)
+    assert all(torch.equal(state[k], v) for k, v in model.state_dict().items())
+    torch.testing.assert_close(model(ids, use_cache=False).logits, before, rtol=0, atol=0)
+
+
+def test_batch_rows_are_independent():
+    model = _model()
+    ep = export_llm(model, max_cache_len=16, max_batch=2)
+    ids = torch.randint(0, VOCAB, (2, 7))
+    got = _cached_logits(ep.module(), ids, split=4)
+    torch.testing.assert_close(got, model(ids, use_cache=False).logits, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("recipe", ["int8wo", "int4wo-32", "w8a8"])
+def test_quantized_cached_program_equals_the_quantized_uncached_one(recipe):
+    """Same weights, same math: caching changes nothing but the work per token."""
+    from fxquant.evaluate import export_causal_lm
+
+    model = _model()
+    cfg = fxquant.QuantConfig(scheme=fxquant.from_recipe_name(recipe))
+    cached = fxquant.quantize(export_llm(model, max_cache_len=32), cfg)
+    uncached = fxquant.quantize(export_causal_lm(model), cfg)
+    rep = fxquant.report(cached)
+    assert len(rep.quantized) == 14 and llm_info(cached) is not None
+    ids = torch.randint(0, VOCAB, (1, 12))
+    got = _cached_logits(cached.module(), ids, split=5)
+    torch.testing.assert_close(got, uncached.module()(ids), atol=1e-4, rtol=1e-4)
+
+
+def test_llm_info_survives_save_and_load(tmp_path):
+    ep = fxquant.quantize(export_llm(_model(), max_cache_len=24), "int8wo")
+    torch.export.save(ep, tmp_path / "q.pt2")
+    assert llm_info(torch.export.load(tmp_path / "q.pt2")) == llm_info(ep)
+
+
+def test_bad_sizes_are_refused_before_export():
+    model = _model()
+    with pytest.raises(ValueError, match="positional limit"):
+        export_llm(model, max_cache_len=129)
+    with pytest.raises(ValueError, match="max_batch=0"):
+        export_llm(model, max_cache_len=16, max_batch=0)
+    with pytest.raises(ValueError, match="max_cache_len=1"):
+        export_llm(model, max_cache_len=1)
+    with pytest.raises(ValueError, match="sliding window"):
+        export_llm(_model("mistral"), max_cache_len=100)
+
+
+def test_a_model_that_does_not_trace_names_the_architecture():
+    class Opaque(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner, self.config = inner, inner.config
+
+        def parameters(self, recurse=True):
+            return self.inner.parameters(recurse)
+
+        def forward(self, input_ids, **kwargs):
+            if input_ids.sum() > 0:  # data-dependent control flow: export cannot trace it
+                return self.inner(input_ids=input_ids, **kwargs)
+            return self.inner(input_ids=input_ids + 1, **kwargs)
+
+    with pytest.raises(LLMExportError, match=r"Opaque could not be exported.*test_llm.py.*uncached"):
+        export_llm(Opaque(_model()), max_cache_len=16)
+    with pytest.raises(LLMExportError, match="has no .config"):
+        export_llm(torch.nn.Linear(2, 2), max_cache_len=16)
+
+
+def test_sampling_rules():
+    g = torch.Generator().manual_seed(0)
+    logits = torch.tensor([0.0, 3.0, 1.0, 2.0])
+    assert _sample(logits, temperature=0.0, top_k=0, top_p=1.0, gen=g) == 1
+    assert {_sample(logits, temperature=1.0, top_k=1, top_p=1.0, gen=g) for _ in range(20)} == {1}
+    # top_p: the smallest set of tokens whose probability reaches p (here {1, 3})
+    picks = {_sample(logits, temperature=1.0, top_k=0, top_p=0.85, gen=g) for _ in range(200)}
+    assert picks == {1, 3}
+    stats = GenerationStats(prompt_tokens=10, new_tokens=3, prefill_s=0.5, decode_s=[0.1, 0.3, 0.2])
+    assert stats.prefill_tokens_per_s == 20 and stats.decode_tokens_per_s == 5
+    assert "prefill 10 tok" in stats.summary()
+
+
+# --------------------------------------------------------------------------------------------
+# The package and its runtime (AOTInductor builds: slow)
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def llm_package(tmp_path_factory):
+    """A tiny Llama, int8wo with lm_head, packaged; plus the exported program's greedy ids."""
+    model = _model(seed=1)
+    model.generation_config.eos_token_id = None  # random weights: do not stop on a stray EOS
+    model.config.eos_token_id = None
+    cfg = fxquant.QuantConfig(scheme=fxquant.Int8WeightOnly(), modules_to_not_convert=())
+    ep = fxquant.quantize(export_llm(model, max_cache_len=40), cfg)
+    path = tmp_path_factory.mktemp("pkg") / "tiny.pt2"
+    fxquant.aot_compile(ep, path)
+    prompt = CharTokenizer().encode("The capital of")
+    ids, m = list(prompt), ep.module()
+    logits = m(torch.tensor([ids]), torch.arange(len(ids)))
+    greedy = []
+    for _ in range(12):
+        greedy.append(int(logits[0, -1].argmax()))
+        logits = m(torch.tensor([[greedy[-1]]]), torch.tensor([len(ids) + len(greedy) - 1]))
+    return path, prompt, greedy
+
+
+@pytest.mark.slow
+def test_package_greedy_tokens_equal_the_program_and_rerun_from_position_0(llm_package):
+    path, prompt, greedy = llm_package
+    pkg = LLMPackage(path)
+    assert pkg.max_cache_len == 40 and pkg.vocab_size == VOCAB
+    assert pkg.info["config"]["modules_to_not_convert"] == [] and pkg.info["torch"]
+    for _ in range(2):  # the second prompt starts at position 0 again, without a rebuild
+        stream = generate(pkg, CharTokenizer(), prompt, max_new_tokens=12)
+        text = stream.text()
+        assert stream.token_ids == greedy and text == CharTokenizer().decode(greedy)
+        assert stream.stats.new_tokens == 12 and stream.stats.stop_reason == "max_new_tokens"
+        assert len(stream.stats.decode_s) == 11 and stream.stats.prefill_s > 0
+
+
+@pytest.mark.slow
+def test_sampling_with_a_seed_is_reproducible(llm_package):
+    path, prompt, _ = llm_package
+    pkg = LLMPackage(path)
+
+    def sample() -> list[int]:
+        s = generate(pkg, CharTokenizer(), prompt, max_new_tokens=8, temperature=0.9, top_k=20,
+                     top_p=0.9, seed=7)  # fmt: skip
+        s.text()
+        return s.token_ids
+
+    runs = [sample(), sample()]
+    assert runs[0] == runs[1] and len(runs[0]) == 8
+
+
+@pytest.mark.slow
+def test_requests_the_package_cannot_hold_fail_before_running(llm_package):
+    path, prompt, _ = llm_package
+    pkg = LLMPackage(path)
+    with pytest.raises(PackageError, match="max_cache_len=40"):
+        generate(pkg, CharTokenizer(), "x" * 35, max_new_tokens=6)
+    with pytest.raises(PackageError, match="max_batch=1"):
+        pkg(torch.zeros(2, 3, dtype=torch.long), torch.arange(3))
+
+    class BigTokenizer(CharTokenizer):
+        def __len__(self):
+            return 50000
+
+    with pytest.raises(PackageError, match="vocabulary of 96"):
+        generate(pkg, BigTokenizer(), prompt, max_new_tokens=2)
+
+
+@pytest.mark.slow
+def test_packages_from_elsewhere_are_refused(llm_package, tmp_path):
+    path, _, _ = llm_package
+
+    def patched(change) -> str:
+        out = tmp_path / f"p{len(list(tmp_path.iterdir()))}.pt2"
+        with zipfile.ZipFile(path) as src, zipfile.ZipFile(out, "w") as dst:
+            for item in src.infolist():
+                data = src.read(item)
+                if item.filename.endswith("wrapper_metadata.json"):
+                    meta = json.loads(data)
+                    info = change(json.loads(meta.pop("fxquant_llm")))
+                    if info is not None:
+                        meta["fxquant_llm"] = json.dumps(info)
+                    data = json.dumps(meta).encode()
+                dst.writestr(item, data)
+        return out
+
+    with pytest.raises(PackageError, match="built with torch 1.0"):
+        LLMPackage(patched(lambda info: {**info, "torch": "1.0"}))
+    with pytest.raises(PackageError, match="avx9000, which this CPU lacks"):
+        LLMPackage(patched(lambda info: {**info, "isa_flags": ["avx9000"]}))
+    with pytest.raises(PackageError, match="not an LLM one"):
+        LLMPackage(patched(lambda info: None))
+    (tmp_path / "junk.pt2").write_bytes(b"not a zip")
+    with pytest.raises(PackageError, match="not a zip"):
+        LLMPackage(tmp_path / "junk.pt2")
+
+
+@pytest.mark.slow
+def test_the_runtime_serves_without_fxquant_passes_or_transformers(llm_package, tmp_path):
+    path, prompt, greedy = llm_package
+    runtime = os.path.join(os.path.dirname(fxquant.__file__), "runtime.py")
+    script = textwrap.dedent(
+        f"""
+        import importlib.util, sys
+        spec = importlib.util.spec_from_file_location("fxq_runtime", {runtime!r})
+        rt = sys.modules["fxq_runtime"] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(rt)
+        class Tok:
+            def __len__(self): return {VOCAB}
+            def decode(self, ids, skip_special_tokens=True):
+                return "".join(chr(i + 32) for i in ids)
+        s = rt.generate({str(path)!r}, Tok(), {prompt!r}, max_new_tokens=12)
+        s.text()
+        assert s.token_ids == {greedy!r}, s.token_ids
+        loaded = [m for m in sys.modules if m.split(".")[0] in ("fxquant", "transformers")]
+        assert not loaded, loaded
+        print("ok")
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
+    shutil.rmtree(tmp_path, ignore_errors=True)
