@@ -113,6 +113,7 @@ def aot_compile(
     *,
     device: str = "cpu",
     inductor_configs: dict[str, Any] | None = None,
+    metadata: Mapping[str, Any] | None = None,
 ) -> Callable:
     """Lower ``ep`` for ``device`` and package it with AOTInductor; return the loaded package.
 
@@ -120,6 +121,10 @@ def aot_compile(
     ``torch._inductor.aoti_load_package(path)`` in a process that never imports fxquant, and
     keeps the program's dynamic dimensions dynamic. The file is written next to its final path
     and renamed into place, so a failed compile never leaves a half-written package.
+
+    For a program from ``fxquant.export_llm`` the package's metadata also records what
+    ``fxquant.runtime`` checks before serving it (cache length, batch, vocabulary, EOS ids, the
+    config, and the torch, device and CPU it was built for), plus ``metadata``'s entries.
     """
     package_path = Path(package_path)
     if package_path.suffix != ".pt2":
@@ -131,7 +136,9 @@ def aot_compile(
         # what the runtime checks before serving (fxquant.runtime.LLMPackage)
         configs["aot_inductor.metadata"] = {
             **configs.get("aot_inductor.metadata", {}),
-            runtime.METADATA_KEY: json.dumps(_package_info(ep, info, device), sort_keys=True),
+            runtime.METADATA_KEY: json.dumps(
+                {**_package_info(ep, info, device), **(metadata or {})}, sort_keys=True
+            ),
         }
     link = contextlib.nullcontext()
     if _device_type(device) == "cpu" and native_cpu():

@@ -1,8 +1,11 @@
-"""The ``fxquant`` command line: ``quantize``, ``report``, ``recipes`` and ``demo``.
+"""The ``fxquant`` command line: ``quantize``, ``generate``, ``report``, ``recipes``, ``demo``.
 
 A thin shell over the entry points of ``fxquant.api``: it loads a model (a GGUF file, a Hugging
-Face model directory, or ``module:function``), exports it with dynamic batch and sequence dims,
-quantizes it, prints the report and writes a ``.pt2`` and/or an AOTInductor package.
+Face model directory, or ``module:function``), exports it with dynamic batch and sequence dims
+(or, with ``--llm``, with its KV cache: ``fxquant.export_llm``), quantizes it, prints the
+report and writes a ``.pt2`` and/or an AOTInductor package. ``generate`` streams text from an
+LLM package through ``fxquant.runtime`` alone (no passes are imported), or builds (and caches)
+the packages of a model first (``fxquant.packages``), one recipe or two side by side.
 """
 
 from __future__ import annotations
@@ -109,9 +112,26 @@ def _cmd_quantize(args) -> int:
     config = _config_from_args(args)
     if not args.out and not args.aoti:
         raise SystemExit("fxquant quantize: give --out x.pt2 and/or --aoti package.pt2")
-    model, example_inputs, dynamic_shapes = load_source(args.source, seq_len=args.seq_len)
-    print(f"exporting {args.source} ...", file=sys.stderr)
-    ep = torch.export.export(model, example_inputs, dynamic_shapes=dynamic_shapes)
+    if args.llm:
+        from fxquant.packages import load_causal_lm
+
+        path = Path(args.source)
+        if path.suffix != ".gguf" and not path.is_dir():
+            raise SystemExit(
+                "fxquant quantize --llm: the source must be a .gguf file or a model folder"
+            )
+        try:
+            model = load_causal_lm(path)
+        except FileNotFoundError as e:
+            raise SystemExit(str(e)) from e
+        print(
+            f"exporting {args.source} with a KV cache of {args.max_cache_len} ...", file=sys.stderr
+        )
+        ep = fxquant.export_llm(model, max_cache_len=args.max_cache_len, max_batch=args.max_batch)
+    else:
+        model, example_inputs, dynamic_shapes = load_source(args.source, seq_len=args.seq_len)
+        print(f"exporting {args.source} ...", file=sys.stderr)
+        ep = torch.export.export(model, example_inputs, dynamic_shapes=dynamic_shapes)
     qep = fxquant.quantize(ep, config, progress=True)
     print(fxquant.report(qep))
     if args.out:
@@ -121,7 +141,8 @@ def _cmd_quantize(args) -> int:
         print(f"wrote {out} ({out.stat().st_size / 2**20:.1f} MiB)")
     if args.aoti:
         print("compiling the AOTInductor package ...", file=sys.stderr)
-        fxquant.aot_compile(qep, args.aoti)
+        extra = {"source": str(Path(args.source).resolve())} if args.llm else None
+        fxquant.aot_compile(qep, args.aoti, metadata=extra)
         print(f"wrote {args.aoti} ({Path(args.aoti).stat().st_size / 2**20:.1f} MiB)")
     return 0
 
@@ -147,11 +168,153 @@ def _cmd_report(args) -> int:
     return 0
 
 
+def _is_package(path: Path) -> bool:
+    import zipfile
+
+    if path.suffix != ".pt2" or not zipfile.is_zipfile(path):
+        return False
+    with zipfile.ZipFile(path) as zf:
+        return any(n.endswith("wrapper_metadata.json") for n in zf.namelist())
+
+
+def _generate_one(pkg, tokenizer, args, *, stream: bool):
+    from fxquant.runtime import generate
+
+    out = generate(
+        pkg,
+        tokenizer,
+        args.prompt,
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        seed=args.seed,
+    )
+    if stream:
+        print(args.prompt, end="", flush=True)
+        for piece in out:
+            print(piece, end="", flush=True)
+        print()
+    else:
+        out.text()
+    return out
+
+
+def _cmd_generate(args) -> int:
+    # Serving a package imports fxquant.runtime (torch only) and a tokenizer; building one (a
+    # model as the source) takes the whole pipeline, through fxquant.packages.
+    from fxquant.runtime import LLMPackage, PackageError
+
+    source = Path(args.source)
+    if not source.exists():
+        raise SystemExit(f"fxquant generate: no file or folder at {source}")
+    try:
+        if _is_package(source):
+            if args.compare or args.recipe:
+                raise SystemExit(
+                    "fxquant generate: --recipe/--compare build packages from a model; "
+                    f"{source} is a package already"
+                )
+            pkg = LLMPackage(source)
+            tokenizer = _tokenizer(args.tokenizer or pkg.info.get("source"), source)
+            out = _generate_one(pkg, tokenizer, args, stream=True)
+            print(out.stats.summary())
+            return 0
+        return _generate_from_model(source, args)
+    except PackageError as e:
+        raise SystemExit(f"fxquant generate: {e}") from e
+
+
+def _tokenizer(where, package: Path):
+    from fxquant.packages import load_tokenizer
+
+    if not where:
+        raise SystemExit(
+            f"fxquant generate: {package} does not say which model it was made from; "
+            "give --tokenizer path/to/model(.gguf)"
+        )
+    try:
+        return load_tokenizer(where)
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"fxquant generate: cannot load a tokenizer from {where}: {e}") from e
+
+
+def _generate_from_model(source: Path, args) -> int:
+    import functools
+
+    from fxquant.packages import llm_package, load_causal_lm, load_tokenizer
+    from fxquant.runtime import LLMPackage
+
+    recipes = [args.recipe or "int8wo"]
+    if args.compare:
+        recipes.append(args.compare)
+    for r in recipes:
+        if r != "fp32":
+            _recipe_config(r)  # a typo fails now, not after minutes of building
+    needed = len(args.prompt) + args.max_new_tokens  # characters: at least the tokens
+    cache_len = args.max_cache_len or max(256, -(-needed // 256) * 256)
+    tokenizer = load_tokenizer(args.tokenizer or source)
+    model = functools.cache(lambda: load_causal_lm(source))  # loaded once, only if a build needs it
+    rows = []
+    for r in recipes:
+        built = llm_package(
+            source, None if r == "fp32" else r, max_cache_len=cache_len, model=model
+        )
+        how = f"built in {built.build_s:.0f} s" if built.built else "from the cache"
+        print(f"[{r}] package {built.path} ({how})", file=sys.stderr)
+        pkg = LLMPackage(built.path)
+        out = _generate_one(pkg, tokenizer, args, stream=not args.compare)
+        rows.append((r, out, built.path.stat().st_size))
+        if not args.compare:
+            print(out.stats.summary())
+        del pkg
+    if args.compare:
+        print(_compare_table(rows, tokenizer))
+    return 0
+
+
+def _recipe_config(name: str):
+    from fxquant.config import QuantConfig
+
+    try:
+        return QuantConfig.coerce(name)
+    except ValueError as e:
+        raise SystemExit(f"fxquant generate: {e}") from e
+
+
+def _compare_table(rows, tokenizer) -> str:
+    base = rows[0][1].token_ids
+    head = (
+        f"{'variant':<26} {'decode tok/s':>12} {'prefill tok/s':>13} {'package MiB':>11} "
+        f"{'same greedy':>11}"
+    )
+    lines = [head, "-" * len(head)]
+    for name, out, size in rows:
+        same = next(
+            (i for i, (a, b) in enumerate(zip(out.token_ids, base, strict=False)) if a != b), None
+        )
+        same = min(len(out.token_ids), len(base)) if same is None else same
+        lines.append(
+            f"{name:<26} {out.stats.decode_tokens_per_s:>12.1f} "
+            f"{out.stats.prefill_tokens_per_s:>13.0f} {size / 2**20:>11.1f} "
+            f"{same:>5}/{len(out.token_ids):<5}"
+        )
+    lines.append(
+        f"same greedy: leading tokens equal to {rows[0][0]}'s; completion of {rows[0][0]}:"
+    )
+    lines.append(repr(tokenizer.decode(base, skip_special_tokens=True)))
+    return "\n".join(lines)
+
+
 def _cmd_recipes(args) -> int:
     from fxquant.config import RECIPES
 
     for name, scheme in RECIPES.items():
         print(f"{name:12s} {scheme}")
+    print(
+        "\nAny recipe + '+lm_head' quantizes lm_head too (same scheme), or '+lm_head=<recipe>' "
+        "with another one, e.g. int4wo-64+lm_head=int8wo"
+    )
     return 0
 
 
@@ -178,7 +341,40 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--out", help="write the quantized torch.export program here (.pt2)")
     q.add_argument("--aoti", help="write an AOTInductor package here (.pt2)")
     q.add_argument("--seq-len", type=int, default=16, help="example sequence length for export")
+    q.add_argument(
+        "--llm",
+        action="store_true",
+        help="export a causal LM with its KV cache (prefill and decode in one program, for "
+        "fxquant generate) instead of input_ids -> logits",
+    )
+    q.add_argument("--max-cache-len", type=int, default=2048, help="with --llm: cache positions")
+    q.add_argument("--max-batch", type=int, default=1, help="with --llm: sequences per call")
     q.set_defaults(fn=_cmd_quantize)
+
+    g = sub.add_parser(
+        "generate",
+        help="stream text from an LLM package, or build (cached) packages of a model and run them",
+    )
+    g.add_argument(
+        "source",
+        help="an LLM package (.pt2 from fxquant quantize --llm --aoti), or a .gguf file / Hugging "
+        "Face model folder to build packages of (cached in ~/.cache/fxquant/packages)",
+    )
+    g.add_argument("--tokenizer", help="model file or folder to take the tokenizer from "
+                   "(default: the model the package was made from)")  # fmt: skip
+    g.add_argument("--prompt", default="Once upon a time", help="default: %(default)r")
+    g.add_argument("--max-new-tokens", type=int, default=64, help="default: %(default)s")
+    g.add_argument("--temperature", type=float, default=0.0, help="0 (default): greedy")
+    g.add_argument("--top-k", type=int, default=0, help="sample from the k likeliest (0: all)")
+    g.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1: all)")
+    g.add_argument("--seed", type=int, default=None, help="makes sampling reproducible")
+    g.add_argument("--recipe", help="with a model source: the recipe to build (default int8wo)")
+    g.add_argument("--compare", help="with a model source: also build this recipe (or fp32) and "
+                   "print both side by side")  # fmt: skip
+    g.add_argument("--max-cache-len", type=int, default=None,
+                   help="with a model source: cache positions (default: prompt + new tokens, "
+                   "rounded up to 256)")  # fmt: skip
+    g.set_defaults(fn=_cmd_generate)
 
     r = sub.add_parser("report", help="print the per-layer report of a quantized .pt2")
     r.add_argument("program")

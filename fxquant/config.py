@@ -674,6 +674,9 @@ RECIPES: dict[str, Scheme] = {
 }
 
 
+LM_HEAD_SUFFIX = "+lm_head"  # "<recipe>+lm_head[=<recipe>]": QuantConfig.from_recipe
+
+
 def from_recipe_name(name: str) -> Scheme:
     """The scheme behind a recipe name such as ``"int8wo"`` or ``"fp8-row"``."""
     try:
@@ -834,6 +837,33 @@ class QuantConfig:
         return cls.from_dict(json.loads(text))
 
     @classmethod
+    def from_recipe(cls, name: str) -> QuantConfig:
+        """A config from a recipe name, optionally with an ``lm_head`` suffix.
+
+        ``"int8wo"`` quantizes every linear but ``lm_head`` (Hugging Face's default);
+        ``"int8wo+lm_head"`` quantizes ``lm_head`` too, with the same scheme; and
+        ``"int4wo-64+lm_head=int8wo"`` gives ``lm_head`` another recipe's scheme (as llama.cpp's
+        4-bit files keep the output matrix in 8 bits). For a causal LM decoded one token at a
+        time, ``lm_head`` is the largest single matrix read per token; a tied input embedding
+        keeps its float table for the lookup (the report says ``float_weight_kept``).
+        """
+        base, plus, head = name.partition(LM_HEAD_SUFFIX)
+        if not plus:
+            return cls(scheme=from_recipe_name(name))
+        if head and not head.startswith("="):
+            raise ValueError(
+                f"recipe {name!r}: after {LM_HEAD_SUFFIX!r} comes nothing (lm_head takes the "
+                "same scheme) or '=<recipe>' (e.g. 'int4wo-64+lm_head=int8wo')"
+            )
+        scheme = from_recipe_name(base)
+        head_scheme = from_recipe_name(head[1:]) if head else scheme
+        return cls(
+            scheme=scheme,
+            overrides={} if head_scheme == scheme else {"lm_head": head_scheme},
+            modules_to_not_convert=(),
+        )
+
+    @classmethod
     def coerce(cls, config: QuantConfig | Scheme | str) -> QuantConfig:
         """A QuantConfig from what ``quantize`` accepts: a config, a scheme or a recipe name."""
         if isinstance(config, QuantConfig):
@@ -841,7 +871,7 @@ class QuantConfig:
         if isinstance(config, Scheme):
             return cls(scheme=config)
         if isinstance(config, str):
-            return cls(scheme=from_recipe_name(config))
+            return cls.from_recipe(config)
         raise ValueError(
             f"config={config!r} is not supported; allowed: a QuantConfig, a scheme instance "
             f"such as Int8WeightOnly(), or a recipe name ({', '.join(RECIPES)})"
