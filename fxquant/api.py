@@ -26,7 +26,14 @@ from fxquant.config import QuantConfig, Scheme
 from fxquant.llm import llm_info
 from fxquant.passes.float8_regions import inference_config, uses_float8_training
 from fxquant.passes.fuse import fuse_norms
-from fxquant.passes.lower import _device_type, lower, native_cpu
+from fxquant.passes.lower import (
+    _device_type,
+    inductor_decompositions,
+    lower,
+    lowerings,
+    native_cpu,
+    prepacked,
+)
 from fxquant.passes.rewrite import ProgramEditor, rewrite
 from fxquant.passes.schemes import QuantizedWeight
 
@@ -129,7 +136,11 @@ def aot_compile(
     package_path = Path(package_path)
     if package_path.suffix != ".pt2":
         raise ValueError(f"package_path={str(package_path)!r} must end in .pt2 (AOTInductor)")
-    lowered = lower(ep, device=device)
+    cpu = _device_type(device) == "cpu"
+    # CPU: AOTInductor decomposes the semantic ops itself while it traces (one trace, not two);
+    # CUDA keeps the separately lowered program its tests run through the Triton interpreter
+    lowered = prepacked(ep, device=device) if cpu else lower(ep, device=device)
+    decompose = inductor_decompositions(lowerings(device)) if cpu else contextlib.nullcontext()
     configs = dict(inductor_configs or {})
     info = llm_info(ep)
     if info is not None:
@@ -141,13 +152,13 @@ def aot_compile(
             ),
         }
     link = contextlib.nullcontext()
-    if _device_type(device) == "cpu" and native_cpu():
+    if cpu and native_cpu():
         # the native kernels' C shims, linked statically into the package (fxquant.kernels.cpu)
         import fxquant.kernels.cpu as native
 
         configs = {**native.aoti_options(), **configs}
         link = native.link_path()
-    with atomic_path(package_path, keep_name=True) as tmp, link:
+    with atomic_path(package_path, keep_name=True) as tmp, link, decompose:
         torch._inductor.aoti_compile_and_package(
             lowered, package_path=str(tmp), inductor_configs=configs
         )

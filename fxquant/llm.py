@@ -78,11 +78,11 @@ class CachedCausalLM(nn.Module):
         self.model = model
         self.max_cache_len, self.max_batch = max_cache_len, max_batch
         self.cache = StaticCache(config=config, max_cache_len=max_cache_len)
-        for i, layer in enumerate(self.cache.layers):
-            # sliding-window layers have data-dependent control flow; a full static layer is
-            # the same attention while max_cache_len <= the window (export_llm checks it)
-            if type(layer) is not StaticLayer:
-                self.cache.layers[i] = StaticLayer(max_cache_len)
+        # every layer becomes a _VisibleLayer: sliding-window layers have data-dependent control
+        # flow (a full layer is the same attention while max_cache_len <= the window, which
+        # export_llm checks), and full layers would attend over the whole cache
+        layer_cls = _visible_layer_class(StaticLayer)
+        self.cache.layers = [layer_cls(max_cache_len) for _ in self.cache.layers]
         heads, head_dim = get_head_shapes(config)
         device = next(model.parameters()).device
         self.cache.early_initialization(max_batch, heads, head_dim, _dtype(model), device)
@@ -92,10 +92,17 @@ class CachedCausalLM(nn.Module):
             self.register_buffer(f"cache_length_{i}", layer.cumulative_length, persistent=False)
 
     def forward(self, input_ids: torch.Tensor, cache_position: torch.Tensor) -> torch.Tensor:
+        # Attention reads the positions written so far, [0, last + 1), not the whole cache: a
+        # decode step at position p reads p + 1 keys whatever max_cache_len is. The length is
+        # data (an unbacked size in the exported program), bounded by the cache.
+        visible = cache_position[-1].item() + 1
+        torch._check(visible >= input_ids.shape[1])
+        torch._check(visible <= self.max_cache_len)
         for i, layer in enumerate(self.cache.layers):
             layer.keys = getattr(self, f"cache_key_{i}")
             layer.values = getattr(self, f"cache_value_{i}")
             layer.cumulative_length = getattr(self, f"cache_length_{i}")
+            layer.visible = visible
             # the layer writes at cumulative_length + arange(T): start at this call's position
             layer.cumulative_length.copy_(cache_position[0])
         position_ids = cache_position.unsqueeze(0).expand(input_ids.shape[0], -1)
@@ -106,6 +113,25 @@ class CachedCausalLM(nn.Module):
             use_cache=True,
         )
         return out.logits.float()
+
+
+def _visible_layer_class(base: type) -> type:
+    """transformers' ``StaticLayer`` that hands attention only the first ``visible`` positions
+    (and sizes the mask to them); ``visible`` is set before every call."""
+
+    class _VisibleLayer(base):
+        visible: Any = None
+
+        def update(self, key_states, value_states, *args, **kwargs):
+            keys, values = super().update(key_states, value_states, *args, **kwargs)
+            if self.visible is None:
+                return keys, values
+            return keys[:, :, : self.visible], values[:, :, : self.visible]
+
+        def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+            return (self.max_cache_len if self.visible is None else self.visible), 0
+
+    return _VisibleLayer
 
 
 def _dtype(model: nn.Module) -> torch.dtype:

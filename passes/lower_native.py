@@ -20,6 +20,8 @@ prefill), so one graph serves every M with no ``torch.cond``.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.fx as fx
 from torch import Tensor
@@ -167,6 +169,126 @@ def _int4_kernel_takes(node: fx.Node) -> bool:
     # codes of at most 4 bits in groups that are whole 32-column blocks of the kernel layout
     bits, group_size = node.args[5], node.args[6]
     return bits <= 4 and group_size % native.INT4_BLOCK == 0
+
+
+# --------------------------------------------------------------------------------------------
+# Sibling fusion: linears that read the same input become one GEMM over their stacked weights
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Siblings:
+    inputs: int  # leading activation args (x, or xq and xs)
+    consts: int  # weight-side constants after them, each stacked along its dim 0
+    bias: int  # index of the bias argument
+    per_row: tuple[int, ...] = ()  # constant positions that must be one value per row
+
+
+_SIBLINGS = {
+    fxq.int8_weight_only_linear.default: _Siblings(1, 2, 3, per_row=(1,)),
+    fxq.int8_dynamic_linear.default: _Siblings(1, 2, 3, per_row=(1,)),
+    fxq.int8_scaled_linear.default: _Siblings(2, 2, 4, per_row=(1,)),
+    fxq.int4_weight_only_linear.default: _Siblings(1, 3, 4),
+    fxq.intx_weight_only_linear.default: _Siblings(1, 3, 4),
+    fxq.float8_weight_only_linear.default: _Siblings(1, 2, 3, per_row=(1,)),
+    fxq.float8_dynamic_linear.default: _Siblings(1, 2, 3, per_row=(1,)),
+    fxq.float8_scaled_linear.default: _Siblings(2, 2, 4, per_row=(1,)),
+}
+
+
+def fuse_siblings(editor) -> int:
+    """Stack the weights of linears that read the same activation with the same scheme (q, k
+    and v after one norm; gate and up) into one GEMM, and slice its output back apart.
+
+    At M = 1 each GEMM is a pass over its weight plus a fixed cost (a parallel region, a call,
+    an output buffer): three passes become one, with every byte still read once. The stacked
+    constants replace the separate ones. Returns the groups fused.
+    """
+    from fxquant.passes.plan import node_value
+    from fxquant.passes.rewrite import counters
+
+    groups: dict[tuple, list[fx.Node]] = {}
+    for node in editor.graph.nodes:
+        spec = _SIBLINGS.get(node.target) if node.op == "call_function" else None
+        if spec is None:
+            continue
+        rest = tuple(node.args[spec.bias + 1 :])
+        key = (node.target, tuple(node.args[: spec.inputs]), rest, node.args[spec.bias] is None)
+        groups.setdefault(key, []).append(node)
+    fused = 0
+    for (target, _, _, no_bias), nodes in groups.items():
+        if len(nodes) < 2:
+            continue
+        spec = _SIBLINGS[target]
+        found = []
+        for n in nodes:
+            consts = [editor.weight_of(a) for a in n.args[spec.inputs : spec.inputs + spec.consts]]
+            bias = None if no_bias else editor.weight_of(n.args[spec.bias])
+            if any(c is None for c in consts) or (not no_bias and bias is None):
+                break
+            w = consts[0][1]
+            if any(consts[i][1].reshape(-1).shape[0] != w.shape[0] for i in spec.per_row):
+                break  # a per-tensor scale: one value for all rows cannot be stacked
+            found.append((n, [t for _, t in consts], None if no_bias else bias[1]))
+        if len(found) != len(nodes):
+            continue
+        first = found[0][0]
+        prefix = editor.weight_of(first.args[spec.inputs])[0] + ".siblings"
+        stacked = []
+        for i in range(spec.consts):
+            t = torch.cat([c[i].reshape(c[i].shape[0], -1) for _, c, _ in found])
+            t = t.reshape(-1, *found[0][1][i].shape[1:])
+            stacked.append(editor.add_constant(_unique(editor, f"{prefix}.{i}"), t))
+        bias = None
+        if not no_bias:
+            bias = editor.add_constant(_unique(editor, f"{prefix}.bias"),
+                                       torch.cat([b for _, _, b in found]))  # fmt: skip
+        args = (*first.args[: spec.inputs], *stacked, bias, *first.args[spec.bias + 1 :])
+        with editor.graph.inserting_before(first):
+            whole = editor.graph.call_function(target, args)
+        whole.meta["val"] = _fake(editor, target, args, node_value)
+        start = 0
+        for n, consts, _ in found:
+            width = consts[0].shape[0]
+            with editor.graph.inserting_before(n):
+                part = editor.graph.call_function(
+                    torch.ops.aten.slice.Tensor, (whole, -1, start, start + width)
+                )
+                # contiguous again: consumers view the output as heads ([..., H, D])
+                part2 = editor.graph.call_function(
+                    torch.ops.aten.clone.default,
+                    (part,),
+                    {"memory_format": torch.contiguous_format},
+                )
+            part.meta["val"] = _fake(editor, part.target, part.args, node_value)
+            part2.meta["val"] = _fake(editor, part2.target, part2.args, node_value, part2.kwargs)
+            for key in ("nn_module_stack", "stack_trace", "custom"):
+                if key in n.meta:
+                    part2.meta[key] = n.meta[key]
+            n.replace_all_uses_with(part2)
+            old = [*n.args[spec.inputs : spec.inputs + spec.consts]]
+            old += [] if no_bias else [n.args[spec.bias]]
+            editor.graph.erase_node(n)
+            for c in old:
+                editor.release(c)
+            start += width
+        counters["fuse.siblings"] += 1
+        fused += 1
+    return fused
+
+
+def _fake(editor, target, args, node_value, kwargs=None):
+    if editor.fake_mode is None:
+        return None
+    with editor.fake_mode:
+        return target(*[node_value(a) for a in args], **(kwargs or {}))
+
+
+def _unique(editor, fqn: str) -> str:
+    name, i = fqn, 1
+    while editor.taken(name):
+        name, i = f"{fqn}{i}", i + 1
+    return name
 
 
 def prepack_table():

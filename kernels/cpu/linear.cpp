@@ -200,7 +200,10 @@ void gemv_int4(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t N
       for (int64_t r0 = 0; r0 < nb;) {
 #ifdef FXQ_AVX2
         if (nb - r0 >= 2) {  // two rows at a time: x loads shared, 8 accumulators live
-          const __m128i low = _mm_set1_epi8(0x0F);
+          // 8 bytes widen to 8 int32 lanes (one load-and-widen); the low nibbles are columns
+          // k..k+7 of the 32-block and the high ones k+16..k+23 (the prepacked layout), so
+          // one widen, one and, one shift and two converts give 16 codes
+          const __m256i low = _mm256_set1_epi32(0x0F);
           __m256 tot[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
           for (int64_t g = 0; g < G; ++g) {
             __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
@@ -208,15 +211,13 @@ void gemv_int4(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t N
               const __m256 x0 = _mm256_loadu_ps(xm + k), x1 = _mm256_loadu_ps(xm + k + 8);
               const __m256 x2 = _mm256_loadu_ps(xm + k + 16), x3 = _mm256_loadu_ps(xm + k + 24);
               for (int r = 0; r < 2; ++r) {
-                const __m128i b = _mm_loadu_si128(
-                    (const __m128i*)(w + (n0 + r0 + r) * row_bytes + k / 2));
-                const __m128i lo = _mm_and_si128(b, low);
-                const __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), low);
-                auto cvt = [](__m128i v) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)); };
-                acc[r] = _mm256_fmadd_ps(x0, cvt(lo), acc[r]);
-                acc[r] = _mm256_fmadd_ps(x1, cvt(_mm_srli_si128(lo, 8)), acc[r]);
-                acc[r] = _mm256_fmadd_ps(x2, cvt(hi), acc[r]);
-                acc[r] = _mm256_fmadd_ps(x3, cvt(_mm_srli_si128(hi, 8)), acc[r]);
+                const uint8_t* p = w + (n0 + r0 + r) * row_bytes + k / 2;
+                const __m256i b0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)p));
+                const __m256i b1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(p + 8)));
+                acc[r] = _mm256_fmadd_ps(x0, _mm256_cvtepi32_ps(_mm256_and_si256(b0, low)), acc[r]);
+                acc[r] = _mm256_fmadd_ps(x2, _mm256_cvtepi32_ps(_mm256_srli_epi32(b0, 4)), acc[r]);
+                acc[r] = _mm256_fmadd_ps(x1, _mm256_cvtepi32_ps(_mm256_and_si256(b1, low)), acc[r]);
+                acc[r] = _mm256_fmadd_ps(x3, _mm256_cvtepi32_ps(_mm256_srli_epi32(b1, 4)), acc[r]);
               }
             }
             for (int r = 0; r < 2; ++r)
