@@ -23,7 +23,7 @@ from torch.export import ExportedProgram
 
 from fxquant import runtime
 from fxquant.config import QuantConfig, Scheme
-from fxquant.llm import llm_info
+from fxquant.llm import decode_bytes, llm_info
 from fxquant.passes.float8_regions import inference_config, uses_float8_training
 from fxquant.passes.fuse import fuse_norms
 from fxquant.passes.lower import (
@@ -169,8 +169,11 @@ def _package_info(ep: ExportedProgram, info: dict, device: str | torch.device) -
     from fxquant.report import report
 
     rep = report(ep)
+    weights, kv_per_position = decode_bytes(ep)
     return {
         **info,
+        "weight_bytes_per_step": weights,
+        "kv_bytes_per_position": kv_per_position,
         "device": _device_type(device),
         "torch": torch.__version__,
         "fxquant": _version(),

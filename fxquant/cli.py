@@ -360,8 +360,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="an LLM package (.pt2 from fxquant quantize --llm --aoti), or a .gguf file / Hugging "
         "Face model folder to build packages of (cached in ~/.cache/fxquant/packages)",
     )
-    g.add_argument("--tokenizer", help="model file or folder to take the tokenizer from "
-                   "(default: the model the package was made from)")  # fmt: skip
+    g.add_argument(
+        "--tokenizer",
+        help="model file or folder to take the tokenizer from "
+        "(default: the model the package was made from)",
+    )
     g.add_argument("--prompt", default="Once upon a time", help="default: %(default)r")
     g.add_argument("--max-new-tokens", type=int, default=64, help="default: %(default)s")
     g.add_argument("--temperature", type=float, default=0.0, help="0 (default): greedy")
@@ -369,11 +372,17 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1: all)")
     g.add_argument("--seed", type=int, default=None, help="makes sampling reproducible")
     g.add_argument("--recipe", help="with a model source: the recipe to build (default int8wo)")
-    g.add_argument("--compare", help="with a model source: also build this recipe (or fp32) and "
-                   "print both side by side")  # fmt: skip
-    g.add_argument("--max-cache-len", type=int, default=None,
-                   help="with a model source: cache positions (default: prompt + new tokens, "
-                   "rounded up to 256)")  # fmt: skip
+    g.add_argument(
+        "--compare",
+        help="with a model source: also build this recipe (or fp32) and print both side by side",
+    )
+    g.add_argument(
+        "--max-cache-len",
+        type=int,
+        default=None,
+        help="with a model source: cache positions (default: prompt + new tokens, "
+        "rounded up to 256)",
+    )
     g.set_defaults(fn=_cmd_generate)
 
     r = sub.add_parser("report", help="print the per-layer report of a quantized .pt2")

@@ -1,15 +1,15 @@
 """End-to-end demo on a real model: SmolLM2-135M served with its KV cache, fp32 vs quantized.
 
-Where this sits: it drives the whole pipeline once, the way a user deploying an LLM would.
-SmolLM2 is loaded (:mod:`fxquant.assets`) and exported once with its KV cache
-(``fxquant.export_llm``: prefill and decode in one program); then for fp32 and each recipe the
-program is quantized, reported and packaged by AOTInductor (``fxquant.packages``: built once,
-then taken from the package cache), and the loaded package — the artifact that ships — is
-measured: its size, perplexity (the ASSETS protocol, 512-token windows prefilled through the
-package), prefill tokens/s at 128 tokens, decode tokens/s at one token per call (M = 1, the
-cache in the package), and greedy agreement with fp32. Last, the fastest variant streams a
-completion through ``fxquant.generate``. Every variant, fp32 included, is an AOTInductor
-package of the same program, so the ratios compare like with like.
+Where this sits: it drives the whole pipeline once, the way a user deploying an LLM would. For
+fp32 and each recipe, SmolLM2 is exported with its KV cache (``fxquant.export_llm``: prefill and
+decode in one program), quantized and packaged by AOTInductor (``fxquant.packages``: the
+missing packages are built side by side, one process each, then served from the package
+cache); the loaded package, the artifact that ships, is then measured: its size, perplexity
+(the ASSETS protocol, 512-token windows prefilled through the package), prefill tokens/s at 128
+tokens, decode tokens/s at one token per call (M = 1, the cache in the package), and greedy
+agreement with fp32. Last, the fastest variant streams a completion through
+``fxquant.generate``. Every variant, fp32 included, is an AOTInductor package of the same
+program, so the ratios compare like with like.
 
 Run it as ``fxquant demo`` (or ``python -m fxquant.demo``); ``--full`` scores and decodes more.
 """
@@ -68,9 +68,10 @@ def add_demo_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
     parser.add_argument("--tokens", type=int, default=None, help="perplexity tokens to score")
     parser.add_argument("--new-tokens", type=int, default=None, help="greedy tokens to decode")
     parser.add_argument(
-        "--prompt", default="The three most important things to know about Paris are",
+        "--prompt",
+        default="The three most important things to know about Paris are",
         help="the prompt of the streamed completion at the end",
-    )  # fmt: skip
+    )
     parser.add_argument(
         "--json",
         type=Path,
@@ -126,6 +127,7 @@ def write_json(rows: list[DemoRow], path: Path, *, tokens: int, new_tokens: int)
             {
                 **{k: v for k, v in vars(r).items() if k != "greedy"},
                 "greedy_same_as_fp32": None if base is None else _common_prefix(r, base),
+                "top1_agreement": None if base is None else _agreement(r, base),
             }
             for r in rows
         ],
@@ -152,10 +154,15 @@ def _say(msg: str) -> None:
 
 
 def _common_prefix(a: DemoRow, b: DemoRow) -> int:
-    # Leading tokens that agree: after the first divergence the contexts differ, so agreement
-    # further on says nothing about the quantization error.
+    # Leading tokens equal to fp32's: what free-running greedy decoding would share with fp32
     n = min(len(a.greedy), len(b.greedy))
     return next((i for i in range(n) if a.greedy[i] != b.greedy[i]), n)
+
+
+def _agreement(a: DemoRow, b: DemoRow) -> float:
+    # steps whose argmax equals fp32's, each fed fp32's previous token (teacher forcing)
+    n = min(len(a.greedy), len(b.greedy))
+    return sum(a.greedy[i] == b.greedy[i] for i in range(n)) / max(n, 1)
 
 
 @torch.no_grad()
@@ -169,8 +176,15 @@ def _perplexity(pkg, token_ids: torch.Tensor, tokens: int) -> float:
 
 
 @torch.no_grad()
-def _speed(pkg, prompt: torch.Tensor, new_tokens: int) -> tuple[float, float, list[int]]:
-    """(prefill tok/s, decode tok/s, greedy ids): median of 3 prefills; median decode step."""
+def _speed(
+    pkg, prompt: torch.Tensor, new_tokens: int, follow: list[int] | None = None
+) -> tuple[float, float, list[int]]:
+    """(prefill tok/s, decode tok/s, greedy ids): median of 3 prefills; median decode step.
+
+    With ``follow`` (fp32's greedy ids) each step is fed fp32's token instead of its own
+    (teacher forcing), so the ids say where the two argmaxes agree at every step, not only up to
+    the first difference; the work per step is the same either way.
+    """
     n = prompt.shape[1]
     pre = []
     for _ in range(3):
@@ -179,8 +193,9 @@ def _speed(pkg, prompt: torch.Tensor, new_tokens: int) -> tuple[float, float, li
         pre.append(time.perf_counter() - t0)
     ids, steps = [int(logits[0, -1].argmax())], []
     for i in range(new_tokens - 1):
+        fed = ids[-1] if follow is None else follow[i]
         t0 = time.perf_counter()
-        logits = pkg(torch.tensor([[ids[-1]]]), torch.tensor([n + i]))
+        logits = pkg(torch.tensor([[fed]]), torch.tensor([n + i]))
         steps.append(time.perf_counter() - t0)
         ids.append(int(logits[0, -1].argmax()))
     return n / statistics.median(pre), 1.0 / statistics.median(steps), ids
@@ -190,7 +205,7 @@ def _table(rows: list[DemoRow], *, tokens: int, new_tokens: int) -> str:
     base = rows[0] if rows and rows[0].name == "fp32" and rows[0].error is None else None
     head = (
         f"{'variant':<26} {'MiB':>5} {'ppl':>7} {'prefill tok/s':>13} {'decode tok/s':>12} "
-        f"{'speed-up':>8} {'same greedy':>11}"
+        f"{'speed-up':>8} {'top-1 agree':>11} {'same greedy':>11}"
     )
     lines = [head, "-" * len(head)]
     for r in rows:
@@ -199,15 +214,18 @@ def _table(rows: list[DemoRow], *, tokens: int, new_tokens: int) -> str:
             continue
         up = f"{r.decode_tokens_per_s / base.decode_tokens_per_s:.2f}x" if base else "-"
         same = f"{_common_prefix(r, base)}/{len(r.greedy)}" if base else "-"
+        agree = f"{_agreement(r, base):.0%}" if base else "-"
         lines.append(
             f"{r.name:<26} {_mb(r.package_bytes):>5} {r.ppl:>7.2f} "
-            f"{r.prefill_tokens_per_s:>13.0f} {r.decode_tokens_per_s:>12.1f} {up:>8} {same:>11}"
+            f"{r.prefill_tokens_per_s:>13.0f} {r.decode_tokens_per_s:>12.1f} {up:>8} "
+            f"{agree:>11} {same:>11}"
         )
     lines.append(
         f"AOTInductor packages with the KV cache inside. ppl: first {tokens} Lee tokens, "
         f"512-token windows. prefill: {_PROMPT_TOKENS} tokens in one call. decode: greedy, "
-        f"{new_tokens} tokens, one call each (median). speed-up: decode vs fp32. same greedy: "
-        "leading tokens equal to fp32's."
+        f"{new_tokens} tokens, one call each (median). speed-up: decode vs fp32. top-1 agree: "
+        "steps whose next token equals fp32's, each fed fp32's tokens. same greedy: leading "
+        "tokens equal to fp32's."
     )
     return "\n".join(lines)
 
@@ -229,40 +247,34 @@ def run_demo(
     """
     import fxquant
     from fxquant import assets
-    from fxquant.packages import llm_package
+    from fxquant.packages import build_packages, load_tokenizer
     from fxquant.runtime import LLMPackage
 
     configs = {name: fxquant.QuantConfig.coerce(name) for name in schemes}  # typos fail now
-    t0 = time.perf_counter()
-    model, tokenizer = assets.load_smollm2()
-    print(f"SmolLM2-135M-Instruct loaded in {time.perf_counter() - t0:.0f} s")
     source = assets.smollm2_gguf()
+    variants = {"fp32": None, **configs}
+    t0 = time.perf_counter()
+    # every package first: the missing ones are built side by side, one process each
+    # (about two minutes each on two cores; the package cache serves every later run)
+    built = build_packages(source, variants, max_cache_len=_CACHE_LEN)
+    if any(b.built for b in built.values()):
+        print(f"packages built in {time.perf_counter() - t0:.0f} s (cached for the next run)")
+    tokenizer = load_tokenizer(source)
     token_ids = torch.tensor(tokenizer(assets.lee_text("background")).input_ids[:tokens])
     prompt_ids = torch.tensor([tokenizer(assets.lee_text("test")).input_ids[:_PROMPT_TOKENS]])
 
-    program = None
     rows: list[DemoRow] = []
-    for name in ["fp32", *schemes]:
+    for name in variants:
         row = DemoRow(name)
         try:
-            cached = llm_package(source, configs.get(name), max_cache_len=_CACHE_LEN,
-                                 progress=False, only_cached=True)  # fmt: skip
-            if cached is None:
-                if program is None:
-                    t0 = time.perf_counter()
-                    program = fxquant.export_llm(model, max_cache_len=_CACHE_LEN)
-                    print(f"exported with a {_CACHE_LEN}-position KV cache in "
-                          f"{time.perf_counter() - t0:.0f} s")  # fmt: skip
-                _say(f"[{name}] building its package (once; then it comes from the cache) ...")
-            built = cached or llm_package(
-                source, configs.get(name), max_cache_len=_CACHE_LEN, program=program
-            )
-            row.from_cache, row.build_s = not built.built, built.build_s or None
-            row.package_bytes = built.path.stat().st_size
-            pkg = LLMPackage(built.path)
+            b = built[name]
+            row.from_cache, row.build_s = not b.built, b.build_s or None
+            row.package_bytes = b.path.stat().st_size
+            pkg = LLMPackage(b.path)
             row.ppl = _perplexity(pkg, token_ids, tokens)
+            follow = rows[0].greedy if rows and rows[0].name == "fp32" and rows[0].greedy else None
             row.prefill_tokens_per_s, row.decode_tokens_per_s, row.greedy = _speed(
-                pkg, prompt_ids, new_tokens
+                pkg, prompt_ids, new_tokens, follow
             )
             how = "from the cache" if row.from_cache else f"built in {row.build_s:.0f} s"
             _say(
@@ -283,9 +295,7 @@ def run_demo(
     if ok:
         best = max(ok, key=lambda r: r.decode_tokens_per_s)
         print(f"\n{best.name}, streamed:")
-        path = llm_package(source, configs[best.name], max_cache_len=_CACHE_LEN,
-                           progress=False, only_cached=True).path  # fmt: skip
-        stream = fxquant.generate(path, tokenizer, prompt, max_new_tokens=48)
+        stream = fxquant.generate(built[best.name].path, tokenizer, prompt, max_new_tokens=48)
         print(prompt, end="", flush=True)
         for piece in stream:
             print(piece, end="", flush=True)

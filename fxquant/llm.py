@@ -35,7 +35,14 @@ import torch
 from torch import nn
 from torch.export import Dim, ExportedProgram
 
-__all__ = ["INFO_KEY", "CachedCausalLM", "LLMExportError", "export_llm", "llm_info"]
+__all__ = [
+    "INFO_KEY",
+    "CachedCausalLM",
+    "LLMExportError",
+    "decode_bytes",
+    "export_llm",
+    "llm_info",
+]
 
 INFO_KEY = "fxquant_llm"  # node.meta["custom"][INFO_KEY], the JSON of llm_info
 
@@ -259,6 +266,33 @@ def export_llm(
     }
     set_llm_info(ep, info)
     return ep
+
+
+def decode_bytes(ep: ExportedProgram) -> tuple[int, int]:
+    """(weight bytes a decode step reads, KV-cache bytes per cached position) of a cached LLM.
+
+    Every parameter, buffer and constant is read once per decode step except the KV cache
+    (read up to the current position: the second figure) and an embedding table only looked up
+    (one row per token). For a benchmark's bytes-per-token against memory bandwidth.
+    """
+    sizes = {**ep.state_dict, **ep.constants}
+    used = {n.name: n for n in ep.graph.nodes if n.op == "placeholder" and n.users}
+    weights, kv, seen = 0, 0, set()
+    for spec in ep.graph_signature.input_specs:
+        node, t = used.get(spec.arg.name), sizes.get(spec.target)
+        if node is None or not isinstance(t, torch.Tensor) or t.data_ptr() in seen:
+            continue  # unused, a user input, or a tied alias already counted
+        seen.add(t.data_ptr())
+        if "cache_key_" in spec.target or "cache_value_" in spec.target:
+            kv += t.nbytes
+        elif "cache_length_" in spec.target or all(
+            u.target == torch.ops.aten.embedding.default and u.args[0] is node for u in node.users
+        ):
+            continue  # a position counter, or a table only looked up (a row per token)
+        else:
+            weights += t.nbytes
+    info = llm_info(ep) or {}
+    return weights, kv // max(int(info.get("max_cache_len", 1)), 1)
 
 
 def set_llm_info(ep: ExportedProgram, info: dict[str, Any]) -> None:

@@ -24,7 +24,14 @@ import torch
 
 from fxquant.config import QuantConfig
 
-__all__ = ["BuiltPackage", "llm_package", "load_causal_lm", "load_tokenizer", "package_key"]
+__all__ = [
+    "BuiltPackage",
+    "build_packages",
+    "llm_package",
+    "load_causal_lm",
+    "load_tokenizer",
+    "package_key",
+]
 
 
 @dataclass
@@ -135,6 +142,7 @@ def llm_package(
     cache_dir: str | os.PathLike | None = None,
     progress: bool = True,
     only_cached: bool = False,
+    variant: str | None = None,
 ) -> BuiltPackage | None:
     """The AOTInductor package of ``source`` quantized with ``config`` (None: fp32), from the
     cache when it is there, else built now and cached.
@@ -150,12 +158,14 @@ def llm_package(
         cache_dir: default ``$FXQUANT_CACHE_DIR`` or ``~/.cache/fxquant``, then ``packages/``.
         progress: a progress bar over the steps (the AOTInductor build shows elapsed time).
         only_cached: return None instead of building when the package is not cached.
+        variant: the name to list the package under (default: the recipe name, or "fp32").
     """
     import fxquant
     from fxquant.kernels.cpu import cache_root
 
     cfg = None if config is None else QuantConfig.coerce(config)
-    variant = config if isinstance(config, str) else ("fp32" if cfg is None else "custom")
+    if variant is None:
+        variant = config if isinstance(config, str) else ("fp32" if cfg is None else "custom")
     key = package_key(source, cfg, max_cache_len=max_cache_len, max_batch=max_batch)
     root = Path(cache_dir) if cache_dir is not None else cache_root()
     path = root / "packages" / f"{key}.pt2"
@@ -198,3 +208,128 @@ def llm_package(
     info = {"source": str(Path(source).resolve()), "variant": variant}
     path.with_suffix(".json").write_text(json.dumps(info, indent=2))
     return BuiltPackage(path=path, variant=variant, built=True, build_s=time.perf_counter() - t0)
+
+
+def build_packages(
+    source: str | os.PathLike,
+    configs: dict[str, QuantConfig | str | None],
+    *,
+    max_cache_len: int = 2048,
+    max_batch: int = 1,
+    jobs: int | None = None,
+    progress: bool = True,
+) -> dict[str, BuiltPackage]:
+    """:func:`llm_package` for several variants at once: the cached ones at once, the others
+    built side by side, each in its own process (``python -m fxquant.packages``).
+
+    A build is mostly single-threaded Python (tracing, Inductor's scheduling and codegen), so
+    on two cores two or three builds in parallel take little longer than one.
+
+    Args:
+        configs: ``{variant name: config, recipe name or None (fp32)}``.
+        jobs: builds at a time (default: one per core, plus one).
+    """
+    import subprocess
+    import sys
+    import tempfile
+
+    from tqdm.auto import tqdm
+
+    out: dict[str, BuiltPackage] = {}
+    todo = {}
+    for name, config in configs.items():
+        cached = llm_package(
+            source,
+            config,
+            max_cache_len=max_cache_len,
+            max_batch=max_batch,
+            progress=False,
+            only_cached=True,
+        )
+        if cached is not None:
+            out[name] = cached
+        else:
+            todo[name] = None if config is None else QuantConfig.coerce(config)
+    if not todo:
+        return out
+    jobs = jobs or (os.cpu_count() or 1) + 1
+    logs = Path(tempfile.mkdtemp(prefix="fxquant-build-"))
+    pending = list(todo.items())
+    running: dict[str, tuple[subprocess.Popen, float, Path]] = {}
+    desc = f"building {len(todo)} package(s), {min(jobs, len(todo))} at a time"
+    with tqdm(total=len(todo), desc=desc, unit="pkg", disable=not progress) as bar, _Ticker(bar):
+        while pending or running:
+            while pending and len(running) < jobs:
+                name, cfg = pending.pop(0)
+                cmd = [
+                    sys.executable,
+                    "-m",
+                    "fxquant.packages",
+                    str(source),
+                    "--max-cache-len",
+                    str(max_cache_len),
+                    "--max-batch",
+                    str(max_batch),
+                ]
+                cmd += ["--variant", name]
+                if cfg is not None:
+                    cmd += ["--config", cfg.to_json()]
+                log = logs / f"build-{len(out) + len(running)}.log"
+                with open(log, "w") as f:
+                    proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT)
+                running[name] = (proc, time.time(), log)
+                bar.set_postfix_str(", ".join(running))
+            time.sleep(0.5)
+            for name, (proc, t0, log) in list(running.items()):
+                if proc.poll() is None:
+                    continue
+                del running[name]
+                bar.update()
+                if proc.returncode:
+                    for other, *_ in running.values():
+                        other.kill()
+                    raise RuntimeError(
+                        f"building the {name} package failed (exit {proc.returncode}); the end "
+                        f"of its log ({log}):\n{log.read_text()[-3000:]}"
+                    )
+                built = llm_package(
+                    source,
+                    todo[name],
+                    max_cache_len=max_cache_len,
+                    max_batch=max_batch,
+                    progress=False,
+                    only_cached=True,
+                )
+                if built is None:
+                    raise RuntimeError(f"the {name} build finished but left no package ({log})")
+                out[name] = BuiltPackage(built.path, name, True, time.time() - t0)
+                bar.set_postfix_str(", ".join(running))
+    return {name: out[name] for name in configs}
+
+
+def _main(argv=None) -> int:
+    """``python -m fxquant.packages SOURCE [--config JSON]``: build one package into the cache
+    (what :func:`build_packages` runs in each of its processes)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m fxquant.packages", description=_main.__doc__)
+    parser.add_argument("source")
+    parser.add_argument("--config", default=None, help="QuantConfig JSON; omit for fp32")
+    parser.add_argument("--max-cache-len", type=int, default=2048)
+    parser.add_argument("--max-batch", type=int, default=1)
+    parser.add_argument("--variant", default=None, help="the name the package is listed under")
+    args = parser.parse_args(argv)
+    config = None if args.config is None else QuantConfig.from_json(args.config)
+    llm_package(
+        args.source,
+        config,
+        max_cache_len=args.max_cache_len,
+        max_batch=args.max_batch,
+        progress=False,
+        variant=args.variant,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main())

@@ -241,8 +241,9 @@ def fuse_siblings(editor) -> int:
             stacked.append(editor.add_constant(_unique(editor, f"{prefix}.{i}"), t))
         bias = None
         if not no_bias:
-            bias = editor.add_constant(_unique(editor, f"{prefix}.bias"),
-                                       torch.cat([b for _, _, b in found]))  # fmt: skip
+            bias = editor.add_constant(
+                _unique(editor, f"{prefix}.bias"), torch.cat([b for _, _, b in found])
+            )
         args = (*first.args[: spec.inputs], *stacked, bias, *first.args[spec.bias + 1 :])
         with editor.graph.inserting_before(first):
             whole = editor.graph.call_function(target, args)

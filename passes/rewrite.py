@@ -32,6 +32,7 @@ from torch.export.graph_signature import (
     InputSpec,
     TensorArgument,
 )
+from torch.utils.weak import WeakIdKeyDictionary
 from tqdm.auto import tqdm
 
 from fxquant.config import QuantConfig
@@ -233,6 +234,30 @@ def fqn_from_source(source_name: str) -> str:
     return ".".join(n for n in names if n not in ("_modules", "_parameters", "_buffers"))
 
 
+# Quantized weights by float weight tensor (held weakly) and scheme, for the life of that
+# tensor: torch.compile recompiles a model's graph for each new shape or guard (Hugging Face's
+# generate: prefill and decode, each cache length), and every compile would quantize all its
+# weights again; with this, only the first does. The key includes the tensor's version counter
+# and data pointer, so an in-place update or a new .data quantizes anew.
+_QUANTIZED: WeakIdKeyDictionary = WeakIdKeyDictionary()  # keyed by identity, held weakly
+
+
+def _quantized(scheme, weight: torch.Tensor, w_nk: torch.Tensor) -> QuantizedWeight:
+    key = (scheme, weight._version, weight.data_ptr(), tuple(w_nk.shape), w_nk.dtype)
+    try:
+        per_weight = _QUANTIZED.setdefault(weight, {})
+    except TypeError:  # a tensor that cannot be weakly referenced: no caching
+        return handler_for(scheme).quantize(scheme, w_nk)
+    if key not in per_weight:
+        for stale in [k for k in per_weight if k[1:3] != key[1:3]]:
+            del per_weight[stale]  # an older version of this weight is never used again
+        per_weight[key] = handler_for(scheme).quantize(scheme, w_nk)
+        counters["quantize.computed"] += 1
+    else:
+        counters["quantize.reused"] += 1
+    return per_weight[key]
+
+
 def rewrite(
     editor,
     config: QuantConfig,
@@ -266,7 +291,7 @@ def rewrite(
             w = site.weight_nk().detach().contiguous()
             given = weights.get(site.weight_fqn)
             if given is None:
-                q = handler_for(plan.scheme).quantize(plan.scheme, w)
+                q = _quantized(plan.scheme, site.weight, w)
             else:
                 check_layout(plan.scheme, site.weight_fqn, tuple(w.shape), given)
                 q = given

@@ -12,6 +12,7 @@ tokens, Wikipedia text, every scheme, the peers).
 from __future__ import annotations
 
 import pytest
+import torch
 
 import fxquant
 from fxquant import evaluate
@@ -39,3 +40,22 @@ def test_smollm2_perplexity_floor(smollm2_program, lee_ids, fp32_ppl, recipe, ma
     print(f"{recipe}: ppl {ppl:.4f} vs fp32 {fp32_ppl:.4f} ({ppl / fp32_ppl - 1:+.3%})")
     assert ppl <= fp32_ppl * (1 + max_increase)
     assert ppl > fp32_ppl * 0.9  # 10% better than fp32 would mean a broken evaluation
+
+
+@pytest.mark.slow
+def test_smollm2_cached_program_has_the_uncached_perplexity(smollm2, smollm2_program, lee_ids):
+    """Same weights, same math: the export_llm program (windows prefilled into its KV cache)
+    scores the text as the uncached program does, within 1e-3 relative, quantized or not."""
+    cached = fxquant.export_llm(smollm2[0], max_cache_len=512)
+    for recipe in (None, "int8wo+lm_head"):
+        a = cached if recipe is None else fxquant.quantize(cached, recipe)
+        b = smollm2_program if recipe is None else fxquant.quantize(smollm2_program, recipe)
+        m = a.module()
+        got = evaluate.perplexity(
+            lambda ids, m=m: m(ids, torch.arange(ids.shape[1])),
+            lee_ids,
+            max_tokens=1024,
+            progress=False,
+        )
+        want = evaluate.perplexity(b.module(), lee_ids, max_tokens=1024, progress=False)
+        assert got == pytest.approx(want, rel=1e-3), (recipe, got, want)

@@ -152,7 +152,7 @@ def test_a_model_that_does_not_trace_names_the_architecture():
                 return self.inner(input_ids=input_ids, **kwargs)
             return self.inner(input_ids=input_ids + 1, **kwargs)
 
-    with pytest.raises(LLMExportError, match=r"Opaque could not be exported.*test_llm.py.*uncached"):
+    with pytest.raises(LLMExportError, match=r"Opaque could not be exported.*test_llm.*uncached"):
         export_llm(Opaque(_model()), max_cache_len=16)
     with pytest.raises(LLMExportError, match="has no .config"):
         export_llm(torch.nn.Linear(2, 2), max_cache_len=16)
@@ -296,3 +296,52 @@ def test_the_runtime_serves_without_fxquant_passes_or_transformers(llm_package, 
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
     shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+@pytest.mark.slow
+def test_hf_generate_under_the_backend_matches_the_program_and_quantizes_once():
+    """Hugging Face's own generate with a static cache, the forward compiled by the fxquant
+    backend: the exported program's greedy tokens, and each weight quantized once however
+    many graphs Dynamo compiles (prefill, decode, a second cache length)."""
+    import copy
+
+    from fxquant.passes.rewrite import counters
+
+    model = _model(seed=2)
+    model.generation_config.eos_token_id = None
+    prompt = torch.randint(0, VOCAB, (1, 6))
+    ep = fxquant.quantize(export_llm(model, max_cache_len=32), "int8wo")
+    m, ids, want = ep.module(), prompt[0].tolist(), []
+    logits = m(prompt, torch.arange(6))
+    for i in range(8):
+        want.append(int(logits[0, -1].argmax()))
+        logits = m(torch.tensor([[want[-1]]]), torch.tensor([6 + i]))
+
+    served = copy.deepcopy(model)
+    served.forward = torch.compile(served.forward, backend="fxquant", options={"config": "int8wo"})
+    counters.clear()
+    kwargs = dict(do_sample=False, cache_implementation="static", pad_token_id=0)
+    out = served.generate(prompt, max_new_tokens=8, **kwargs)
+    assert out[0, 6:].tolist() == want and ids == out[0, :6].tolist()
+    assert counters["quantize.computed"] == 14  # 2 layers × 7 linears, once
+    compiles = counters["quantize.reused"]
+    served.generate(prompt, max_new_tokens=12, **kwargs)  # a longer cache: Dynamo recompiles
+    assert counters["quantize.computed"] == 14 and counters["quantize.reused"] > compiles
+
+
+def test_each_weight_is_quantized_once_per_scheme_while_it_lives():
+    from fxquant.passes.rewrite import counters
+
+    model = _model(seed=3)
+    ep = export_llm(model, max_cache_len=16)
+    counters.clear()
+    a = fxquant.quantize(ep, "int8wo")
+    fxquant.quantize(ep, "int4wo-32")
+    b = fxquant.quantize(ep, "int8wo")  # the same weights and scheme: taken from the cache
+    assert counters["quantize.computed"] == 28 and counters["quantize.reused"] == 14
+    ids = torch.randint(0, VOCAB, (1, 5))
+    torch.testing.assert_close(a.module()(ids, torch.arange(5)), b.module()(ids, torch.arange(5)))
+    with torch.no_grad():  # an in-place update is a new version: quantized anew
+        model.model.layers[0].mlp.up_proj.weight.mul_(2)
+    fxquant.quantize(ep, "int8wo")
+    assert counters["quantize.computed"] == 29

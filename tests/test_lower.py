@@ -98,3 +98,49 @@ def test_lowered_program_matches_semantic_program(recipe, dtype, cpu_kernels):
 def test_lower_rejects_unknown_device():
     with pytest.raises(ValueError, match="device='tpu'"):
         fxquant.passes.lower.lowerings("tpu")
+
+
+class _Siblings(torch.nn.Module):
+    """q/k/v-like linears on one normed input (one pair with biases), and one on another."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm = torch.nn.RMSNorm(64)
+        self.q = torch.nn.Linear(64, 64, bias=False)
+        self.k = torch.nn.Linear(64, 32, bias=False)
+        self.v = torch.nn.Linear(64, 32, bias=False)
+        self.gate = torch.nn.Linear(64, 96)
+        self.up = torch.nn.Linear(64, 96)
+        self.out = torch.nn.Linear(96, 64)
+
+    def forward(self, x):
+        h = self.norm(x)
+        a = torch.cat([self.q(h), self.k(h), self.v(h)], dim=-1)[..., :64]
+        m = self.out(torch.nn.functional.silu(self.gate(x)) * self.up(x))
+        return a + m
+
+
+@pytest.mark.parametrize("recipe", ["int8wo", "w8a8", "int4wo-32", "fp8-row", "int3wo-64"])
+def test_siblings_reading_one_input_become_one_gemm(recipe, cpu_kernels):
+    if cpu_kernels != "native":
+        pytest.skip("sibling fusion is part of the native lowering")
+    torch.manual_seed(0)
+    model = _Siblings().eval()
+    x = torch.randn(2, 5, 64)
+    cfg = fxquant.QuantConfig(scheme=fxquant.from_recipe_name(recipe), modules_to_not_convert=())
+    qep = fxquant.quantize(
+        model, cfg, example_inputs=(x,), dynamic_shapes=({0: Dim.DYNAMIC, 1: Dim.DYNAMIC},)
+    )
+    before = counters["fuse.siblings"]
+    lowered = lower(qep)
+    # q/k/v (bias-free) and gate/up (with biases) each stack into one GEMM; out stays alone
+    assert counters["fuse.siblings"] - before == 2
+    gemms = [
+        n
+        for n in lowered.graph.nodes
+        if n.op == "call_function" and str(n.target).startswith("fxquant.native_")
+    ]
+    assert len(gemms) == 3
+    for shape in [(1, 1, 64), (3, 7, 64)]:
+        x = torch.randn(shape)
+        assert sqnr(qep.module()(x), lowered.module()(x)) >= 80

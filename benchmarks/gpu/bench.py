@@ -84,6 +84,7 @@ class Results:
             "experts": [],
             "norm_quant": None,
             "stack": [],
+            "decode": [],
             "complete": False,
         }
 
@@ -447,6 +448,112 @@ def _stack_line(row: dict) -> str:
     )
 
 
+# --------------------------------------------------------------------------- 3b. cached decode
+
+DECODE_RECIPES = ("int8wo+lm_head", "int4wo-64+lm_head=int8wo", "fp8-row+lm_head")
+
+
+def run_decode(res: Results, budget: Budget, *, device: str, smoke: bool) -> None:
+    """LLM decode with a static KV cache (``fxquant.export_llm``): a Llama-3-8B-shaped decoder
+    (8 of its 32 layers, its vocabulary; random weights), bf16, batch 1 and 8. Per recipe the
+    AOTInductor package's decode step (median of 32) and a 2048-token prefill, beside bf16's
+    package of the same program. Needs transformers (StaticCache) on the machine."""
+    import transformers
+
+    import fxquant
+
+    bench = timer(smoke)
+    if smoke:
+        cfg = dict(
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            vocab_size=256,
+        )
+        prefill, batches = 16, (1, 2)
+    else:
+        from shapes import get_shape
+
+        sh = get_shape("llama3-8b")
+        cfg = dict(
+            hidden_size=sh.d_model,
+            intermediate_size=sh.ffn,
+            num_hidden_layers=8,
+            num_attention_heads=sh.heads,
+            num_key_value_heads=sh.kv_heads,
+            vocab_size=sh.vocab,
+        )
+        prefill, batches = 2048, (1, 8)
+    config = transformers.LlamaConfig(**cfg, max_position_embeddings=prefill + 64)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).to(device=device, dtype=torch.bfloat16).eval()
+    tmp = Path(tempfile.mkdtemp(prefix="fxq_gpu_decode_"))
+    for batch in batches:
+        try:
+            ep = fxquant.export_llm(model, max_cache_len=prefill + 64, max_batch=batch)
+        except Exception as e:  # noqa: BLE001 - a failing export is a result
+            res.rec["decode"].append({"batch": batch, "error": f"{type(e).__name__}: {e}"[:400]})
+            res.write()
+            continue
+        ids = torch.randint(0, config.vocab_size, (batch, prefill), device=device)
+        base: dict[str, float] = {}
+        for recipe in ("bf16", *DECODE_RECIPES):
+            if budget.left() < 120:
+                print(f"decode: budget spent before batch {batch} {recipe}", flush=True)
+                return
+            row: dict = {
+                "recipe": recipe,
+                "batch": batch,
+                "layers": config.num_hidden_layers,
+                "prefill_tokens": prefill,
+            }
+            t0 = time.perf_counter()
+            try:
+                program = ep if recipe == "bf16" else fxquant.quantize(ep, recipe)
+                if smoke:  # as run_stack: the CUDA lowering is covered by tests/test_lower_cuda.py
+                    fn = program.module()
+                else:
+                    path = tmp / f"{recipe}-{batch}.pt2"
+                    fn = fxquant.aot_compile(program, path, device="cuda")
+                    row["package_bytes"] = path.stat().st_size
+                row["build_s"] = time.perf_counter() - t0
+                row["prefill_ms"], row["decode_ms"] = _time_llm(fn, ids, bench)
+                row["decode_tokens_per_s"] = batch * 1e3 / row["decode_ms"]
+                row["prefill_tokens_per_s"] = batch * prefill * 1e3 / row["prefill_ms"]
+                for ph in ("decode", "prefill"):
+                    if recipe == "bf16":
+                        base[ph] = row[f"{ph}_ms"]
+                    row[f"{ph}_speedup_vs_bf16"] = base[ph] / row[f"{ph}_ms"] if base else None
+            except Exception as e:  # noqa: BLE001 - a failing recipe is a result
+                row["error"] = f"{type(e).__name__}: {str(e)[:400]}"
+            res.rec["decode"].append(row)
+            res.write()
+            print(f"decode b={batch} {recipe}: {row.get('error') or _decode_line(row)}", flush=True)
+
+
+def _time_llm(fn, ids: torch.Tensor, bench) -> tuple[float, float]:
+    """(prefill ms of all of ``ids``, decode ms of one token per row at the next positions)."""
+    b, t = ids.shape
+    pos = torch.arange(t, device=ids.device)
+    tok = ids[:, :1].contiguous()
+    steps = [torch.tensor([t + i], device=ids.device) for i in range(32)]
+    count = iter(range(10**9))
+    with torch.no_grad():
+        prefill_ms = bench(lambda: fn(ids, pos))
+        decode_ms = bench(lambda: fn(tok, steps[next(count) % len(steps)]))
+    return prefill_ms, decode_ms
+
+
+def _decode_line(row: dict) -> str:
+    return (
+        f"decode {row['decode_tokens_per_s']:.1f} tok/s ({row['decode_speedup_vs_bf16']:.2f}x), "
+        f"prefill {row['prefill_tokens_per_s']:.0f} tok/s ({row['prefill_speedup_vs_bf16']:.2f}x),"
+        f" built in {row['build_s']:.0f} s"
+    )
+
+
 # --------------------------------------------------------------------------- 4. targets
 
 
@@ -506,6 +613,22 @@ def write_table(rec: dict, path: Path) -> None:
             )
     lines += [
         "",
+        "| cached decode recipe | batch | decode tok/s | x bf16 | prefill tok/s | x bf16 |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in rec.get("decode", []):
+        if "error" in r:
+            lines.append(
+                f"| {r.get('recipe', '-')} | {r['batch']} | error | {r['error'][:80]} | | |"
+            )
+        else:
+            lines.append(
+                f"| {r['recipe']} | {r['batch']} | {r['decode_tokens_per_s']:.1f} | "
+                f"{r['decode_speedup_vs_bf16']:.2f} | {r['prefill_tokens_per_s']:.0f} | "
+                f"{r['prefill_speedup_vs_bf16']:.2f} |"
+            )
+    lines += [
+        "",
         "| experts (MXFP4) | tokens | ms | x bf16 grouped_mm | SQNR dB |",
         "|---|---|---|---|---|",
     ]
@@ -528,7 +651,7 @@ def main() -> None:
     ap.add_argument("--smoke", action="store_true", help="CPU + TRITON_INTERPRET=1, tiny shapes")
     ap.add_argument(
         "--sections",
-        default="kernels,experts,norm_quant,stack",
+        default="kernels,experts,norm_quant,stack,decode",
         help="comma-separated subset to run",
     )
     a = ap.parse_args()
@@ -567,6 +690,8 @@ def main() -> None:
         run_norm_quant(res, device=device, smoke=a.smoke)
     if "stack" in sections:
         run_stack(res, budget, device=device, smoke=a.smoke)
+    if "decode" in sections:
+        run_decode(res, budget, device=device, smoke=a.smoke)
     res.rec["targets"] = targets(res.rec)
     res.rec["complete"] = True
     res.rec["wall_s"] = budget.seconds - budget.left()

@@ -1,0 +1,122 @@
+"""``fxquant generate`` and ``fxquant quantize --llm``: the command line of LLM serving.
+
+A tiny random Llama with SmolLM2's vocabulary (so SmolLM2's tokenizer serves it), saved as a
+Hugging Face folder; packages built into a temporary package cache.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from fxquant import assets
+
+tf = pytest.importorskip("transformers")
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def tiny_model_dir(tmp_path_factory):
+    try:
+        gguf = assets.smollm2_gguf()
+    except assets.AssetMissingError as e:
+        pytest.skip(str(e))
+    cfg = tf.LlamaConfig(
+        vocab_size=49152,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+        eos_token_id=None,
+    )
+    torch.manual_seed(0)
+    model = tf.LlamaForCausalLM(cfg).eval()
+    model.generation_config.eos_token_id = None
+    path = tmp_path_factory.mktemp("tiny") / "model"
+    model.save_pretrained(path)
+    return path, gguf
+
+
+def _fxquant(*args, cache, timeout=900):
+    env = {**os.environ, "FXQUANT_CACHE_DIR": str(cache), "HF_HUB_OFFLINE": "1"}
+    return subprocess.run(
+        [sys.executable, "-m", "fxquant.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
+
+
+def test_quantize_llm_then_generate_from_the_package(tiny_model_dir, tmp_path):
+    model_dir, gguf = tiny_model_dir
+    pkg = tmp_path / "q.pt2"
+    out = _fxquant(
+        "quantize", str(model_dir), "--recipe", "int8wo+lm_head", "--llm",
+        "--max-cache-len", "64", "--aoti", str(pkg), cache=tmp_path,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "15 of 15 linear layers quantized" in out.stdout  # lm_head included
+    gen = _fxquant(
+        "generate", str(pkg), "--tokenizer", str(gguf), "--prompt", "Once upon a time",
+        "--max-new-tokens", "8", cache=tmp_path,
+    )  # fmt: skip
+    assert gen.returncode == 0, gen.stderr[-3000:]
+    lines = gen.stdout.strip().splitlines()
+    assert lines[0].startswith("Once upon a time")
+    assert "prefill" in lines[-1] and "decode 8 tok at" in lines[-1]
+    # too long for the package's cache: a clear error, nothing run
+    long = _fxquant(
+        "generate", str(pkg), "--tokenizer", str(gguf), "--prompt", "word " * 70,
+        "--max-new-tokens", "8", cache=tmp_path,
+    )  # fmt: skip
+    assert long.returncode != 0 and "max_cache_len=64" in long.stderr
+    assert "Traceback" not in long.stderr
+
+
+def test_serving_a_package_imports_no_passes(tiny_model_dir, tmp_path):
+    model_dir, gguf = tiny_model_dir
+    pkg = tmp_path / "q.pt2"
+    out = _fxquant(
+        "quantize", str(model_dir), "--recipe", "int4wo-32", "--llm", "--max-cache-len", "32",
+        "--aoti", str(pkg), cache=tmp_path,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    script = textwrap.dedent(
+        f"""
+        import sys
+        from fxquant.cli import main
+        main(["generate", {str(pkg)!r}, "--tokenizer", {str(gguf)!r}, "--max-new-tokens", "4"])
+        loaded = [m for m in sys.modules if m.startswith(("fxquant.passes", "fxquant.kernels"))]
+        assert not loaded, loaded
+        """
+    )
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+
+
+def test_generate_from_a_model_builds_caches_and_compares(tiny_model_dir, tmp_path):
+    model_dir, gguf = tiny_model_dir
+    args = (
+        "generate", str(model_dir), "--tokenizer", str(gguf), "--recipe", "int8wo",
+        "--compare", "fp32", "--max-new-tokens", "6", "--max-cache-len", "64",
+    )  # fmt: skip
+    first = _fxquant(*args, cache=tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "built in" in first.stderr
+    table = first.stdout
+    assert "decode tok/s" in table and "int8wo" in table and "fp32" in table
+    again = _fxquant(*args, cache=tmp_path)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert again.stderr.count("from the cache") == 2 and "built in" not in again.stderr
+    assert len(list((tmp_path / "packages").glob("*.pt2"))) == 2
+    typo = _fxquant("generate", str(model_dir), "--recipe", "int9wo", cache=tmp_path)
+    assert typo.returncode != 0 and "unknown recipe 'int9wo'" in typo.stderr
