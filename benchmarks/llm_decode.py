@@ -32,10 +32,11 @@ launches, attention, norms, the package call); the sampler/tokenizer cost per to
 
     bash benchmarks/setup_llama_cpp.sh                  # once: llama-bench, llama-quantize
     python benchmarks/llm_decode.py                     # everything (~30 min on 2 cores, cold)
-    python benchmarks/llm_decode.py --quick             # two recipes, fp32 and llama.cpp
+    python benchmarks/llm_decode.py --quick             # the lm_head recipes, fp32, llama.cpp
 
 Writes results/llm_decode.json and .png. The issue's targets are printed beside the measured
-ratios, never asserted.
+ratios, never asserted; ``parity`` in the JSON puts fxquant's fastest int8 row (int8wo, w8a8)
+beside llama.cpp Q8_0 and its fastest 4-bit row (int4wo, w4a8) beside Q4_1.
 """
 
 from __future__ import annotations
@@ -68,13 +69,16 @@ RECIPES = (
     "int4wo-64",
     "int4wo-64+lm_head=int8wo",
     "w8a8+lm_head",
+    "w4a8-64+lm_head=w8a8",
     "fp8-row",
 )
-QUICK = ("int8wo+lm_head", "int4wo-64+lm_head=int8wo")
-BACKEND = ("int8wo+lm_head", "int4wo-64+lm_head=int8wo", "w8a8+lm_head", "fp8-row")
+QUICK = ("int8wo+lm_head", "w8a8+lm_head", "int4wo-64+lm_head=int8wo", "w4a8-64+lm_head=w8a8")
+BACKEND = ("int8wo+lm_head", "int4wo-64+lm_head=int8wo", "w8a8+lm_head", "w4a8-64+lm_head=w8a8")
 BASELINE = "fp32 inductor"
 # decode ratio targets vs fp32 Inductor (issue 14), by recipe family
 TARGETS = {"int8wo": 2.2, "int4wo-64": 3.0}
+# the llama.cpp parity targets: fxquant's best row of each width against this llama.cpp file
+PARITY = {"int8": ("Q8_0", ("int8wo", "w8a8")), "4-bit": ("Q4_1", ("int4wo", "w4a8"))}
 LLAMA_FILES = {"Q4_1": None, "Q8_0": "smollm2-Q8_0.gguf", "F32": "smollm2-F32.gguf"}
 
 
@@ -418,6 +422,7 @@ def run(args) -> dict:
                 )
             llama_rows.append(row)
 
+    results = [*rows.values(), *llama_rows]
     return {
         "script": "benchmarks/llm_decode.py",
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -435,9 +440,34 @@ def run(args) -> dict:
         "copy_bandwidth_gbs": bw,
         "llama_cpp": llama,
         "targets": {"decode_vs_fp32_inductor": TARGETS, "prefill_min_vs_fp32": 0.9},
-        "results": [*rows.values(), *llama_rows],
+        "results": results,
+        "parity": parity(results),
         "wall_s": time.perf_counter() - t_start,
     }
+
+
+def parity(results: list[dict]) -> dict:
+    """fxquant's fastest decode row of each width against the llama.cpp file of that width."""
+    out = {}
+    by_name = {r["candidate"]: r for r in results if r.get("status") == "ok"}
+    for width, (kind, families) in PARITY.items():
+        ours = [
+            r
+            for r in by_name.values()
+            if r["candidate"].startswith("fxquant") and r["scheme"].startswith(families)
+        ]
+        theirs = by_name.get(f"llama.cpp {kind}")
+        if not ours or theirs is None or not theirs.get("decode_tokens_per_s"):
+            continue
+        best = max(ours, key=lambda r: r["decode_tokens_per_s"])
+        out[width] = {
+            "fxquant": best["candidate"],
+            "decode_tokens_per_s": best["decode_tokens_per_s"],
+            "llama_cpp": f"llama.cpp {kind}",
+            "llama_cpp_decode_tokens_per_s": theirs["decode_tokens_per_s"],
+            "ratio": best["decode_tokens_per_s"] / theirs["decode_tokens_per_s"],
+        }
+    return out
 
 
 def weight_bytes_per_step(pkg: LLMPackage, *, position: int) -> int:
@@ -485,6 +515,11 @@ def print_table(res: dict) -> None:
             f"{f('effective_gbs', '5.1f')} {f('overhead_ms', '6.1f')}"
         )
     print(f"copy bandwidth {res['copy_bandwidth_gbs']:.1f} GB/s; cache {res['max_cache_len']}")
+    for width, p in res.get("parity", {}).items():
+        print(
+            f"best {width}: {p['fxquant']} {p['decode_tokens_per_s']:.1f} tok/s = "
+            f"{p['ratio']:.2f}× {p['llama_cpp']} ({p['llama_cpp_decode_tokens_per_s']:.1f})"
+        )
 
 
 def plot(res: dict, path: Path) -> None:
@@ -535,7 +570,9 @@ def plot(res: dict, path: Path) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--recipes", default=",".join(RECIPES))
-    ap.add_argument("--quick", action="store_true", help="two recipes, fp32, llama.cpp; 2 rounds")
+    ap.add_argument(
+        "--quick", action="store_true", help="the four lm_head recipes, fp32, llama.cpp; 2 rounds"
+    )
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--new", type=int, default=64)
     ap.add_argument("--cache", type=int, default=256, help="max_cache_len of every program")

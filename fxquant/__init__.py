@@ -11,6 +11,8 @@ Importing fxquant registers the ``fxquant::`` ops, which loading a saved ``.pt2`
 """
 
 import importlib
+import sys
+import types
 from typing import TYPE_CHECKING
 
 from fxquant import ops  # noqa: F401  (registers the fxquant:: ops)
@@ -55,6 +57,7 @@ _EXPORTS = {
             "Float8WeightOnly",
             "Int4WeightOnly",
             "Int8DynamicActivation",
+            "Int8DynamicActivationInt4",
             "Int8WeightOnly",
             "IntxWeightOnly",
             "LLMInt8",
@@ -64,6 +67,21 @@ _EXPORTS = {
         )
     },
 }
+
+
+class _Package(types.ModuleType):
+    """fxquant itself. Two submodules share a name with the function they define
+    (``fxquant.report``, ``fxquant.calibrate``); importing such a submodule binds it on the
+    package, which would shadow the function: here the function keeps its name."""
+
+    def __setattr__(self, name: str, value) -> None:
+        if name in _SHADOWED and isinstance(value, types.ModuleType):
+            return  # the submodule stays reachable as sys.modules["fxquant.<name>"]
+        super().__setattr__(name, value)
+
+
+_SHADOWED = {"report", "calibrate"}
+sys.modules[__name__].__class__ = _Package
 
 
 def __getattr__(name: str):
@@ -103,6 +121,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
         Float8WeightOnly,
         Int4WeightOnly,
         Int8DynamicActivation,
+        Int8DynamicActivationInt4,
         Int8WeightOnly,
         IntxWeightOnly,
         LLMInt8,
@@ -132,6 +151,7 @@ __all__ = [
     "Float8WeightOnly",
     "Int4WeightOnly",
     "Int8DynamicActivation",
+    "Int8DynamicActivationInt4",
     "Int8WeightOnly",
     "IntxWeightOnly",
     "LLMInt8",

@@ -45,6 +45,8 @@ __all__ = [
 ]
 
 INFO_KEY = "fxquant_llm"  # node.meta["custom"][INFO_KEY], the JSON of llm_info
+# transformers' attention-implementation name the export traces with (registered on first use)
+ATTENTION = "fxquant_packed_gqa"
 
 
 class LLMExportError(RuntimeError):
@@ -139,6 +141,83 @@ def _visible_layer_class(base: type) -> type:
             return (self.max_cache_len if self.visible is None else self.visible), 0
 
     return _VisibleLayer
+
+
+def _packed_gqa_attention(
+    module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs
+):
+    """Attention for the exported program: grouped-query heads packed, not repeated.
+
+    With H query heads sharing Hkv key/value heads (SmolLM2: 9 and 3), transformers' ``sdpa``
+    under export repeats each key/value head H/Hkv times: a copy of the visible cache per layer
+    and step. Here the G = H/Hkv query heads of a group become G * T query rows of its one
+    key/value head (the mask repeats along those rows), so the cache is read as it is, and the
+    attention is two batched matmuls and a softmax (fp32, as transformers' eager attention),
+    which Inductor lowers to MKL's bmm and one fused kernel. Measured on SmolLM2 decode (AVX2,
+    2 cores): 45 µs a layer against 72 for transformers' ``sdpa`` (repeat + CPU flash
+    attention), whose kernel splits its work by head and query block, few at M = 1. The same
+    scores and softmax up to fp32 rounding. Anything else (no mask, no groups, dropout, a
+    position bias, softcapping) goes to transformers' own ``sdpa`` unchanged.
+    """
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    groups = getattr(module, "num_key_value_groups", 1)
+    plain = (
+        groups == 1
+        or attention_mask is None
+        or attention_mask.dim() != 4
+        or attention_mask.shape[1] != 1
+        or dropout
+        or kwargs.get("position_bias") is not None
+        or kwargs.get("softcap") is not None
+    )
+    if plain:
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+            is_causal=is_causal, **kwargs,
+        )  # fmt: skip
+    b, h, t, d = query.shape
+    hk = key.shape[1]
+    # head hk * G + g, row t → head hk, row g * T + t (contiguous first: a plain view, no guards)
+    q = query.contiguous().view(b, hk, groups * t, d)
+    mb, lm = attention_mask.shape[0], attention_mask.shape[-1]
+    mask = attention_mask[:, :, None].expand(mb, 1, groups, t, lm).reshape(mb, 1, groups * t, lm)
+    scale = scaling if scaling is not None else d**-0.5
+    scores = torch.matmul(q, key.transpose(-1, -2)) * scale
+    bool_mask = mask.dtype == torch.bool
+    scores = scores.masked_fill(~mask, float("-inf")) if bool_mask else scores + mask
+    # softmax in fp32 whatever the model's dtype, as transformers' eager attention does
+    out = torch.matmul(torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype), value)
+    # back to [B, T, H, D]: the G row blocks stacked as heads (splitting the G * T rows with a
+    # view guards on T, which export refuses)
+    out = torch.stack([out[:, :, g * t : (g + 1) * t] for g in range(groups)], dim=2)
+    return out.view(b, h, t, value.shape[-1]).transpose(1, 2).contiguous(), None
+
+
+def _register_attention() -> None:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(ATTENTION, _packed_gqa_attention)
+    AttentionMaskInterface.register(ATTENTION, sdpa_mask)
+
+
+class _PackedAttention:
+    """Trace with :func:`_packed_gqa_attention` where the model runs transformers' ``sdpa``; the
+    config's attention implementation is restored afterwards (the caller's model is kept)."""
+
+    def __init__(self, config) -> None:
+        self.config, self.was = config, None
+
+    def __enter__(self) -> None:
+        self.was = getattr(self.config, "_attn_implementation", None)
+        if self.was == "sdpa":
+            _register_attention()
+            self.config._attn_implementation = ATTENTION
+
+    def __exit__(self, *exc) -> None:
+        if self.was == "sdpa":
+            self.config._attn_implementation = self.was
 
 
 def _dtype(model: nn.Module) -> torch.dtype:
@@ -241,7 +320,7 @@ def export_llm(
         ids = torch.randint(0, vocab, (max_batch, example_tokens))
         pos = torch.arange(example_tokens)
         tokens = Dim("tokens", min=1, max=max_cache_len)
-        with torch.no_grad():
+        with torch.no_grad(), _PackedAttention(model.config):
             ep = torch.export.export(
                 wrapper, (ids, pos), dynamic_shapes=({1: tokens}, {0: tokens}), strict=False
             )

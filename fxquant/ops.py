@@ -69,6 +69,20 @@ def _(x, weight, scale, bias):
     return _out_like(x, weight.shape[0])
 
 
+@torch.library.custom_op(f"{_LIB}::int8_dynamic_int4_linear", mutates_args=())
+def int8_dynamic_int4_linear(
+    x: Tensor, weight: Tensor, scale: Tensor, zero: Tensor, bias: Tensor | None, group_size: int
+) -> Tensor:
+    """x quantized to int8 per token at run time · int4 W in ``int4_weight_only_linear``'s
+    layout (packed uint4 [N, Kp/2], ``scale`` fp32 and ``zero`` uint8 [N, Kp/g])."""
+    return ref.int8_dynamic_int4_linear(x, weight, scale, zero, bias, group_size=group_size)
+
+
+@int8_dynamic_int4_linear.register_fake
+def _(x, weight, scale, zero, bias, group_size):
+    return _out_like(x, weight.shape[0])
+
+
 @torch.library.custom_op(f"{_LIB}::float8_weight_only_linear", mutates_args=())
 def float8_weight_only_linear(
     x: Tensor, weight: Tensor, scale: Tensor, bias: Tensor | None

@@ -219,6 +219,15 @@ def int8_dynamic_linear(x, weight, scale, bias=None):
     return int8_scaled_linear(xq, xs, weight, scale, bias, out_dtype=x.dtype)
 
 
+def int8_dynamic_int4_linear(x, weight, scale, zero, bias=None, *, group_size: int):
+    """W4A8: x quantized per token to int8 (as ``int8_dynamic_linear``) · int4 W (as
+    ``int4_weight_only_linear``). Both dequantized products are exact in fp32 before the sum."""
+    xq, xs = quantize_int8_per_token(x)
+    w = dequantize_int4_grouped(weight, scale, zero, group_size=group_size)
+    y = (xq.float() @ w[:, : x.shape[-1]].t()) * xs
+    return _finish(y, bias, x.dtype)
+
+
 def float8_weight_only_linear(x, weight, scale, bias=None):
     y = (x.float() @ weight.float().t()) * scale
     return _finish(y, bias, x.dtype)

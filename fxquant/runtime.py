@@ -192,8 +192,29 @@ class LLMPackage:
     def __call__(self, input_ids: torch.Tensor, cache_position: torch.Tensor) -> torch.Tensor:
         """Logits [B, T, V] for ``input_ids`` [B, T] at ``cache_position`` [T] (B <= max_batch;
         fewer rows are padded with copies of the first, and their logits dropped)."""
+        # Everything the compiled code would index with is checked here: it has no bounds
+        # checks of its own (an id past the vocabulary or a position past the cache would read
+        # or write outside its buffers).
+        if input_ids.dim() != 2 or input_ids.shape[1] == 0:
+            raise PackageError(
+                f"input_ids must be [batch, T] with T >= 1, got {tuple(input_ids.shape)}"
+            )
         b, t = input_ids.shape
-        start = int(cache_position[0]) if t else 0
+        start = int(cache_position[0]) if cache_position.numel() else -1
+        if (
+            cache_position.shape != (t,)
+            or start < 0
+            or not torch.equal(cache_position.to(torch.long), torch.arange(start, start + t))
+        ):
+            raise PackageError(
+                f"cache_position must be the {t} consecutive positions of the tokens, "
+                f"arange(p, p + {t}) with p >= 0; got {cache_position.tolist()[:8]}"
+            )
+        lo, hi = int(input_ids.min()), int(input_ids.max())
+        if lo < 0 or hi >= self.vocab_size:
+            raise PackageError(
+                f"token ids must be in [0, {self.vocab_size}); got ids from {lo} to {hi}"
+            )
         self.check(b, start + t)
         if b < self.max_batch:
             input_ids = torch.cat([input_ids, input_ids[:1].expand(self.max_batch - b, -1)])

@@ -31,6 +31,8 @@ VNNI) by ``benchmarks/cpu_kernels.py`` (results in ``benchmarks/results/cpu_kern
   6-bit codes (GGUF ``Q6_K``, groups of 16) fit neither that kernel's codes nor its groups
   (32 to 256): they keep the reference composition, which dequantizes the weight per call.
   BitNet (int8 per token × ternary) lowers to its reference math in aten ops.
+- W4A8 (``int8_dynamic_int4_linear``) takes the same int4 kernel with the int8 codes of its
+  per-token activation as the bf16 input (exact in bf16) and the token scale after.
 - fp8 has no kernel on this CPU (``_scaled_mm`` is emulated, ~100× slower): the weight is
   upcast per call, correct but slower than fp32. The CUDA lowering is where fp8 pays.
 - The fused ``norm_quant`` (``fxquant.passes.fuse``) lowers to its reference math in aten ops
@@ -101,6 +103,16 @@ def _cpu_int4_weight_only(x, packed, scale_zero, bias, group_size, out_features)
         x2 = F.pad(x2, (0, kp - x2.shape[-1]))
     y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2.to(_BF16), packed, group_size, scale_zero)
     return _epilogue(y.float(), x, out_features, bias)
+
+
+def _cpu_int8_dynamic_int4(x, packed, scale_zero, bias, group_size, out_features):
+    # W4A8 on the int4 kernel: the int8 codes are exact in its bf16 input, xs goes in after
+    xq, xs = ref.quantize_int8_per_token(x.reshape(-1, x.shape[-1]))
+    kp = scale_zero.shape[0] * group_size
+    if xq.shape[-1] != kp:
+        xq = F.pad(xq, (0, kp - xq.shape[-1]))
+    y = torch.ops.aten._weight_int4pack_mm_for_cpu(xq.to(_BF16), packed, group_size, scale_zero)
+    return _epilogue(y.float() * xs, x, out_features, bias)
 
 
 def _upcast_weight_linear(x, weight, scale, bias):
@@ -249,6 +261,18 @@ def cpu_int4_weight_only_linear(
     return _cpu_int4_weight_only(x, packed, scale_zero, bias, group_size, out_features)
 
 
+@torch.library.custom_op("fxquant::cpu_int8_dynamic_int4_linear", mutates_args=())
+def cpu_int8_dynamic_int4_linear(
+    x: Tensor,
+    packed: Tensor,
+    scale_zero: Tensor,
+    bias: Tensor | None,
+    group_size: int,
+    out_features: int,
+) -> Tensor:
+    return _cpu_int8_dynamic_int4(x, packed, scale_zero, bias, group_size, out_features)
+
+
 @cpu_int8_weight_only_linear.register_fake
 @cpu_int8_dynamic_linear.register_fake
 def _(x, qweight, scale, ones, bias):
@@ -256,6 +280,7 @@ def _(x, qweight, scale, ones, bias):
 
 
 @cpu_int4_weight_only_linear.register_fake
+@cpu_int8_dynamic_int4_linear.register_fake
 def _(x, packed, scale_zero, bias, group_size, out_features):
     return x.new_empty((*x.shape[:-1], out_features))
 
@@ -300,6 +325,10 @@ def _prepack_int8_scaled(editor, node: fx.Node, consts: list[Tensor]):
 
 
 def _prepack_int4(editor, node: fx.Node, consts: list[Tensor]):
+    # int4 weight-only and W4A8 store the same weight: one layout, two device ops
+    device_op = fxq.cpu_int4_weight_only_linear.default
+    if node.target == fxq.int8_dynamic_int4_linear.default:
+        device_op = fxq.cpu_int8_dynamic_int4_linear.default
     x, _, _, _, bias, group_size = node.args
     packed, scale, zero = consts
     n = packed.shape[0]
@@ -311,7 +340,7 @@ def _prepack_int4(editor, node: fx.Node, consts: list[Tensor]):
     cpu_packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(u, 1)
     scale_zero = torch.stack([s, zp], dim=-1).transpose(0, 1).contiguous().to(_BF16)
     args = (x, ("packed", cpu_packed), ("scale_zero", scale_zero), bias, group_size, n)
-    return fxq.cpu_int4_weight_only_linear.default, args
+    return device_op, args
 
 
 def _prepack_intx(editor, node: fx.Node, consts: list[Tensor]):
@@ -363,6 +392,7 @@ CPU_PREPACK = {
         _prepack_int8(fxq.cpu_int8_dynamic_linear.default), 2
     ),
     fxq.int4_weight_only_linear.default: _Prepack(_prepack_int4, 3),
+    fxq.int8_dynamic_int4_linear.default: _Prepack(_prepack_int4, 3),
     fxq.intx_weight_only_linear.default: _Prepack(_prepack_intx, 3, when=_int4_kernel_takes),
     fxq.int8_scaled_linear.default: _Prepack(_prepack_int8_scaled, 2, first_const=2),
 }
@@ -372,6 +402,7 @@ CPU_DECOMPOSITIONS = {
     fxq.cpu_int8_weight_only_linear.default: _cpu_int8_weight_only,
     fxq.cpu_int8_dynamic_linear.default: _cpu_int8_dynamic,
     fxq.cpu_int4_weight_only_linear.default: _cpu_int4_weight_only,
+    fxq.cpu_int8_dynamic_int4_linear.default: _cpu_int8_dynamic_int4,
     fxq.cpu_int8_scaled_linear.default: _cpu_int8_scaled,
 }
 
@@ -381,6 +412,9 @@ CPU_LOWERINGS = {
     fxq.int8_weight_only_linear.default: ref.int8_weight_only_linear,
     fxq.int8_dynamic_linear.default: ref.int8_dynamic_linear,
     fxq.int4_weight_only_linear.default: lambda x, w, s, z, b, g: ref.int4_weight_only_linear(
+        x, w, s, z, b, group_size=g
+    ),
+    fxq.int8_dynamic_int4_linear.default: lambda x, w, s, z, b, g: ref.int8_dynamic_int4_linear(
         x, w, s, z, b, group_size=g
     ),
     fxq.float8_weight_only_linear.default: _upcast_weight_linear,

@@ -115,6 +115,17 @@ def _int8_dynamic(x, weight, scale, bias):
     return y.reshape(*x.shape[:-1], weight.shape[0])
 
 
+def _int8_dynamic_int4(x, weight, scale, zero, bias, group_size):
+    # W4A8: the per-token int8 grid from the quantize kernel, then int4 weight-only's GEMM on
+    # the dequantized activation (exact in fp32: the reference's numerics)
+    xq, xs = fxq.triton_quantize_int8_per_token(_rows(x))
+    xd = xq.float() * xs.reshape(-1, 1)
+    y = _weight_only(fxq.triton_int4_weight_only_linear.default)(
+        xd, weight, scale, zero, bias, group_size
+    )
+    return y.reshape(*x.shape[:-1], weight.shape[0]).to(x.dtype)
+
+
 def _float8_dynamic(x, weight, scale, bias, per_row, activation_scale_ub):
     if per_row:
         xq, xs = fxq.triton_quantize_fp8_per_token(_rows(x), activation_scale_ub)
@@ -181,6 +192,7 @@ CUDA_LOWERINGS = {
         fxq.triton_float8_weight_only_linear.default
     ),
     fxq.int8_dynamic_linear.default: _int8_dynamic,
+    fxq.int8_dynamic_int4_linear.default: _int8_dynamic_int4,
     fxq.float8_dynamic_linear.default: _float8_dynamic,
     fxq.float8_static_linear.default: _float8_static,
     fxq.float8_block_linear.default: _float8_block,

@@ -12,7 +12,8 @@ bias and the caller's dtype in the epilogue, which Inductor fuses.
 - int4 (and the int2 / int3 / float-zero int4 codes of ``IntxWeightOnly`` in groups of 32 or
   more) are repacked once into the kernel's nibble layout with ``offset = -z * s``
   (``prepack_codes``), which takes any code in [0, 15] and any zero point, integer or float:
-  fp32 numerics, no bf16 rounding, no code shifting.
+  fp32 numerics, no bf16 rounding, no code shifting. W4A8 (``int8_dynamic_int4_linear``) takes
+  the same layout into the int4 × int8 kernel, its activation quantized per token here.
 
 The kernels pick their own path by M (a GEMV for decode, dequantize-a-chunk + MKL for
 prefill), so one graph serves every M with no ``torch.cond``.
@@ -118,8 +119,18 @@ def _cpu_native_int4(x, weight, scale, offset, bias, group_size, out_features):
     return _finish(y, x, out_features, bias)
 
 
+def _cpu_native_int8_int4(x, weight, scale, offset, bias, group_size, out_features):
+    # zero columns leave each token's amax (so its scale) and every sum as they were
+    x2 = native.pad_columns(_rows(x), 2 * weight.shape[1])
+    xq, xs = ref.quantize_int8_per_token(x2)
+    y = fxq.native_int8_int4_linear(
+        xq.contiguous(), xs.reshape(-1).contiguous(), weight, scale, offset, group_size
+    )
+    return _finish(y, x, out_features, bias)
+
+
 # --------------------------------------------------------------------------------------------
-# The int4-layout device op (what prepack emits) and the prepack rules
+# The int4-layout device ops (what prepack emits) and the prepack rules
 # --------------------------------------------------------------------------------------------
 
 
@@ -136,7 +147,21 @@ def cpu_native_int4_linear(
     return _cpu_native_int4(x, weight, scale, offset, bias, group_size, out_features)
 
 
+@torch.library.custom_op("fxquant::cpu_native_int8_int4_linear", mutates_args=())
+def cpu_native_int8_int4_linear(
+    x: Tensor,
+    weight: Tensor,
+    scale: Tensor,
+    offset: Tensor,
+    bias: Tensor | None,
+    group_size: int,
+    out_features: int,
+) -> Tensor:
+    return _cpu_native_int8_int4(x, weight, scale, offset, bias, group_size, out_features)
+
+
 @cpu_native_int4_linear.register_fake
+@cpu_native_int8_int4_linear.register_fake
 def _(x, weight, scale, offset, bias, group_size, out_features):
     return x.new_empty((*x.shape[:-1], out_features))
 
@@ -149,11 +174,15 @@ def prepack_codes(
 
 
 def _prepack_int4(editor, node: fx.Node, consts: list[Tensor]):
+    # int4 weight-only and W4A8 store the same weight: one kernel layout, two device ops
+    device_op = fxq.cpu_native_int4_linear.default
+    if node.target == fxq.int8_dynamic_int4_linear.default:
+        device_op = fxq.cpu_native_int8_int4_linear.default
     x, _, _, _, bias, group_size = node.args
     packed, scale, zero = consts
     w, s, o = native.prepack_int4(packed, scale, zero, group_size=group_size)
     args = (x, ("weight", w), ("scale", s), ("offset", o), bias, group_size, packed.shape[0])
-    return fxq.cpu_native_int4_linear.default, args
+    return device_op, args
 
 
 def _prepack_intx(editor, node: fx.Node, consts: list[Tensor]):
@@ -165,7 +194,7 @@ def _prepack_intx(editor, node: fx.Node, consts: list[Tensor]):
     return fxq.cpu_native_int4_linear.default, args
 
 
-def _int4_kernel_takes(node: fx.Node) -> bool:
+def _native_int4_takes(node: fx.Node) -> bool:
     # codes of at most 4 bits in groups that are whole 32-column blocks of the kernel layout
     bits, group_size = node.args[5], node.args[6]
     return bits <= 4 and group_size % native.INT4_BLOCK == 0
@@ -189,6 +218,7 @@ _SIBLINGS = {
     fxq.int8_dynamic_linear.default: _Siblings(1, 2, 3, per_row=(1,)),
     fxq.int8_scaled_linear.default: _Siblings(2, 2, 4, per_row=(1,)),
     fxq.int4_weight_only_linear.default: _Siblings(1, 3, 4),
+    fxq.int8_dynamic_int4_linear.default: _Siblings(1, 3, 4),
     fxq.intx_weight_only_linear.default: _Siblings(1, 3, 4),
     fxq.float8_weight_only_linear.default: _Siblings(1, 2, 3, per_row=(1,)),
     fxq.float8_dynamic_linear.default: _Siblings(1, 2, 3, per_row=(1,)),
@@ -204,6 +234,7 @@ def fuse_siblings(editor) -> int:
     an output buffer): three passes become one, with every byte still read once. The stacked
     constants replace the separate ones. Returns the groups fused.
     """
+    from fxquant.passes.lower import _unique
     from fxquant.passes.plan import node_value
     from fxquant.passes.rewrite import counters
 
@@ -285,20 +316,14 @@ def _fake(editor, target, args, node_value, kwargs=None):
         return target(*[node_value(a) for a in args], **(kwargs or {}))
 
 
-def _unique(editor, fqn: str) -> str:
-    name, i = fqn, 1
-    while editor.taken(name):
-        name, i = f"{fqn}{i}", i + 1
-    return name
-
-
 def prepack_table():
     """The native prepack rules (``fxquant.passes.lower._Prepack`` entries)."""
     from fxquant.passes.lower import _Prepack
 
     return {
         fxq.int4_weight_only_linear.default: _Prepack(_prepack_int4, 3),
-        fxq.intx_weight_only_linear.default: _Prepack(_prepack_intx, 3, when=_int4_kernel_takes),
+        fxq.int8_dynamic_int4_linear.default: _Prepack(_prepack_int4, 3),
+        fxq.intx_weight_only_linear.default: _Prepack(_prepack_intx, 3, when=_native_int4_takes),
     }
 
 
@@ -312,6 +337,7 @@ LOWERINGS = {
     fxq.float8_static_linear.default: _float8_static,
     fxq.float8_scaled_linear.default: _float8_scaled,
     fxq.cpu_native_int4_linear.default: _cpu_native_int4,
+    fxq.cpu_native_int8_int4_linear.default: _cpu_native_int8_int4,
 }
 
 PREPACK = prepack_table

@@ -29,6 +29,7 @@ from fxquant.config import (
     Float8WeightOnly,
     Int4WeightOnly,
     Int8DynamicActivation,
+    Int8DynamicActivationInt4,
     Int8WeightOnly,
     IntxWeightOnly,
     LLMInt8,
@@ -110,11 +111,16 @@ def _int8_per_channel(scheme, w):
     return QuantizedWeight({"qweight": q, "scale": s}, ref.dequantize_int8_per_channel(q, s))
 
 
+# W4A8 stores int4 weight-only's weight; only the op (x quantized per token first) differs.
+@register(
+    Int8DynamicActivationInt4,
+    op_args=lambda s, x, c, b: (fxq.int8_dynamic_int4_linear.default, (x, *c, b, s.group_size)),
+)
 @register(
     Int4WeightOnly,
     op_args=lambda s, x, c, b: (fxq.int4_weight_only_linear.default, (x, *c, b, s.group_size)),
 )
-def _(scheme, w):
+def _int4_grouped(scheme, w):
     packed, s, z = ref.quantize_int4_grouped(
         w, group_size=scheme.group_size, symmetric=scheme.symmetric
     )

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import fxquant.kernels.cpu as native
+import fxquant.passes.lower_native  # noqa: F401  (registers fxquant::cpu_native_int4_linear)
 from fxquant import reference as ref
 from fxquant import reference_lowbit as ref_lowbit
 from fxquant.passes.lower_native import prepack_codes
@@ -105,6 +106,34 @@ def test_int4_weight_only(m, n, k, group, symmetric):
     _close(got, ref.int4_weight_only_linear(x, p, s, z, group_size=group))
 
 
+@pytest.mark.parametrize("m", MS)
+@pytest.mark.parametrize(
+    ("n", "k", "group"), [(1, 32, 32), (5, 64, 64), (37, 256, 256), (130, 576, 64)]
+)
+@pytest.mark.parametrize("symmetric", [False, True])
+def test_int8_int4_w4a8(m, n, k, group, symmetric):
+    g = torch.Generator().manual_seed(m * 1000 + n + 4)
+    w, x = torch.randn(n, k, generator=g), 4 * torch.randn(m, k, generator=g)
+    p, s, z = ref.quantize_int4_grouped(w, group_size=group, symmetric=symmetric)
+    kw, ks, ko = native.prepack_int4(p, s, z, group_size=group)
+    xq, xs = ref.quantize_int8_per_token(x)
+    got = fxq.native_int8_int4_linear(xq, xs.reshape(-1), kw, ks, ko, group)
+    _close(got, ref.int8_dynamic_int4_linear(x, p, s, z, group_size=group))
+
+
+def test_int8_int4_groups_of_256_at_the_extremes_do_not_saturate():
+    # every code 15 against every activation +-127: each int16 lane of a 256-column group holds
+    # 8 maddubs pairs of 2 * 15 * 127, the most the kernel's group sums can reach
+    n, k = 3, 512
+    u = torch.full((n, k), 15, dtype=torch.uint8)
+    s, z = torch.full((n, k // 256), 0.5), torch.zeros(n, k // 256, dtype=torch.uint8)
+    kw, ks, ko = native.prepack_int4(ref.pack_int4(u), s, z, group_size=256)
+    for sign in (1, -1):
+        xq = torch.full((2, k), 127 * sign, dtype=torch.int8)
+        got = fxq.native_int8_int4_linear(xq, torch.ones(2), kw, ks, ko, 256)
+        assert torch.equal(got, torch.full((2, n), sign * 127 * 15 * 0.5 * k))
+
+
 @pytest.mark.parametrize("bits", [2, 3])
 def test_low_bit_codes_and_float_zero_points_take_the_int4_kernel(bits):
     g = torch.Generator().manual_seed(bits)
@@ -127,6 +156,11 @@ def test_all_zero_weights_and_inputs_give_zeros_not_nan():
             x, *native.prepack_int4(p, s4, z4, group_size=32), 32
         )
         assert torch.equal(y4, torch.zeros(m, 8))
+        xq, xs = ref.quantize_int8_per_token(x)
+        y48 = fxq.native_int8_int4_linear(
+            xq, xs.reshape(-1), *native.prepack_int4(p, s4, z4, group_size=32), 32
+        )
+        assert torch.equal(y48, torch.zeros(m, 8))
 
 
 def test_inputs_outside_the_contract_raise_not_crash():
@@ -161,6 +195,11 @@ def test_opcheck():
             (x, *native.prepack_int4(p, s4, z4, group_size=32), 32),
         ),
     ]
+    kw, ks, ko = native.prepack_int4(p, s4, z4, group_size=32)
+    cases.append((fxq.native_int8_int4_linear, (xq, xs.reshape(-1), kw, ks, ko, 32)))
+    x3 = torch.randn(2, 3, 64, generator=g)
+    cases.append((fxq.cpu_native_int4_linear, (x3, kw, ks, ko, torch.randn(20), 32, 20)))
+    cases.append((fxq.cpu_native_int8_int4_linear, (x3, kw, ks, ko, torch.randn(20), 32, 20)))
     # SchemaCheckMode compares tensors with allclose, which has no CPU float8 kernel: the fp8 op
     # runs every other opcheck test (as in tests/test_ops.py)
     no_schema = ("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
@@ -171,8 +210,8 @@ def test_opcheck():
 
 @pytest.mark.slow
 def test_aoti_package_calls_the_shims_without_fxquant(tmp_path):
-    """A program with every native op, packaged by fxquant.aot_compile, then run in a fresh
-    process where importing fxquant would fail."""
+    """A program with every native op (int8, w8a8, fp8, int4, W4A8), packaged by
+    fxquant.aot_compile, then run in a fresh process where importing fxquant would fail."""
     import fxquant
 
     class Four(torch.nn.Module):
@@ -192,6 +231,7 @@ def test_aoti_package_calls_the_shims_without_fxquant(tmp_path):
             "b": fxquant.Int8DynamicActivation(),
             "c": fxquant.Float8Dynamic(granularity="row"),
             "d": fxquant.Int4WeightOnly(group_size=32),
+            "a": fxquant.Int8DynamicActivationInt4(group_size=32),
         },
         modules_to_not_convert=(),
     )

@@ -92,8 +92,26 @@ def test_the_model_is_not_changed():
     before = model(ids, use_cache=False).logits
     state = {k: v.clone() for k, v in model.state_dict().items()}
     export_llm(model, max_cache_len=16)
+    assert model.config._attn_implementation == "sdpa"  # the traced attention was temporary
     assert all(torch.equal(state[k], v) for k, v in model.state_dict().items())
     torch.testing.assert_close(model(ids, use_cache=False).logits, before, rtol=0, atol=0)
+
+
+def test_grouped_query_heads_read_the_cache_without_repeating_it():
+    # 4 query heads on 2 key/value heads: transformers' sdpa under export expands each cached
+    # K and V to [B, 2, 2, L, D] (a copy per layer and step); the packed attention never does
+    ep = export_llm(_model(), max_cache_len=16)
+    head_dim = _COMMON["hidden_size"] // _COMMON["num_attention_heads"]
+    repeats = [
+        n
+        for n in ep.graph.nodes
+        if n.op == "call_function"
+        and n.target == torch.ops.aten.expand.default
+        and n.meta["val"].dim() == 5
+        and isinstance(n.meta["val"].shape[-1], int)  # K/V's head dim; the mask's is a length
+        and n.meta["val"].shape[-1] == head_dim
+    ]
+    assert not repeats, repeats
 
 
 def test_batch_rows_are_independent():
@@ -345,3 +363,19 @@ def test_each_weight_is_quantized_once_per_scheme_while_it_lives():
         model.model.layers[0].mlp.up_proj.weight.mul_(2)
     fxquant.quantize(ep, "int8wo")
     assert counters["quantize.computed"] == 29
+
+
+@pytest.mark.slow
+def test_calls_the_compiled_code_cannot_bound_check_are_refused(llm_package):
+    path, _, _ = llm_package
+    pkg = LLMPackage(path)
+    ids = torch.tensor([[1, 2, 3]])
+    with pytest.raises(PackageError, match=r"token ids must be in \[0, 96\)"):
+        pkg(torch.tensor([[1, 96]]), torch.arange(2))
+    with pytest.raises(PackageError, match="consecutive positions"):
+        pkg(ids, torch.tensor([0, 2, 3]))
+    with pytest.raises(PackageError, match="consecutive positions"):
+        pkg(ids, torch.tensor([-1, 0, 1]))
+    with pytest.raises(PackageError, match="T >= 1"):
+        pkg(torch.zeros(1, 0, dtype=torch.long), torch.arange(0))
+    assert pkg(ids, torch.arange(3)).shape == (1, 3, VOCAB)

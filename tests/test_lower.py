@@ -15,9 +15,9 @@ from fxquant.reference import sqnr
 
 RECIPES = list(fxquant.RECIPES)
 # recipes whose aten CPU lowering prepacks for a bf16 kernel (int2/int3/hqq take the int4 one)
-_BF16_KERNELS = ("int8wo", "int4wo", "w8a8", "int3wo", "int2wo", "hqq-int4")
+_BF16_KERNELS = ("int8wo", "int4wo", "w8a8", "w4a8", "int3wo", "int2wo", "hqq-int4")
 # recipes the native lowering repacks (the int4 nibble layout); int8 and fp8 read W as it is
-_NATIVE_PREPACK = ("int4wo", "int3wo", "int2wo", "hqq-int4")
+_NATIVE_PREPACK = ("int4wo", "w4a8", "int3wo", "int2wo", "hqq-int4")
 
 
 def _floor_db(recipe: str, dtype: torch.dtype, native: bool) -> float:
@@ -120,7 +120,9 @@ class _Siblings(torch.nn.Module):
         return a + m
 
 
-@pytest.mark.parametrize("recipe", ["int8wo", "w8a8", "int4wo-32", "fp8-row", "int3wo-64"])
+@pytest.mark.parametrize(
+    "recipe", ["int8wo", "w8a8", "int4wo-32", "w4a8-32", "fp8-row", "int3wo-64"]
+)
 def test_siblings_reading_one_input_become_one_gemm(recipe, cpu_kernels):
     if cpu_kernels != "native":
         pytest.skip("sibling fusion is part of the native lowering")

@@ -29,7 +29,7 @@ pytest.importorskip("triton")
 ROOT = Path(__file__).resolve().parent.parent
 # fp8wo runs int8wo's kernel with e4m3 weights, fp8-tensor fp8-row's GEMM with a stride-0 scale:
 # both are covered kernel by kernel in tests/test_kernels_*.py.
-RECIPES = ["int8wo", "int4wo-64", "w8a8", "fp8-row", "fp8-block"]
+RECIPES = ["int8wo", "int4wo-64", "w8a8", "w4a8-64", "fp8-row", "fp8-block"]
 
 LOWER = textwrap.dedent(
     """

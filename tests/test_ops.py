@@ -30,6 +30,7 @@ def _cases(x_shape, n, dtype):
         (fxq.int8_weight_only_linear, (x, q8, s8, b), ref.int8_weight_only_linear, {}),
         (fxq.int8_dynamic_linear, (x, q8, s8, None), ref.int8_dynamic_linear, {}),
         (fxq.int4_weight_only_linear, (x, p4, s4, z4, b, 32), ref.int4_weight_only_linear, {}),
+        (fxq.int8_dynamic_int4_linear, (x, p4, s4, z4, b, 32), ref.int8_dynamic_int4_linear, {}),
         (fxq.float8_weight_only_linear, (x, qf, sf, None), ref.float8_weight_only_linear, {}),
         (fxq.float8_dynamic_linear, (x, qf, sf, b, True, None), ref.float8_dynamic_linear, {}),
         (fxq.float8_dynamic_linear, (x, qt, st, b, False, 1.0), ref.float8_dynamic_linear, {}),
@@ -67,9 +68,10 @@ def test_ops_equal_reference_and_keep_dtype(x_shape, n, dtype):
         assert y.shape == (*x_shape[:-1], n) and y.dtype == dtype
         if op is fxq.float8_dynamic_linear:
             expected = reference(*args[:4], per_row=args[4], activation_scale_ub=args[5])
-        elif op is fxq.int4_weight_only_linear or op is fxq.float8_block_linear:
-            name = "group_size" if op is fxq.int4_weight_only_linear else "block_size"
-            expected = reference(*args[:-1], **{name: args[-1]})
+        elif op in (fxq.int4_weight_only_linear, fxq.int8_dynamic_int4_linear):
+            expected = reference(*args[:-1], group_size=args[-1])
+        elif op is fxq.float8_block_linear:
+            expected = reference(*args[:-1], block_size=args[-1])
         else:
             expected = reference(*args)
         torch.testing.assert_close(y, expected, rtol=0, atol=0)

@@ -40,7 +40,9 @@ __all__ = [
     "available",
     "build_dir",
     "cache_root",
+    "link_path",
     "load",
+    "pad_columns",
     "prepack_int4",
     "unavailable_reason",
 ]
@@ -76,6 +78,13 @@ NATIVE_OPS = {
         "AtenTensorHandle weight, AtenTensorHandle scale, AtenTensorHandle offset, "
         "int64_t group_size, AtenTensorHandle* ret0)",
     ),
+    "native_int8_int4_linear": (
+        "native_int8_int4_linear(Tensor xq, Tensor xs, Tensor weight, Tensor scale, "
+        "Tensor offset, int group_size) -> Tensor",
+        "AOTITorchError aoti_torch_cpu_native_int8_int4_linear(AtenTensorHandle xq, "
+        "AtenTensorHandle xs, AtenTensorHandle weight, AtenTensorHandle scale, "
+        "AtenTensorHandle offset, int64_t group_size, AtenTensorHandle* ret0)",
+    ),
 }
 
 _lib = torch.library.Library("fxquant", "FRAGMENT")
@@ -98,6 +107,9 @@ torch.library.register_fake("fxquant::native_int8_scaled_linear", lib=_lib)(
 )
 torch.library.register_fake("fxquant::native_int4_weight_only_linear", lib=_lib)(
     lambda x, weight, scale, offset, group_size: _out(x, weight)
+)
+torch.library.register_fake("fxquant::native_int8_int4_linear", lib=_lib)(
+    lambda xq, xs, weight, scale, offset, group_size: _out(xq, weight)
 )
 
 

@@ -18,6 +18,10 @@ AOTITorchError aoti_torch_cpu_native_int8_scaled_linear(AtenTensorHandle, AtenTe
 AOTITorchError aoti_torch_cpu_native_int4_weight_only_linear(AtenTensorHandle, AtenTensorHandle,
                                                              AtenTensorHandle, AtenTensorHandle,
                                                              int64_t, AtenTensorHandle*);
+AOTITorchError aoti_torch_cpu_native_int8_int4_linear(AtenTensorHandle, AtenTensorHandle,
+                                                      AtenTensorHandle, AtenTensorHandle,
+                                                      AtenTensorHandle, int64_t,
+                                                      AtenTensorHandle*);
 }
 
 namespace {
@@ -58,6 +62,14 @@ Tensor int4_weight_only(Tensor x, Tensor w, Tensor scale, Tensor offset, int64_t
   return checked(err, out, "native_int4_weight_only_linear");
 }
 
+Tensor int8_int4(Tensor xq, Tensor xs, Tensor w, Tensor scale, Tensor offset,
+                 int64_t group_size) {
+  AtenTensorHandle out = nullptr;
+  auto err = aoti_torch_cpu_native_int8_int4_linear(xq.get(), xs.get(), w.get(), scale.get(),
+                                                    offset.get(), group_size, &out);
+  return checked(err, out, "native_int8_int4_linear");
+}
+
 }  // namespace
 
 STABLE_TORCH_LIBRARY_IMPL(fxquant, CPU, m) {
@@ -65,4 +77,5 @@ STABLE_TORCH_LIBRARY_IMPL(fxquant, CPU, m) {
   m.impl("native_float8_weight_only_linear", TORCH_BOX(&float8_weight_only));
   m.impl("native_int8_scaled_linear", TORCH_BOX(&int8_scaled));
   m.impl("native_int4_weight_only_linear", TORCH_BOX(&int4_weight_only));
+  m.impl("native_int8_int4_linear", TORCH_BOX(&int8_int4));
 }
