@@ -410,6 +410,12 @@ def llm_decode_section() -> str:
         )
     head = ["candidate", "decode tok/s", "prefill tok/s", "top-1", "MiB", "GB/s", "build s"]
     out += [_table(head, rows), ""]
+    for width, p in rec.get("parity", {}).items():
+        out.append(
+            f"- Best {width} decode: {p['fxquant']} {_f(p['decode_tokens_per_s'], '.1f')} tok/s, "
+            f"{_f(p['ratio'], '.2f')}× {p['llama_cpp']} "
+            f"({_f(p['llama_cpp_decode_tokens_per_s'], '.1f')} tok/s) in the same run."
+        )
     return "\n".join(out).rstrip()
 
 

@@ -328,7 +328,12 @@ def _cmd_demo(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     from fxquant.demo import add_demo_arguments
 
-    parser = argparse.ArgumentParser(prog="fxquant", description=__doc__.splitlines()[0])
+    # the module docstring is RST; --help shows it without the double backticks
+    description = __doc__.splitlines()[0].replace("``", "")
+    parser = argparse.ArgumentParser(prog="fxquant", description=description)
+    parser.add_argument(
+        "--version", action="version", version=f"fxquant {_version()} (torch {torch.__version__})"
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     q = sub.add_parser("quantize", help="quantize a model and write a .pt2 / AOTInductor package")
@@ -396,6 +401,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_demo_arguments(d)
     d.set_defaults(fn=_cmd_demo)
     return parser
+
+
+def _version() -> str:
+    import fxquant
+
+    return fxquant.__version__
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -23,6 +23,8 @@ VNNI) by ``benchmarks/cpu_kernels.py`` (results in ``benchmarks/results/cpu_kern
   epilogue. w8a8's quantized activations are integers in [-127, 127], exact in bf16; int8
   weight-only rounds x to bf16. Either way the bf16 rounding adds a relative error of ~2-4e-3
   per layer, under the ~8e-3 of int8 quantization itself (tests/test_lower.py bounds it).
+  The kernel reads K in steps of 16, so the prepack pads K with zero columns to a multiple of
+  16 (shorter rows crashed it or summed past their end).
 - int4 uses ``_weight_int4pack_mm_for_cpu`` with the weight repacked by
   ``_convert_weight_to_int4pack_for_cpu`` and a bf16 [K/g, N, 2] scale/zero table; it needs
   N divisible by 16 (padded here) and K a multiple of the group (padded at quantize time).
@@ -66,6 +68,7 @@ from fxquant import reference_mx as ref_mx
 fxq = torch.ops.fxquant
 _BF16 = torch.bfloat16
 _INT4_N_MULTIPLE = 16  # _convert_weight_to_int4pack_for_cpu: "expect N to be dividable by 16"
+_INT8_K_MULTIPLE = 16  # _weight_int8pack_mm's K step (see _int8_k16)
 
 
 # --------------------------------------------------------------------------------------------
@@ -84,16 +87,22 @@ def _epilogue(
     return y.reshape(x.shape[:-1] + (n,)).to(x.dtype if dtype is None else dtype)
 
 
+def _pad_k(x2: Tensor, qweight: Tensor) -> Tensor:
+    # the prepacked int8 weight has K padded to a multiple of 16 (see _prepack_int8)
+    k = qweight.shape[1]
+    return x2 if x2.shape[-1] == k else F.pad(x2, (0, k - x2.shape[-1]))
+
+
 def _cpu_int8_weight_only(x, qweight, scale, ones, bias):
-    x2 = x.reshape(-1, x.shape[-1]).to(_BF16)
+    x2 = _pad_k(x.reshape(-1, x.shape[-1]).to(_BF16), qweight)
     y = torch.ops.aten._weight_int8pack_mm(x2, qweight, ones).float() * scale
     return _epilogue(y, x, qweight.shape[0], bias)
 
 
 def _cpu_int8_dynamic(x, qweight, scale, ones, bias):
     xq, xs = ref.quantize_int8_per_token(x.reshape(-1, x.shape[-1]))
-    y = torch.ops.aten._weight_int8pack_mm(xq.to(_BF16), qweight, ones).float() * (xs * scale)
-    return _epilogue(y, x, qweight.shape[0], bias)
+    y = torch.ops.aten._weight_int8pack_mm(_pad_k(xq.to(_BF16), qweight), qweight, ones).float()
+    return _epilogue(y * (xs * scale), x, qweight.shape[0], bias)
 
 
 def _cpu_int4_weight_only(x, packed, scale_zero, bias, group_size, out_features):
@@ -141,7 +150,7 @@ def _float8_block(x, weight, scale, bias, block_size):
 
 def _cpu_int8_scaled(xq, xs, qweight, scale, ones, bias, out_dtype):
     # int8 values are exact in bf16, the input the fast kernel wants (see the module docstring)
-    x2 = xq.reshape(-1, xq.shape[-1]).to(_BF16)
+    x2 = _pad_k(xq.reshape(-1, xq.shape[-1]).to(_BF16), qweight)
     y = torch.ops.aten._weight_int8pack_mm(x2, qweight, ones).float() * (xs.reshape(-1, 1) * scale)
     return _epilogue(y, xq, qweight.shape[0], bias, out_dtype)
 
@@ -308,11 +317,19 @@ def _(xq, xs, qweight, scale, ones, bias, out_dtype):
 # --------------------------------------------------------------------------------------------
 
 
+def _int8_k16(qweight_node, qweight: Tensor):
+    # _weight_int8pack_mm reads K in steps of 16: any other K reads past each row (measured on
+    # torch 2.13, AVX2: wrong sums at K = 100, a segfault at K = 1..15). Zero columns, which the
+    # compositions match with zero activations, change no sum.
+    k_pad = -qweight.shape[1] % _INT8_K_MULTIPLE
+    return qweight_node if not k_pad else ("qweight_k16", F.pad(qweight, (0, k_pad)))
+
+
 def _prepack_int8(device_op):
     def rule(editor, node: fx.Node, consts: list[Tensor]):
         x, qweight, scale, bias = node.args
         ones = torch.ones(consts[0].shape[0], dtype=_BF16)
-        return device_op, (x, qweight, scale, ("ones", ones), bias)
+        return device_op, (x, _int8_k16(qweight, consts[0]), scale, ("ones", ones), bias)
 
     return rule
 
@@ -320,7 +337,7 @@ def _prepack_int8(device_op):
 def _prepack_int8_scaled(editor, node: fx.Node, consts: list[Tensor]):
     xq, xs, qweight, scale, bias, out_dtype = node.args
     ones = torch.ones(consts[0].shape[0], dtype=_BF16)
-    args = (xq, xs, qweight, scale, ("ones", ones), bias, out_dtype)
+    args = (xq, xs, _int8_k16(qweight, consts[0]), scale, ("ones", ones), bias, out_dtype)
     return fxq.cpu_int8_scaled_linear.default, args
 
 

@@ -87,6 +87,17 @@ def test_errors_say_what_is_wrong(project, args, message, monkeypatch):
     assert not (project / "q.pt2").exists()
 
 
+def test_version(capsys):
+    from fxquant.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0
+    assert capsys.readouterr().out.strip() == (
+        f"fxquant {fxquant.__version__} (torch {torch.__version__})"
+    )
+
+
 def test_atomic_path_leaves_nothing_behind_on_failure(tmp_path):
     from fxquant.api import atomic_path
 

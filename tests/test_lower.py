@@ -95,6 +95,22 @@ def test_lowered_program_matches_semantic_program(recipe, dtype, cpu_kernels):
         assert sqnr(want, got) >= _floor_db(recipe, dtype, native), (shape, sqnr(want, got))
 
 
+@pytest.mark.parametrize("recipe", ["int8wo", "w8a8"])
+def test_int8_lowerings_take_any_k(recipe, cpu_kernels):
+    # aten's _weight_int8pack_mm reads K in steps of 16: before the prepack padded K it
+    # segfaulted at K < 16 and summed past the row at K = 100 (torch 2.13, AVX2). w8a8 here
+    # also runs the fused norm's int8 GEMM (int8_scaled_linear).
+    for k in (1, 7, 8, 15, 17, 24, 36, 100, 127, 136, 200):
+        torch.manual_seed(k)
+        model = torch.nn.Sequential(
+            torch.nn.LayerNorm(k), torch.nn.Linear(k, 40), torch.nn.ReLU(), torch.nn.Linear(40, k)
+        ).eval()
+        x = torch.randn(3, k)
+        qep = fxquant.quantize(model, recipe, example_inputs=(x,))
+        got, want = lower(qep).module()(x), qep.module()(x)
+        assert sqnr(want, got) >= _floor_db(recipe, torch.float32, cpu_kernels == "native"), k
+
+
 def test_lower_rejects_unknown_device():
     with pytest.raises(ValueError, match="device='tpu'"):
         fxquant.passes.lower.lowerings("tpu")

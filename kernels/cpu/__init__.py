@@ -1,7 +1,7 @@
 """Native CPU kernels: the ``fxquant::native_*`` ops, built from ``linear.cpp`` on first use.
 
 Where this sits: below ``fxquant.passes.lower``. On CPU the lowering rewrites the int8, int4,
-w8a8 and fp8 linears to these ops (weights repacked once by the ``prepack_*`` helpers here);
+w8a8, W4A8 and fp8 linears to these ops (weights repacked once by the ``prepack_*`` helpers here);
 in process they run through a small shared library registered with torch's stable ABI, and
 ``aot_compile`` links the same kernels statically into the AOTInductor package
 (:func:`aoti_options`), whose model .so then calls their C shims directly: the package needs
@@ -14,7 +14,7 @@ later process. Where no compiler works, :func:`available` is False with the reas
 lowering keeps its aten compositions (slower, same numerics).
 
 Why C++ and not an aten composition: see the header of ``linear.cpp`` (memory bandwidth at
-M = 1, measured by ``benchmarks/cpu_kernels.py``).
+M = 1, measured by ``benchmarks/native_kernels.py``).
 """
 
 from __future__ import annotations
