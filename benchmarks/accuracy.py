@@ -5,8 +5,8 @@ user would reach for instead:
 
 - **SmolLM2-135M** (causal LM): perplexity on the first N tokens (default 8192) of
   ``lee_background.cor`` and of the cleaned Wikipedia text (``assets.wiki_text``), 512-token
-  non-overlapping windows, no BOS (the ASSETS.md protocol, ``evaluate.perplexity``). The model
-  is exported once (``evaluate.export_causal_lm``, dynamic batch and seq); each recipe is
+  non-overlapping windows, no BOS (the protocol of docs/assets.md, ``evaluate.perplexity``).
+  The model is exported once (``evaluate.export_causal_lm``, dynamic batch and seq); each recipe is
   ``fxquant.quantize``-d from that program and run as the quantized program
   (``qep.module()``). Spot check (``--aoti-check``, default on): the int8wo AOTInductor package
   (``fxquant.aot_compile``) on the first 1024 Lee tokens against the program on the same tokens.

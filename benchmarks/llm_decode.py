@@ -20,9 +20,10 @@ cache in the program). Rows, measured side by side in one run:
 
 Timing: every round runs every candidate (prefill, then the 64 decode steps), so load from
 other processes on the shared cores hits all alike; decode tok/s = 1 / median step, prefill
-tok/s = 128 / median prefill. The timed steps feed every candidate fp32 eager's greedy tokens
-(teacher forcing: identical work per step); "top-1" is the share of steps whose argmax equals
-fp32's, "greedy" the leading tokens a free-running greedy decode shares with fp32 eager.
+tok/s = 128 / median prefill (three prefills a round: one 0.3-s call is noisier than 63 steps).
+The timed steps feed every candidate fp32 eager's greedy tokens (teacher forcing: identical
+work per step); "top-1" is the share of steps whose argmax equals fp32's, "greedy" the leading
+tokens a free-running greedy decode shares with fp32 eager.
 llama-bench runs before and after the rounds (``-r 3`` each); the table gives the mean of the
 two. Per AOTInductor row: bytes read per decode step (weights but the embedding table, plus the
 KV cache at the mean position), the effective bandwidth that implies, and the time left after
@@ -81,6 +82,7 @@ TARGETS = {"int8wo": 2.2, "int4wo-64": 3.0}
 # the llama.cpp parity targets: fxquant's best row of each width against this llama.cpp file
 PARITY = {"int8": ("Q8_0", ("int8wo", "w8a8")), "4-bit": ("Q4_1", ("int4wo", "w4a8"))}
 LLAMA_FILES = {"Q4_1": None, "Q8_0": "smollm2-Q8_0.gguf", "F32": "smollm2-F32.gguf"}
+PREFILLS_PER_ROUND = 3
 
 
 Step = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (ids [1, T], pos [T]) → logits
@@ -376,9 +378,10 @@ def run(args) -> dict:
     for r in range(args.rounds):
         print(f"round {r + 1}/{args.rounds}", flush=True)
         for name, step in steps.items():
-            t0 = time.perf_counter()
-            logits = step(prompt, torch.arange(n))
-            pre[name].append(time.perf_counter() - t0)
+            for _ in range(PREFILLS_PER_ROUND):  # each from position 0: the same work
+                t0 = time.perf_counter()
+                logits = step(prompt, torch.arange(n))
+                pre[name].append(time.perf_counter() - t0)
             agree = int(int(logits[0, -1].argmax()) == follow[0])
             for i in range(new - 1):
                 t0 = time.perf_counter()

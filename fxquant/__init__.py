@@ -39,6 +39,7 @@ _EXPORTS = {
     "llm_info": "fxquant.llm",
     "Report": "fxquant.report",
     "report": "fxquant.report",
+    "load_program": "fxquant.safe_load",
     "LLMPackage": "fxquant.runtime",
     "generate": "fxquant.runtime",
     **{
@@ -173,6 +174,7 @@ __all__ = [
     "generate",
     "llm_info",
     "load_fp8_state_dict",
+    "load_program",
     "load_quantized",
     "quantize",
     "read_quantized",

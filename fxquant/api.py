@@ -108,7 +108,7 @@ def quantize(
             f"got {type(model).__name__}"
         )
     editor = ProgramEditor(ep)
-    rewrite(editor, config, progress=progress, weights=weights)
+    rewrite(editor, config, progress=progress, weights=weights, whole_model=True)
     if config.fuse_norms:
         fuse_norms(editor)
     return editor.finish()

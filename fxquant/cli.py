@@ -37,7 +37,13 @@ def _config_from_args(args):
         except json.JSONDecodeError as e:
             raise SystemExit(f"fxquant quantize: --scheme is not JSON ({e}): {args.scheme}") from e
     if args.config:
-        return QuantConfig.from_json(Path(args.config).read_text())
+        path = Path(args.config)
+        if not path.is_file():
+            raise SystemExit(f"fxquant quantize: --config {path}: no such file")
+        try:
+            return QuantConfig.from_json(path.read_text())
+        except json.JSONDecodeError as e:
+            raise SystemExit(f"fxquant quantize: --config {path} is not JSON ({e})") from None
     return QuantConfig.coerce(args.recipe or "int8wo")
 
 
@@ -67,7 +73,10 @@ def load_source(source: str, *, seq_len: int = 16):
             archs = json.loads((path / "config.json").read_text()).get("architectures") or []
             causal = any(a.endswith("ForCausalLM") for a in archs)
         auto = transformers.AutoModelForCausalLM if causal else transformers.AutoModel
-        model = auto.from_pretrained(str(path), dtype=torch.float32, **kwargs).eval()
+        from fxquant.packages import readable
+
+        with readable(Path(source)):
+            model = auto.from_pretrained(str(path), dtype=torch.float32, **kwargs).eval()
         wrapped = CausalLMWrapper(model) if causal else _HiddenStates(model)
         vocab = getattr(model.config, "vocab_size", 100)
         # Example sizes >= 2: torch.export specializes dims whose example size is 0 or 1.
@@ -75,11 +84,17 @@ def load_source(source: str, *, seq_len: int = 16):
         return wrapped, (ids,), ({0: Dim.DYNAMIC, 1: Dim.DYNAMIC},)
     if ":" in source:
         module_name, _, fn_name = source.partition(":")
-        sys.path.insert(0, os.getcwd())
+        # the current directory is searched last: a file there named like an installed package
+        # (torch.py, transformers/) cannot shadow it
+        if os.getcwd() not in sys.path:
+            sys.path.append(os.getcwd())
         try:
-            fn = getattr(importlib.import_module(module_name), fn_name)
+            module = importlib.import_module(module_name)
+            fn = getattr(module, fn_name)
         except (ImportError, AttributeError) as e:
             raise SystemExit(f"fxquant: cannot load {source!r}: {e}") from e
+        # this runs the user's code: say whose
+        print(f"running {module_name}.{fn_name}() from {module.__file__}", file=sys.stderr)
         result = fn()
         if not isinstance(result, tuple) or len(result) not in (2, 3):
             raise SystemExit(
@@ -105,6 +120,16 @@ class _HiddenStates(torch.nn.Module):
         return self.model(input_ids=input_ids).last_hidden_state
 
 
+def _check_writable(flag: str, out: Path) -> None:
+    if out.is_dir():
+        raise SystemExit(f"fxquant quantize: {flag} {out} is a directory; give a file path (.pt2)")
+    parent = out.resolve().parent
+    if not parent.is_dir():
+        raise SystemExit(f"fxquant quantize: {flag} {out}: the folder {parent} does not exist")
+    if not os.access(parent, os.W_OK):
+        raise SystemExit(f"fxquant quantize: {flag} {out}: the folder {parent} is not writable")
+
+
 def _cmd_quantize(args) -> int:
 
     import fxquant
@@ -112,6 +137,14 @@ def _cmd_quantize(args) -> int:
     config = _config_from_args(args)
     if not args.out and not args.aoti:
         raise SystemExit("fxquant quantize: give --out x.pt2 and/or --aoti package.pt2")
+    if args.seq_len < 2:
+        raise SystemExit(
+            f"fxquant quantize: --seq-len {args.seq_len} is not supported; allowed: 2 or more "
+            "(torch.export fixes a dim whose example size is 0 or 1)"
+        )
+    for flag, out in (("--out", args.out), ("--aoti", args.aoti)):
+        if out:  # before minutes of loading and quantizing, not after
+            _check_writable(flag, Path(out))
     if args.llm:
         from fxquant.packages import load_causal_lm
 
@@ -150,14 +183,15 @@ def _cmd_quantize(args) -> int:
 def _cmd_report(args) -> int:
 
     import fxquant
+    from fxquant.safe_load import ProgramLoadError, load_program
 
     path = Path(args.program)
     if not path.is_file():
         raise SystemExit(f"fxquant report: no file at {path}")
     try:
-        ep = torch.export.load(path)
-    except Exception as e:  # noqa: BLE001  (any load failure: say which file and why)
-        raise SystemExit(f"fxquant report: {path} is not a loadable torch.export .pt2: {e}") from e
+        ep = load_program(path)  # never unpickles code from the file
+    except ProgramLoadError as e:
+        raise SystemExit(f"fxquant report: {e}") from None
     rep = fxquant.report(ep)
     if args.json:
         print(json.dumps(rep.to_dict(), indent=2))
@@ -335,10 +369,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--version", action="version", version=f"fxquant {_version()} (torch {torch.__version__})"
     )
     sub = parser.add_subparsers(dest="command", required=True)
+    # every subcommand takes --debug (after its name, where users type it)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--debug", action="store_true", help="on an error, show the full traceback")
 
-    q = sub.add_parser("quantize", help="quantize a model and write a .pt2 / AOTInductor package")
+    q = sub.add_parser(
+        "quantize", parents=[common], help="quantize a model and write a .pt2 / AOTInductor package"
+    )
     q.add_argument(
-        "source", help="a .gguf file, a Hugging Face model directory, or module:function"
+        "source",
+        help="a .gguf file, a Hugging Face model directory, or module:function (imports that "
+        "module and runs the function: your code; the current directory is searched after "
+        "installed packages)",
     )
     q.add_argument("--recipe", help="a recipe name (see `fxquant recipes`); default int8wo")
     q.add_argument("--scheme", help='a scheme as JSON, e.g. \'{"type": "Int4WeightOnly", ...}\'')
@@ -358,6 +400,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = sub.add_parser(
         "generate",
+        parents=[common],
         help="stream text from an LLM package, or build (cached) packages of a model and run them",
     )
     g.add_argument(
@@ -390,14 +433,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g.set_defaults(fn=_cmd_generate)
 
-    r = sub.add_parser("report", help="print the per-layer report of a quantized .pt2")
+    r = sub.add_parser(
+        "report", parents=[common], help="print the per-layer report of a quantized .pt2"
+    )
     r.add_argument("program")
     r.add_argument("--json", action="store_true", help="print the rows as JSON")
     r.set_defaults(fn=_cmd_report)
 
-    sub.add_parser("recipes", help="list the named recipes").set_defaults(fn=_cmd_recipes)
+    sub.add_parser("recipes", parents=[common], help="list the named recipes").set_defaults(
+        fn=_cmd_recipes
+    )
 
-    d = sub.add_parser("demo", help="SmolLM2-135M: fp32 vs quantized size, perplexity and speed")
+    d = sub.add_parser(
+        "demo", parents=[common], help="SmolLM2-135M: fp32 vs quantized size, perplexity and speed"
+    )
     add_demo_arguments(d)
     d.set_defaults(fn=_cmd_demo)
     return parser
@@ -413,10 +462,36 @@ def main(argv: Sequence[str] | None = None) -> int:
     # torch.export's own pytree pickling warns on every save/load in torch 2.13: not actionable.
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")
     args = build_parser().parse_args(argv)
+    # fxquant's warnings (a config pattern that matched nothing, ...) as one plain line
+    warnings.formatwarning = lambda message, *_, **__: f"fxquant: warning: {message}\n"
     try:
         return args.fn(args)
-    except ValueError as e:  # config and input errors: say what, without a traceback
-        raise SystemExit(f"fxquant {args.command}: {e}") from e
+    except BrokenPipeError:
+        # `fxquant report --json | head`: the reader left early, which is not an error; point
+        # stdout at /dev/null so the interpreter's final flush does not raise again
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except KeyboardInterrupt:
+        print(f"fxquant {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # noqa: BLE001  (the CLI's edge: one line, the traceback on --debug)
+        if args.debug:
+            raise
+        raise SystemExit(f"fxquant {args.command}: {_one_line(e, args)}") from None
+
+
+def _one_line(e: Exception, args) -> str:
+    """An error as one line: what went wrong, in which file, and how to see more."""
+    text = " ".join(str(e).split()) or type(e).__name__
+    if not isinstance(e, ValueError):  # fxquant's own errors are ValueErrors that say it all
+        text = f"{type(e).__module__.removeprefix('builtins')}.{type(e).__name__}: {text}"
+        text = text.lstrip(".")
+    path = getattr(args, "source", None) or getattr(args, "program", None)
+    if path and str(path) not in text and not isinstance(e, ValueError):
+        text = f"{path}: {text}"
+    if len(text) > 400:
+        text = text[:400] + " ..."
+    return f"{text} (--debug shows the traceback)"
 
 
 if __name__ == "__main__":

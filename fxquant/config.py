@@ -16,7 +16,7 @@ import dataclasses
 import json
 import re
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -675,13 +675,31 @@ def scheme_from_dict(d: Mapping[str, Any] | None) -> Scheme | None:
     """Inverse of ``Scheme.to_dict`` (``None`` stays ``None``: keep the layer in float)."""
     if d is None:
         return None
+    if not isinstance(d, Mapping):
+        hint = (
+            " (a recipe name: use --recipe / QuantConfig.from_recipe)"
+            if isinstance(d, str) and d in RECIPES
+            else ""
+        )
+        raise ValueError(
+            f'a scheme is a dict such as {{"type": "Int8WeightOnly"}} or null, not '
+            f"{type(d).__name__} {d!r}{hint}"
+        )
     d = dict(d)
     type_name = d.pop("type", None)
     if type_name not in _SCHEMES:
         raise ValueError(
             f"scheme type {type_name!r} is not known; allowed: {', '.join(sorted(_SCHEMES))}"
         )
-    return _SCHEMES[type_name](**d)
+    cls = _SCHEMES[type_name]
+    fields = [f.name for f in dataclasses.fields(cls) if f.init]
+    unknown = sorted(set(d) - set(fields))
+    if unknown:
+        raise ValueError(
+            f"{type_name} has no field {', '.join(map(repr, unknown))}; its fields: "
+            + (", ".join(fields) or "none")
+        )
+    return cls(**d)
 
 
 # Named recipes, the short names users type (CLI --recipe, quantize(model, "int8wo")).
@@ -740,6 +758,9 @@ def name_matches(pattern: str, module_name: str) -> bool:
     )
 
 
+NONFINITE = ("error", "skip")  # QuantConfig.nonfinite
+
+
 @dataclass(frozen=True, kw_only=True)
 class QuantConfig:
     """Which scheme each linear-like layer gets.
@@ -762,6 +783,14 @@ class QuantConfig:
             replaces the default rule (skip the first and the last linear). The other limits
             still apply. A config's JSON records the callable's name only: a config read back
             from JSON has no filter (the program it describes was already planned).
+        nonfinite: what a weight with NaN or inf values gets. ``"error"`` (the default): the
+            quantize call fails before anything is made, naming each such layer and its count
+            (a quantized NaN poisons every output of a block-scaled layer, and an MX scale can
+            hide it). ``"skip"``: those layers stay in float, reported with the count.
+        strict: an ``overrides`` pattern or a ``modules_to_not_convert`` entry (other than the
+            default ``lm_head``) that matches no layer of the exported program is an error;
+            ``False`` (the default) warns, naming the patterns. A typo silently quantizing a
+            layer the user meant to keep is the mistake this catches.
     """
 
     scheme: Scheme | None = None
@@ -769,6 +798,8 @@ class QuantConfig:
     modules_to_not_convert: tuple[str, ...] = ("lm_head",)
     fuse_norms: bool = True
     module_filter: Callable[[Any, str], bool] | None = None
+    nonfinite: str = "error"
+    strict: bool = False
 
     def __post_init__(self) -> None:
         if self.scheme is not None and not isinstance(self.scheme, Scheme):
@@ -788,10 +819,11 @@ class QuantConfig:
                     f"QuantConfig.overrides[{pattern!r}]={scheme!r} is not supported; "
                     "allowed: None or a scheme instance such as Int8WeightOnly()"
                 )
-        if isinstance(self.modules_to_not_convert, str):
+        if not isinstance(self.modules_to_not_convert, (list, tuple)):
             raise ValueError(
-                f"QuantConfig.modules_to_not_convert={self.modules_to_not_convert!r} is a string; "
-                "allowed: a list or tuple of patterns, e.g. ('lm_head',)"
+                f"QuantConfig.modules_to_not_convert={self.modules_to_not_convert!r} is not "
+                "supported; allowed: a list or tuple of patterns, e.g. ('lm_head',), or () for "
+                "none"
             )
         for pattern in self.modules_to_not_convert:
             _check_pattern("modules_to_not_convert", pattern)
@@ -812,6 +844,15 @@ class QuantConfig:
                 "QuantConfig.module_filter applies to Float8Recipe (FP8 training) regions only; "
                 "for inference schemes use overrides / modules_to_not_convert"
             )
+        if not isinstance(self.strict, bool):
+            raise ValueError(
+                f"QuantConfig.strict={self.strict!r} is not supported; allowed: True or False"
+            )
+        if self.nonfinite not in NONFINITE:
+            raise ValueError(
+                f"QuantConfig.nonfinite={self.nonfinite!r} is not supported; allowed: "
+                + ", ".join(repr(v) for v in NONFINITE)
+            )
         # Frozen and hashable: torch.compile options and caches want hashable configs.
         object.__setattr__(self, "overrides", _FrozenMapping(self.overrides))
         object.__setattr__(self, "modules_to_not_convert", tuple(self.modules_to_not_convert))
@@ -821,6 +862,23 @@ class QuantConfig:
         """Every scheme the config names (default first, then the overrides')."""
         found = [self.scheme, *self.overrides.values()]
         return [s for s in found if s is not None]
+
+    def unmatched_patterns(self, module_names: Iterable[str]) -> list[str]:
+        """The ``overrides`` patterns and ``modules_to_not_convert`` entries (but the default
+        ``lm_head``) that match none of ``module_names``, each as ``'field: pattern'``."""
+        names = list(module_names)
+        out = [
+            f"overrides: {p!r}"
+            for p in self.overrides
+            if not any(name_matches(p, n) for n in names)
+        ]
+        if self.modules_to_not_convert != ("lm_head",):
+            out += [
+                f"modules_to_not_convert: {p!r}"
+                for p in self.modules_to_not_convert
+                if not any(name_matches(p, n) for n in names)
+            ]
+        return out
 
     def scheme_for(self, module_name: str) -> tuple[Scheme | None, str]:
         """(scheme or None, why) for one module name."""
@@ -845,11 +903,16 @@ class QuantConfig:
             "module_filter": None
             if self.module_filter is None
             else getattr(self.module_filter, "__qualname__", repr(self.module_filter)),
+            **({} if self.nonfinite == "error" else {"nonfinite": self.nonfinite}),
+            **({"strict": True} if self.strict else {}),
         }
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> QuantConfig:
-        allowed = {"scheme", "overrides", "modules_to_not_convert", "fuse_norms", "module_filter"}
+        allowed = {
+            "scheme", "overrides", "modules_to_not_convert", "fuse_norms", "module_filter",
+            "nonfinite", "strict",
+        }  # fmt: skip
         unknown = set(d) - allowed
         if unknown:
             raise ValueError(
@@ -859,12 +922,22 @@ class QuantConfig:
         overrides = d.get("overrides", [])
         if isinstance(overrides, Mapping):
             overrides = list(overrides.items())
+        if not isinstance(overrides, (list, tuple)) or any(
+            not isinstance(o, (list, tuple)) or len(o) != 2 for o in overrides
+        ):
+            raise ValueError(
+                f"QuantConfig overrides={overrides!r} is not supported; allowed: a mapping "
+                '{pattern: scheme} or a list of [pattern, scheme] pairs, e.g. [["lm_head", null]]'
+            )
+        mtnc = d.get("modules_to_not_convert", ("lm_head",))
         return cls(
             scheme=scheme_from_dict(d.get("scheme")),
             overrides={p: scheme_from_dict(s) for p, s in overrides},
-            modules_to_not_convert=tuple(d.get("modules_to_not_convert", ("lm_head",))),
+            modules_to_not_convert=tuple(mtnc) if isinstance(mtnc, list) else mtnc,
             # programs saved before fusion existed have no key: they load with the default
             fuse_norms=d.get("fuse_norms", True),
+            nonfinite=d.get("nonfinite", "error"),
+            strict=d.get("strict", False),
         )
 
     def to_json(self) -> str:

@@ -5,9 +5,9 @@ fp32 and each recipe, SmolLM2 is exported with its KV cache (``fxquant.export_ll
 decode in one program), quantized and packaged by AOTInductor (``fxquant.packages``: the
 missing packages are built side by side, one process each, then served from the package
 cache); the loaded package, the artifact that ships, is then measured: its size, perplexity
-(the ASSETS protocol, 512-token windows prefilled through the package), prefill tokens/s at 128
-tokens, decode tokens/s at one token per call (M = 1, the cache in the package), and greedy
-agreement with fp32. Last, the fastest variant streams a completion through
+(the protocol of docs/assets.md, 512-token windows prefilled through the package), prefill
+tokens/s at 128 tokens, decode tokens/s at one token per call (M = 1, the cache in the
+package), and greedy agreement with fp32. Last, the fastest variant streams a completion through
 ``fxquant.generate``. Every variant, fp32 included, is an AOTInductor package of the same
 program, so the ratios compare like with like.
 
@@ -169,7 +169,7 @@ def _agreement(a: DemoRow, b: DemoRow) -> float:
 
 @torch.no_grad()
 def _perplexity(pkg, token_ids: torch.Tensor, tokens: int) -> float:
-    """ASSETS protocol: non-overlapping 512-token windows, no BOS, each prefilled from 0."""
+    """docs/assets.md's protocol: non-overlapping 512-token windows, no BOS, each from 0."""
     from fxquant.evaluate import perplexity
 
     return perplexity(

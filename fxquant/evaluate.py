@@ -6,7 +6,7 @@ Where this sits: at both ends of the data flow. :class:`CausalLMWrapper` is what
 ``ExportedProgram.module()`` before or after ``fxquant.quantize``, an Inductor-compiled module or
 a loaded AOTInductor package. The one contract is ``fn(input_ids [B, T] int64) → logits [B, T, V]``.
 
-Perplexity follows the ASSETS.md protocol so numbers are comparable: non-overlapping windows
+Perplexity follows the docs/assets.md protocol so numbers are comparable: non-overlapping windows
 (512 tokens), no BOS token, mean negative log-likelihood over every predicted token (a window of
 L tokens predicts L - 1), ``exp`` of that mean.
 """

@@ -5,13 +5,16 @@ Hugging Face model (a GGUF file or a model folder), exports it with its KV cache
 (``fxquant.export_llm``), quantizes it (``fxquant.quantize``) and packages it
 (``fxquant.aot_compile``), with a progress bar, because on two cores the AOTInductor build takes
 minutes. The package is kept under ``<cache>/packages/<key>.pt2``, the key made of the model
-file (path, size, modification time), the config, the cache length and batch, and the fxquant
-and torch versions and CPU: a second run with the same inputs starts in seconds. Written
+file (path, size, modification time), the config, the cache length and batch, the fxquant and
+torch versions, a digest of fxquant's own source (a changed lowering builds anew, version bump
+or not) and the CPU: a second run with the same inputs starts in seconds. Written
 atomically, so an interrupted build leaves nothing behind.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -69,8 +72,26 @@ def package_key(
         "torch": torch.__version__,
         "isa": isa_flags(),
         "native": _native_key(),
+        "source_digest": _source_digest(),
     }
     return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()[:24]
+
+
+@functools.cache
+def _source_digest() -> str:
+    """sha256 of every Python file of fxquant, fxquant.passes and fxquant.kernels (the code that
+    decides what a package computes; the native kernels' own sources are in ``_native_key``)."""
+    import fxquant
+    import fxquant.kernels
+    import fxquant.passes
+
+    h = hashlib.sha256()
+    for pkg in (fxquant, fxquant.passes, fxquant.kernels):
+        root = Path(pkg.__file__).parent
+        for f in sorted(root.rglob("*.py")):
+            h.update(str(f.relative_to(root)).encode())
+            h.update(f.read_bytes())
+    return h.hexdigest()[:16]
 
 
 def _native_key() -> str | None:
@@ -92,12 +113,35 @@ def load_causal_lm(source: str | os.PathLike, *, dtype: torch.dtype = torch.floa
     if path.suffix == ".gguf":
         if not path.is_file():
             raise FileNotFoundError(f"fxquant: no GGUF file at {path}")
-        return transformers.AutoModelForCausalLM.from_pretrained(
-            str(path.parent), gguf_file=path.name, dtype=dtype
-        ).eval()
+        with readable(path):
+            return transformers.AutoModelForCausalLM.from_pretrained(
+                str(path.parent), gguf_file=path.name, dtype=dtype
+            ).eval()
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"fxquant: {path} is neither a .gguf file nor a model folder")
-    return transformers.AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype).eval()
+    with readable(path):
+        return transformers.AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype).eval()
+
+
+@contextlib.contextmanager
+def readable(path: Path):
+    """Turn a reader's failure inside transformers / gguf / safetensors (``struct.error``,
+    ``SafetensorError``, an index error deep in a parser) into a ``CheckpointError`` naming the
+    file, so the caller gets one line, not the parser's traceback."""
+    from fxquant.checkpoints import CheckpointError
+
+    try:
+        yield
+    except (CheckpointError, FileNotFoundError, KeyboardInterrupt):
+        raise
+    except Exception as e:  # noqa: BLE001  (a dependency's parser: any type)
+        kind = "GGUF file" if path.suffix == ".gguf" else "model folder"
+        text = " ".join(str(e).split())[:240] or type(e).__name__
+        module = type(e).__module__
+        name = type(e).__qualname__ if module == "builtins" else f"{module}.{type(e).__qualname__}"
+        raise CheckpointError(
+            f"{path}: not a readable {kind} (truncated or corrupt?): {name}: {text}"
+        ) from e
 
 
 def load_tokenizer(source: str | os.PathLike):
@@ -271,7 +315,7 @@ def build_packages(
                     "--max-batch",
                     str(max_batch),
                 ]
-                cmd += ["--variant", name]
+                cmd += ["--variant", name, "--source-digest", _source_digest()]
                 if cfg is not None:
                     cmd += ["--config", cfg.to_json()]
                 log = logs / f"build-{len(out) + len(running)}.log"
@@ -318,7 +362,14 @@ def _main(argv=None) -> int:
     parser.add_argument("--max-cache-len", type=int, default=2048)
     parser.add_argument("--max-batch", type=int, default=1)
     parser.add_argument("--variant", default=None, help="the name the package is listed under")
+    parser.add_argument("--source-digest", default=None, help="the parent's _source_digest()")
     args = parser.parse_args(argv)
+    if args.source_digest is not None and args.source_digest != _source_digest():
+        # the package would land under another key than the one the parent waits for
+        raise SystemExit(
+            "fxquant.packages: fxquant's source changed while its packages were being built; "
+            "run again"
+        )
     config = None if args.config is None else QuantConfig.from_json(args.config)
     llm_package(
         args.source,

@@ -125,7 +125,8 @@ def _to_fp8(t: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return (t / scale).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn)
 
 
-def _amax_scale(amax: torch.Tensor, ub: float | None) -> torch.Tensor:
+def fp8_scale(amax: torch.Tensor, ub: float | None = None) -> torch.Tensor:
+    """An e4m3 dequant scale from an absolute max: amax (capped at ``ub``) / 448, never 0."""
     if ub is not None:
         amax = amax.clamp(max=ub)
     return amax.clamp(min=EPS) / FP8_E4M3_MAX
@@ -134,7 +135,7 @@ def _amax_scale(amax: torch.Tensor, ub: float | None) -> torch.Tensor:
 def quantize_fp8_per_channel(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """W [N, K] → (q e4m3 [N, K], scale fp32 [N])."""
     w = w.float()
-    scale = _amax_scale(w.abs().amax(dim=1), None)
+    scale = fp8_scale(w.abs().amax(dim=1), None)
     return _to_fp8(w, scale[:, None]), scale
 
 
@@ -143,7 +144,7 @@ def quantize_fp8_per_tensor(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Any tensor → (q e4m3, scale fp32 of shape [1])."""
     t = t.float()
-    scale = _amax_scale(t.abs().amax().reshape(1), scale_ub)
+    scale = fp8_scale(t.abs().amax().reshape(1), scale_ub)
     return _to_fp8(t, scale), scale
 
 
@@ -152,7 +153,7 @@ def quantize_fp8_per_token(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """x [..., K] → (q e4m3 [..., K], scale fp32 [..., 1])."""
     x = x.float()
-    scale = _amax_scale(x.abs().amax(dim=-1, keepdim=True), scale_ub)
+    scale = fp8_scale(x.abs().amax(dim=-1, keepdim=True), scale_ub)
     return _to_fp8(x, scale), scale
 
 
@@ -165,7 +166,7 @@ def quantize_fp8_groups(x: torch.Tensor, *, group_size: int) -> tuple[torch.Tens
     k = x.shape[-1]
     kp = -(-k // group_size) * group_size
     xg = F.pad(x, (0, kp - k)).unflatten(-1, (kp // group_size, group_size))
-    scale = _amax_scale(xg.abs().amax(dim=-1), None)
+    scale = fp8_scale(xg.abs().amax(dim=-1), None)
     q = _to_fp8(xg, scale[..., None]).flatten(-2)[..., :k]
     return q, scale
 
@@ -177,7 +178,7 @@ def quantize_fp8_blocks(w: torch.Tensor, *, block_size: int) -> tuple[torch.Tens
     b = block_size
     np_, kp = -(-n // b) * b, -(-k // b) * b
     tiles = F.pad(w, (0, kp - k, 0, np_ - n)).reshape(np_ // b, b, kp // b, b)
-    scale = _amax_scale(tiles.abs().amax(dim=(1, 3)), None)
+    scale = fp8_scale(tiles.abs().amax(dim=(1, 3)), None)
     q = _to_fp8(tiles, scale[:, None, :, None]).reshape(np_, kp)[:n, :k]
     return q, scale
 

@@ -53,7 +53,7 @@ def _row_absmax(x_row, K, BLOCK: tl.constexpr):
 
 @triton.jit
 def _scale_from_amax(amax, FP8: tl.constexpr, HAS_UB: tl.constexpr, SCALE_UB: tl.constexpr):
-    """reference._amax_scale (fp8) or amax.clamp(min=EPS) / 127 (int8)."""
+    """reference.fp8_scale (fp8) or amax.clamp(min=EPS) / 127 (int8)."""
     if HAS_UB:
         amax = tl.minimum(amax, SCALE_UB)
     amax = tl.maximum(amax, _EPS)

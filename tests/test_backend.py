@@ -60,3 +60,24 @@ def test_backend_quantizes_and_matches_the_exported_program():
     rows = fxquant.backend.last_reports[-1]
     assert [r["name"] for r in rows] == ["fc", "proj", "c_fc"]
     assert all(r["status"] == "quantized" for r in rows)
+
+
+def test_recompile_limit_is_reported_and_watch_says_the_call_ran_in_float():
+    import fxquant.backend as backend
+
+    torch._dynamo.reset()
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64)).eval()
+    compiled = torch.compile(model, backend="fxquant", dynamic=False)
+    with torch._dynamo.config.patch(recompile_limit=2), torch.no_grad():
+        with backend.watch() as first:
+            compiled(torch.randn(2, 64))
+        compiled(torch.randn(3, 64))  # a recompile for the new static shape: the limit
+        x = torch.randn(4, 64)
+        limit = pytest.warns(RuntimeWarning, match=r"recompile_limit \(2\).*NOT quantized")
+        with limit, backend.watch() as past_limit:
+            y = compiled(x)
+    torch._dynamo.reset()
+    assert first.quantized and first.calls == 1
+    assert not past_limit.quantized
+    assert torch.equal(y, model(x))  # the float model's output exactly: it ran eagerly
+    assert backend.recompile_limit_hit[0] == "recompile_limit"

@@ -73,18 +73,72 @@ def test_scheme_as_json(project):
         (["quantize", "mymodel:nope", "--out", "q.pt2"], "cannot load 'mymodel:nope'"),
         (["quantize", "mymodel:build"], "give --out x.pt2 and/or --aoti"),
         (["quantize", "missing.gguf", "--out", "q.pt2"], "no GGUF file at missing.gguf"),
-        (["report", "mymodel.py"], "mymodel.py is not a loadable torch.export .pt2"),
+        (["report", "mymodel.py"], "mymodel.py: not a .pt2 archive"),
         (["report", "nothere.pt2"], "no file at nothere.pt2"),
+        (
+            ["quantize", "mymodel:build", "--out", "q.pt2", "--scheme",
+             '{"type": "Int4WeightOnly", "groupsize": 64}'],
+            "Int4WeightOnly has no field 'groupsize'; its fields: group_size, symmetric",
+        ),
+        (
+            ["quantize", "mymodel:build", "--out", "q.pt2", "--scheme", "5"],
+            'a scheme is a dict such as {"type": "Int8WeightOnly"} or null, not int 5',
+        ),
+        (
+            ["quantize", "mymodel:build", "--out", "q.pt2", "--scheme", '"int8wo"'],
+            "not str 'int8wo' (a recipe name: use --recipe",
+        ),
+        (
+            ["quantize", "mymodel:build", "--out", "q.pt2", "--config", "recipe.json"],
+            "not str 'int8wo' (a recipe name",
+        ),
+        (
+            ["quantize", "mymodel:build", "--out", "q.pt2", "--config", "missing.json"],
+            "--config missing.json: no such file",
+        ),
+        (
+            ["quantize", "mymodel:build", "--out", "q.pt2", "--seq-len", "0"],
+            "--seq-len 0 is not supported; allowed: 2 or more",
+        ),
+        (["quantize", "mymodel:build", "--out", "sub"], "--out sub is a directory"),
+        (["quantize", "mymodel:build", "--out", "no/such/q.pt2"], "does not exist"),
+        (
+            ["quantize", "cut.gguf", "--out", "q.pt2"],
+            "cut.gguf: not a readable GGUF file (truncated or corrupt?)",
+        ),
     ],
-)
-def test_errors_say_what_is_wrong(project, args, message, monkeypatch):
+)  # fmt: skip
+def test_errors_say_what_is_wrong(project, args, message, monkeypatch, capsys):
     from fxquant.cli import main
 
+    (project / "recipe.json").write_text('{"scheme": "int8wo"}')
+    (project / "sub").mkdir()
+    (project / "cut.gguf").write_bytes(b"GGUF\x03\x00\x00\x00" + b"\x01" * 20)
     monkeypatch.chdir(project)
     with pytest.raises(SystemExit) as exc:
         main(args)
     assert message in str(exc.value)
+    assert "\n" not in str(exc.value)  # one line
+    assert "running mymodel.build()" not in capsys.readouterr().err  # refused before any work
     assert not (project / "q.pt2").exists()
+
+
+def test_debug_shows_the_traceback_and_a_closed_pipe_is_quiet(project):
+    out = _fxquant("quantize", "cut.gguf", "--out", "q.pt2", "--debug", cwd=project)
+    assert out.returncode != 0 and "Traceback" not in out.stderr  # no such file: a clean exit
+    (project / "cut.gguf").write_bytes(b"GGUF" + b"\x01" * 8)
+    out = _fxquant("quantize", "cut.gguf", "--out", "q.pt2", "--debug", cwd=project)
+    assert out.returncode != 0 and "Traceback" in out.stderr
+    out = _fxquant("quantize", "cut.gguf", "--out", "q.pt2", cwd=project)
+    assert out.returncode != 0 and "Traceback" not in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert _fxquant("quantize", "mymodel:build", "--out", "q.pt2", cwd=project).returncode == 0
+    piped = subprocess.run(
+        f"{sys.executable} -m fxquant.cli report q.pt2 --json | head -1",
+        shell=True, cwd=project, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert piped.stdout.strip() == "{"
+    assert "BrokenPipeError" not in piped.stderr and "Traceback" not in piped.stderr
 
 
 def test_version(capsys):

@@ -120,3 +120,19 @@ def test_generate_from_a_model_builds_caches_and_compares(tiny_model_dir, tmp_pa
     assert len(list((tmp_path / "packages").glob("*.pt2"))) == 2
     typo = _fxquant("generate", str(model_dir), "--recipe", "int9wo", cache=tmp_path)
     assert typo.returncode != 0 and "unknown recipe 'int9wo'" in typo.stderr
+
+
+def test_package_key_follows_the_inputs_and_fxquant_source(tmp_path, monkeypatch):
+    from fxquant import packages
+    from fxquant.config import QuantConfig
+
+    f = tmp_path / "m.gguf"
+    f.write_bytes(b"weights")
+    key = packages.package_key(f, None, max_cache_len=64, max_batch=1)
+    assert key == packages.package_key(f, None, max_cache_len=64, max_batch=1)
+    int8 = QuantConfig.from_recipe("int8wo")
+    assert key != packages.package_key(f, int8, max_cache_len=64, max_batch=1)
+    assert key != packages.package_key(f, None, max_cache_len=128, max_batch=1)
+    # a changed lowering (any Python file of fxquant) is a new package, version bump or not
+    monkeypatch.setattr(packages, "_source_digest", lambda: "edited")
+    assert key != packages.package_key(f, None, max_cache_len=64, max_batch=1)

@@ -18,7 +18,7 @@ import fxquant.kernels.cpu as native
 import fxquant.passes.lower_native  # noqa: F401  (registers fxquant::cpu_native_int4_linear)
 from fxquant import reference as ref
 from fxquant import reference_lowbit as ref_lowbit
-from fxquant.passes.lower_native import prepack_codes
+from fxquant.passes.lower_native import e4m3_values, prepack_codes
 
 pytestmark = pytest.mark.skipif(
     not native.available(), reason=f"native CPU kernels unavailable: {native.unavailable_reason()}"
@@ -90,6 +90,27 @@ def test_float8_decode_is_exact_for_every_code():
     for m in (1, 40):
         got = fxq.native_float8_weight_only_linear(torch.ones(m, 1), w, ones)
         assert torch.equal(got, w.float().t().expand(m, -1))
+
+
+def test_e4m3_values_round_as_the_fp8_conversion_does():
+    # every e4m3 value, the midpoints between neighbours (ties: half to even), a hair either
+    # side of each, random values over the whole range, signed zeros and NaN; eager and compiled
+    codes = torch.arange(256, dtype=torch.uint8)
+    grid = codes[(codes & 0x7F) != 0x7F].view(torch.float8_e4m3fn).float().unique()
+    mid = (grid[1:] + grid[:-1]) / 2
+    g = torch.Generator().manual_seed(0)
+    v = torch.cat([
+        grid, mid, mid.nextafter(mid + 1), mid.nextafter(mid - 1),
+        (torch.rand(4096, generator=g) * 2 - 1) * 448 * torch.logspace(-12, 0, 4096),
+        torch.tensor([0.0, -0.0, 448.0, -448.0, float("nan")]),
+    ])  # fmt: skip
+    want = v.to(torch.float8_e4m3fn).float()
+    for fn in (e4m3_values, torch.compile(e4m3_values)):
+        got = fn(v)
+        assert torch.equal(got.isnan(), want.isnan())
+        ok = ~want.isnan()
+        assert torch.equal(got[ok], want[ok])
+        assert torch.equal(got[ok].signbit(), want[ok].signbit())
 
 
 @pytest.mark.parametrize("m", MS)

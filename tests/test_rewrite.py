@@ -346,3 +346,62 @@ def test_precomputed_weights_are_used_checked_and_all_consumed():
     skipped = {"lm_head.weight": QuantizedWeight({"qweight": q, "scale": s}, None)}
     with pytest.raises(ValueError, match=r"lm_head.weight \(.*modules_to_not_convert"):
         fxquant.quantize(model, "int8wo", example_inputs=(x,), weights=skipped)
+
+
+def _two_linears_with_nonfinite():
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 32)).eval()
+    with torch.no_grad():
+        model[1].weight[3, 5] = float("nan")
+        model[1].weight[7, 0] = float("inf")
+    return model
+
+
+@pytest.mark.parametrize("recipe", ["int8wo", "fp8-block", "mxfp4"])
+def test_nonfinite_weights_are_refused_naming_the_layer(recipe):
+    model = _two_linears_with_nonfinite()
+    before = copy.deepcopy(model.state_dict())
+    with pytest.raises(ValueError, match=r"1 weight\(s\) hold NaN or inf values: 1\.weight \(2 of"):
+        fxquant.quantize(model, recipe, example_inputs=(torch.randn(2, 64),))
+    for k, v in model.state_dict().items():
+        torch.testing.assert_close(v, before[k], rtol=0, atol=0, equal_nan=True)
+
+
+def test_nonfinite_skip_keeps_the_layer_in_float_and_reports_it():
+    model = _two_linears_with_nonfinite()
+    cfg = fxquant.QuantConfig(scheme=fxquant.Int8WeightOnly(), nonfinite="skip")
+    ep = fxquant.quantize(model, cfg, example_inputs=(torch.randn(2, 64),))
+    rows = {r["weight"]: r for r in fxquant.report(ep).rows}
+    assert rows["0.weight"]["status"] == "quantized"
+    assert rows["1.weight"]["status"] == "skipped"
+    assert "2 NaN/inf" in rows["1.weight"]["reason"]
+    assert fxquant.QuantConfig.from_json(cfg.to_json()) == cfg
+    with pytest.raises(ValueError, match="nonfinite='ignore' is not supported; allowed: 'error'"):
+        fxquant.QuantConfig(scheme=fxquant.Int8WeightOnly(), nonfinite="ignore")
+
+
+def test_config_patterns_that_match_nothing_warn_or_fail_under_strict():
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 32)).eval()
+    x = (torch.randn(2, 64),)
+    typo = {"overrides": {r"layers\.0": None}, "modules_to_not_convert": ("lm_haed",)}
+    cfg = fxquant.QuantConfig(scheme=fxquant.Int8WeightOnly(), **typo)
+    with pytest.warns(UserWarning, match=r"2 config pattern\(s\) match no layer") as seen:
+        ep = fxquant.quantize(model, cfg, example_inputs=x)
+    assert "overrides: 'layers\\\\.0'" in str(seen[0].message)
+    assert "modules_to_not_convert: 'lm_haed'" in str(seen[0].message)
+    assert len(fxquant.report(ep).rows) == 2  # still quantized: a warning, not a change
+    strict = fxquant.QuantConfig(scheme=fxquant.Int8WeightOnly(), strict=True, **typo)
+    with pytest.raises(ValueError, match=r"refused under QuantConfig\(strict=True\)"):
+        fxquant.quantize(model, strict, example_inputs=x)
+    assert fxquant.QuantConfig.from_json(strict.to_json()) == strict
+    # patterns that match, and the default lm_head on a model without one, are silent
+    fine = fxquant.QuantConfig(scheme=fxquant.Int8WeightOnly(), overrides={"1": None}, strict=True)
+    fxquant.quantize(model, fine, example_inputs=x)
+
+
+def test_quantize_prints_no_torch_treespec_warning():
+    import warnings
+
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64)).eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)  # above pytest's own ignore filter
+        fxquant.quantize(model, "int8wo", example_inputs=(torch.randn(2, 64),))
