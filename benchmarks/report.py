@@ -371,8 +371,8 @@ def llm_decode_section() -> str:
         return "\n".join(out + [missing])
     vs = rec.get("versions", {})
     out += [
-        f"From `{how}` → `benchmarks/results/llm_decode.json`; {_machine(rec)}, torchao "
-        f"{vs.get('torchao') or 'not installed'}.",
+        f"From `{how}` → `benchmarks/results/llm_decode.json`; {_machine(rec)}"
+        + ("." if vs.get("torchao") else ", torchao not installed."),
         "",
         f"SmolLM2-135M, fp32 weights before quantization, batch 1: a "
         f"{rec.get('prompt_tokens', '?')}-token prompt prefilled in one call, then "

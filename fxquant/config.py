@@ -821,9 +821,9 @@ class QuantConfig:
                 )
         if not isinstance(self.modules_to_not_convert, (list, tuple)):
             raise ValueError(
-                f"QuantConfig.modules_to_not_convert={self.modules_to_not_convert!r} is not "
-                "supported; allowed: a list or tuple of patterns, e.g. ('lm_head',), or () for "
-                "none"
+                f"QuantConfig.modules_to_not_convert={self.modules_to_not_convert!r} is "
+                + ("a string" if isinstance(self.modules_to_not_convert, str) else "not supported")
+                + "; allowed: a list or tuple of patterns, e.g. ('lm_head',), or () for none"
             )
         for pattern in self.modules_to_not_convert:
             _check_pattern("modules_to_not_convert", pattern)
