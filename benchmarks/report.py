@@ -364,14 +364,26 @@ def demo_section() -> str:
 
 
 def llm_decode_section() -> str:
+    """One table per machine class the script ran on: ``llm_decode.json`` and each
+    ``llm_decode_<machine>.json`` (``--out``), newest machine file last."""
+    title = "### LLM decode with a KV cache on the CPU: fxquant, fp32, torchao, llama.cpp"
+    names = ["llm_decode.json", *sorted(p.name for p in RESULTS.glob("llm_decode_*.json"))]
+    parts = [_llm_decode_run(name) for name in names]
+    return "\n\n".join([title, *parts])
+
+
+def _llm_decode_run(name: str) -> str:
     how = "python benchmarks/llm_decode.py"
-    rec, missing = _load("llm_decode.json", how)
-    out = ["### LLM decode with a KV cache on the CPU: fxquant, fp32, torchao, llama.cpp", ""]
+    rec, missing = _load(name, how)
+    out = []
     if rec is None:
-        return "\n".join(out + [missing])
+        return missing
     vs = rec.get("versions", {})
+    m = rec.get("machine", {})
     out += [
-        f"From `{how}` → `benchmarks/results/llm_decode.json`; {_machine(rec)}"
+        f"#### {m.get('cpu_model', '?')}, {m.get('cpu_capability', '?')}",
+        "",
+        f"From `{how}` → `benchmarks/results/{name}`; {_machine(rec)}"
         + ("." if vs.get("torchao") else ", torchao not installed."),
         "",
         f"SmolLM2-135M, fp32 weights before quantization, batch 1: a "
@@ -386,8 +398,9 @@ def llm_decode_section() -> str:
         f"{_f(rec.get('copy_bandwidth_gbs'), '.1f')} GB/s).",
         "",
     ]
-    if (RESULTS / "llm_decode.png").exists():
-        out += ["![LLM decode chart](benchmarks/results/llm_decode.png)", ""]
+    chart = Path(name).with_suffix(".png").name
+    if (RESULTS / chart).exists():
+        out += [f"![LLM decode chart](benchmarks/results/{chart})", ""]
     rows = []
     for r in rec.get("results", []):
         if r.get("status") != "ok":

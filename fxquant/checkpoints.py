@@ -237,7 +237,14 @@ def read_quantized(
             )
     if tensor_names is not None:
         raise ValueError("tensor_names applies to GGUF files only")
-    return _read_with_config(source, qcfg)
+    if isinstance(checkpoint, Mapping):
+        return _read_with_config(source, qcfg)
+    try:
+        return _read_with_config(source, qcfg)
+    except CheckpointError as e:  # a tensor's name alone does not say which checkpoint
+        if str(path) in str(e):
+            raise
+        raise CheckpointError(f"{path}: {e}") from e
 
 
 def _read_with_config(source: TensorSource, qcfg: Mapping[str, Any] | None) -> LoadedCheckpoint:

@@ -39,16 +39,18 @@ permutation moves each row's blocks with it).
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from fxquant.checkpoints import CheckpointError, LoadedCheckpoint, int_weight
-from fxquant.config import Int8WeightOnly
+from fxquant.config import Int8WeightOnly, QuantConfig
 from fxquant.passes.schemes import QuantizedWeight
 
-__all__ = ["llama_tensor_names", "read_gguf"]
+__all__ = ["ExactPlan", "exact_plan", "llama_tensor_names", "read_gguf"]
 
 _REFUSED = {
     "Q5_0": "5-bit values: fxquant has no 5-bit format",
@@ -96,8 +98,13 @@ def _unpermute_rows(n: int, n_head: int) -> torch.Tensor:
 
 
 def read_gguf(
-    path: str | Path, *, tensor_names: Callable[[str], str | None] | None = None
+    path: str | Path,
+    *,
+    tensor_names: Callable[[str], str | None] | None = None,
+    refused: dict[str, str] | None = None,
 ) -> LoadedCheckpoint:
+    """``refused``: when a dict, a linear weight whose type has no exact fxquant form is left
+    out and recorded there (model name → why) instead of raising ``NotImplementedError``."""
     try:
         import gguf
     except ImportError as e:  # pragma: no cover - an optional dependency
@@ -152,6 +159,9 @@ def read_gguf(
             )
         if kind not in _BLOCK_BYTES:
             why = _REFUSED.get(kind, f"{kind} has no fxquant loader")
+            if refused is not None:
+                refused[target] = f"{kind}: {why}"
+                continue
             raise NotImplementedError(f"tensor {t.name!r} is {kind}: {why}")
         n, k = shape
         per, nbytes = _BLOCK_BYTES[kind]
@@ -170,6 +180,9 @@ def read_gguf(
         if kind == "Q8_0":
             d = _f16(blocks[..., :2])
             if not bool((d == d[:, :1]).all()):
+                if refused is not None:
+                    refused[target] = "Q8_0 with a scale per block of 32 (fxquant's int8: per row)"
+                    continue
                 raise NotImplementedError(
                     f"tensor {t.name!r} is Q8_0 with a different scale per block of 32: "
                     "fxquant's int8 schemes hold one scale per output row and there is no "
@@ -182,7 +195,13 @@ def read_gguf(
             decode, group_size, bits = _DECODE[kind]
             u, scale, zero = decode(blocks, n, k)
             if zero.is_floating_point():
-                zero = _float_zero(t.name, kind, scale, zero)
+                try:
+                    zero = _float_zero(t.name, kind, scale, zero)
+                except NotImplementedError as e:
+                    if refused is None:
+                        raise
+                    refused[target] = f"{kind}: {e}"
+                    continue
             scheme, weight = int_weight(t.name, u, scale, zero, group_size, bits=bits)
             tensors = weight.tensors
         if rows is not None:
@@ -290,3 +309,89 @@ def _field(reader, key: str):
     if value.dtype.kind == "u" and value.dtype.itemsize == 1 and len(value) > 1:
         return bytes(value).decode()
     return value.tolist()[0] if len(value) else None
+
+
+# --------------------------------------------------------------------------------------------
+# The CLI's GGUF path: the file's own blocks where the recipe asks for what the file stores
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ExactPlan:
+    """What ``exact_plan`` decided: the config to quantize with, the GGUF's own constants by the
+    program's weight names (for ``fxquant.quantize(..., weights=)``), and one line saying which
+    layers carry the file's blocks and which are re-quantized from its dequantized values."""
+
+    config: QuantConfig
+    weights: dict[str, QuantizedWeight] = field(default_factory=dict)
+    summary: str = ""
+
+
+def exact_plan(path: str | Path, program, config: QuantConfig | None) -> ExactPlan:
+    """Match a program exported from ``path`` (a ``.gguf`` that transformers dequantized to
+    float) against the file's own quantized tensors.
+
+    Where it sits: ``fxquant quantize model.gguf`` calls it between export and quantize.
+    ``config=None`` means "the file's types": every layer the file quantizes keeps its blocks
+    (``--recipe gguf``), every other linear stays float. Otherwise a layer takes the file's
+    blocks when ``config`` asks for exactly the scheme they map to (Q4_1 is
+    ``IntxWeightOnly(bits=4, group_size=32, zero_point="float")``), and is quantized from the
+    dequantized float weight, as without this, when it asks for another one. A layer whose
+    type has no exact form (Q5_K, Q8_0 with a scale per block) is quantized from float as the config
+    says (with ``config=None``: kept in float), and the summary says so.
+    """
+    refused: dict[str, str] = {}
+    ckpt = read_gguf(path, refused=refused)
+    prefix = _prefix([*ckpt.weights, *refused], program.state_dict)
+    ckpt = ckpt.with_prefix(prefix)
+    if config is None:
+        config = ckpt.config
+    exact, other = Counter(), Counter()
+    weights = {}
+    for name, weight in ckpt.weights.items():
+        module = name.removesuffix(".weight")
+        stored = ckpt.schemes[module]
+        if config.scheme_for(module)[0] == stored:
+            weights[name] = weight
+            exact[str(stored)] += 1
+        else:
+            other[str(stored)] += 1
+    total = len(ckpt.weights) + len(refused)
+    parts = [
+        f"{Path(path).name}: {sum(exact.values())} of its {total} quantized linears carry the "
+        "file's own blocks, exactly" + (f" ({_listed(exact)})" if exact else "")
+    ]
+    if other:
+        parts.append(
+            f"{sum(other.values())} re-quantized from the dequantized file: the config asks for "
+            f"another scheme than the file's ({_listed(other)})"
+        )
+    for fate, why in _fates(refused, prefix, config).items():
+        parts.append(f"{sum(why.values())} {fate}: no exact form ({_listed(why)})")
+    return ExactPlan(config, weights, "; ".join(parts))
+
+
+def _fates(refused: dict[str, str], prefix: str, config: QuantConfig) -> dict[str, Counter]:
+    """The layers with no exact form, by what the config does with them, then by why."""
+    out: dict[str, Counter] = {}
+    for name, why in refused.items():
+        scheme, _ = config.scheme_for(prefix + name.removesuffix(".weight"))
+        fate = "kept in float" if scheme is None else "quantized from the dequantized file"
+        out.setdefault(fate, Counter())[why] += 1
+    return out
+
+
+def _prefix(names: list[str], state) -> str:
+    """The prefix the program puts before the checkpoint's names (``CausalLMWrapper`` and the
+    KV-cache wrapper hold the model as a submodule)."""
+    name = next(iter(names), None)
+    if name is None or name in state:
+        return ""
+    hits = [k for k in state if k.endswith("." + name)]
+    if len(hits) != 1:
+        raise CheckpointError(f"the program has {len(hits)} weights named like {name!r}")
+    return hits[0].removesuffix(name)
+
+
+def _listed(counts: Counter) -> str:
+    return ", ".join(f"{n} × {s}" for s, n in counts.most_common())

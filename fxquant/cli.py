@@ -44,6 +44,13 @@ def _config_from_args(args):
             return QuantConfig.from_json(path.read_text())
         except json.JSONDecodeError as e:
             raise SystemExit(f"fxquant quantize: --config {path} is not JSON ({e})") from None
+    if args.recipe == "gguf":  # the file's own types, exactly: decided once the file is read
+        if Path(args.source).suffix != ".gguf":
+            raise SystemExit(
+                f"fxquant quantize: --recipe gguf keeps a GGUF file's own types; {args.source} "
+                "is not a .gguf file"
+            )
+        return None
     return QuantConfig.coerce(args.recipe or "int8wo")
 
 
@@ -165,7 +172,18 @@ def _cmd_quantize(args) -> int:
         model, example_inputs, dynamic_shapes = load_source(args.source, seq_len=args.seq_len)
         print(f"exporting {args.source} ...", file=sys.stderr)
         ep = torch.export.export(model, example_inputs, dynamic_shapes=dynamic_shapes)
-    qep = fxquant.quantize(ep, config, progress=True)
+    weights = None
+    if Path(args.source).suffix == ".gguf":
+        # transformers dequantized the file to float: layers whose scheme is the one the file's
+        # blocks map to take those blocks instead of being quantized a second time
+        from fxquant.ckpt_gguf import exact_plan
+        from fxquant.packages import readable
+
+        with readable(Path(args.source)):
+            plan = exact_plan(args.source, ep, config)
+        config, weights = plan.config, plan.weights
+        print(plan.summary, file=sys.stderr)
+    qep = fxquant.quantize(ep, config, progress=True, weights=weights)
     print(fxquant.report(qep))
     if args.out:
         out = Path(args.out)
@@ -382,7 +400,13 @@ def build_parser() -> argparse.ArgumentParser:
         "module and runs the function: your code; the current directory is searched after "
         "installed packages)",
     )
-    q.add_argument("--recipe", help="a recipe name (see `fxquant recipes`); default int8wo")
+    q.add_argument(
+        "--recipe",
+        help="a recipe name (see `fxquant recipes`); default int8wo. For a .gguf source, "
+        "`gguf` keeps the file's own quantized blocks as they are (Q4_0/Q4_1/Q4_K/Q6_K, Q8_0 with "
+        "one scale per row), and any recipe whose scheme is what a layer's blocks map to uses "
+        "them exactly",
+    )
     q.add_argument("--scheme", help='a scheme as JSON, e.g. \'{"type": "Int4WeightOnly", ...}\'')
     q.add_argument("--config", help="a QuantConfig JSON file (QuantConfig.to_json())")
     q.add_argument("--out", help="write the quantized torch.export program here (.pt2)")
@@ -462,8 +486,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     # torch.export's own pytree pickling warns on every save/load in torch 2.13: not actionable.
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")
     args = build_parser().parse_args(argv)
-    # fxquant's warnings (a config pattern that matched nothing, ...) as one plain line
-    warnings.formatwarning = lambda message, *_, **__: f"fxquant: warning: {message}\n"
+    # fxquant's warnings (a config pattern that matched nothing, ...) as one plain line, for
+    # this command only (main() also runs in-process, from tests and scripts)
+    plain, warnings.formatwarning = warnings.formatwarning, _one_line_warning
     try:
         return args.fn(args)
     except BrokenPipeError:
@@ -478,6 +503,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.debug:
             raise
         raise SystemExit(f"fxquant {args.command}: {_one_line(e, args)}") from None
+    finally:
+        warnings.formatwarning = plain
+
+
+def _one_line_warning(message, *_, **__) -> str:
+    return f"fxquant: warning: {message}\n"
 
 
 def _one_line(e: Exception, args) -> str:

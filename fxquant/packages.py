@@ -132,7 +132,7 @@ def readable(path: Path):
 
     try:
         yield
-    except (CheckpointError, FileNotFoundError, KeyboardInterrupt):
+    except (CheckpointError, FileNotFoundError, KeyboardInterrupt, NotImplementedError):
         raise
     except Exception as e:  # noqa: BLE001  (a dependency's parser: any type)
         kind = "GGUF file" if path.suffix == ".gguf" else "model folder"

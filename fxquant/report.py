@@ -109,6 +109,8 @@ class Report:
                 note = (note + "; " if note else "") + "float weight kept (used elsewhere)"
             if r.get("fused_norm"):
                 note = (note + "; " if note else "") + f"input quantized by {r['fused_norm']}"
+            if r.get("weights") == "given":  # a checkpoint's or a calibrator's own constants
+                note = (note + "; " if note else "") + "weights given (not quantized here)"
             table.append(
                 (
                     r["name"] or "<root>",

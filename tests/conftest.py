@@ -180,3 +180,59 @@ def tiny_llama():
 def mixed():
     torch.manual_seed(0)
     return Mixed().eval()
+
+
+def write_tiny_llama_gguf(path, *, v_proj="Q8_0"):
+    """A 2-block Llama GGUF that transformers loads (d=64, 4 heads / 2 KV heads, vocab 256):
+    Q4_1 linears as SmolLM2's file has them, ``attn_v`` in ``v_proj`` (gguf-py's Q8_0 has a
+    scale per block: no exact fxquant form), F32 embedding and norms, tied output."""
+    import gguf
+    import numpy as np
+
+    d, ff, blocks, heads, kv, vocab = 64, 128, 2, 4, 2, 256
+    rng = np.random.default_rng(0)
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_block_count(blocks)
+    w.add_context_length(128)
+    w.add_embedding_length(d)
+    w.add_feed_forward_length(ff)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_freq_base(10000.0)
+    w.add_rope_dimension_count(d // heads)
+    w.add_vocab_size(vocab)
+    w.add_tokenizer_model("gpt2")
+    w.add_token_list([f"t{i}" for i in range(vocab)])
+    w.add_token_types([1] * vocab)
+    w.add_token_merges([])
+    w.add_bos_token_id(0)
+    w.add_eos_token_id(1)
+
+    def linear(name, n, k, kind="Q4_1"):
+        qtype = gguf.GGMLQuantizationType[kind]
+        raw = gguf.quants.quantize(rng.standard_normal((n, k)).astype(np.float32) * 0.05, qtype)
+        w.add_tensor(name, raw, raw_shape=raw.shape, raw_dtype=qtype)
+
+    w.add_tensor("token_embd.weight", rng.standard_normal((vocab, d)).astype(np.float32))
+    w.add_tensor("output_norm.weight", np.ones(d, np.float32))
+    for i in range(blocks):
+        w.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(d, np.float32))
+        w.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(d, np.float32))
+        linear(f"blk.{i}.attn_q.weight", d, d)
+        linear(f"blk.{i}.attn_k.weight", d // heads * kv, d)
+        linear(f"blk.{i}.attn_v.weight", d // heads * kv, d, v_proj)
+        linear(f"blk.{i}.attn_output.weight", d, d)
+        linear(f"blk.{i}.ffn_gate.weight", ff, d)
+        linear(f"blk.{i}.ffn_up.weight", ff, d)
+        linear(f"blk.{i}.ffn_down.weight", d, ff)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_gguf(tmp_path_factory):
+    return write_tiny_llama_gguf(tmp_path_factory.mktemp("gguf") / "tiny.gguf")

@@ -22,6 +22,10 @@ wall-clock budget (``--budget-s``) so the call ends well before the device's per
    sequence, quantized with each recipe (norm fusion on), packaged by AOTInductor for CUDA and
    timed at decode (M = 1) and prefill (M = 2048) against the bf16 package.
 4. the targets of the kernels issue, printed beside the measured ratios (never asserted).
+5. **every_k**: each recipe's CUDA lowering at every K in 1..200 (``nn.Linear(K, 24)``), M = 1
+   (decode kernels) and M = 17 (prefill kernels), against the semantic op's reference: the
+   shape preconditions (masks, groups, padding) on a real device, no timing.
+   ``tests/test_lower_every_k.py`` runs a subset of the K under the interpreter.
 
 ``--smoke`` runs the same code on CPU tensors under ``TRITON_INTERPRET=1`` with tiny shapes and
 no timing worth reading: it is how the script is checked where there is no GPU.
@@ -557,6 +561,65 @@ def _decode_line(row: dict) -> str:
 # --------------------------------------------------------------------------- 4. targets
 
 
+# --------------------------------------------------------------------------- 5. every K
+
+
+class _EveryK(nn.Module):
+    def __init__(self, ks):
+        super().__init__()
+        self.fc = nn.ModuleList(nn.Linear(k, 24) for k in ks)
+
+    def forward(self, x):
+        return torch.stack([fc(x[..., : fc.in_features]) for fc in self.fc])
+
+
+def run_every_k(res: Results, budget: Budget, *, device: str, smoke: bool) -> None:
+    import fxquant
+    from fxquant.passes.lower import lowerings
+
+    table = lowerings("cuda")
+
+    class Lowered(torch.fx.Interpreter):
+        def call_function(self, target, args, kwargs):
+            fn = table.get(target)
+            return super().call_function(target, args, kwargs) if fn is None else fn(*args)
+
+    ks = list(range(1, 9 if smoke else 201))
+    torch.manual_seed(0)
+    model = _EveryK(ks).eval().to(device)
+    x = torch.randn(3, max(ks), device=device)
+    ep = torch.export.export(model, (x,), dynamic_shapes=({0: torch.export.Dim.DYNAMIC},))
+    out = res.rec.setdefault("every_k", {})
+    for recipe in fxquant.RECIPES:
+        if budget.left() < 30:
+            out[recipe] = {"error": "not run: the time budget was spent"}
+            continue
+        entry: dict = {}
+        try:
+            qep = fxquant.quantize(ep, recipe)
+            gm = qep.module()
+            worst, at = float("inf"), None
+            for m in (1, 17):
+                xi = torch.randn(m, max(ks), device=device)
+                with torch.no_grad():
+                    got, want = Lowered(gm).run(xi), gm(xi)
+                for i, k in enumerate(ks):
+                    db = sqnr(want[i], got[i])
+                    if db < worst:
+                        worst, at = db, k
+            rows = fxquant.report(qep).rows
+            entry = {
+                "worst_sqnr_db": worst,
+                "at_k": at,
+                "quantized": sum(r["status"] == "quantized" for r in rows),
+            }
+        except Exception as e:  # noqa: BLE001 - a failing lowering is a result
+            entry["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+        out[recipe] = entry
+        res.write()
+        print(f"every_k {recipe}: {entry}", flush=True)
+
+
 def targets(rec: dict) -> list[dict]:
     """The issue's targets beside what was measured (kernel rows: the largest-N shape)."""
 
@@ -641,6 +704,15 @@ def write_table(rec: dict, path: Path) -> None:
                 f"| {r['shape']} | {r['tokens']} | {r['ms']:.3f} | "
                 f"{'-' if speed is None else f'{speed:.2f}'} | {r['sqnr_vs_reference_db']:.0f} |"
             )
+    lines += ["", "| every K 1..200 | worst SQNR dB | at K | layers quantized |"]
+    lines.append("|---|---|---|---|")
+    for recipe, r in rec.get("every_k", {}).items():
+        if "error" in r:
+            lines.append(f"| {recipe} | error | {r['error'][:80]} | |")
+        else:
+            lines.append(
+                f"| {recipe} | {r['worst_sqnr_db']:.0f} | {r['at_k']} | {r['quantized']} |"
+            )
     path.write_text("\n".join(lines) + "\n")
 
 
@@ -651,7 +723,7 @@ def main() -> None:
     ap.add_argument("--smoke", action="store_true", help="CPU + TRITON_INTERPRET=1, tiny shapes")
     ap.add_argument(
         "--sections",
-        default="kernels,experts,norm_quant,stack,decode",
+        default="kernels,experts,norm_quant,stack,decode,every_k",
         help="comma-separated subset to run",
     )
     a = ap.parse_args()
@@ -692,6 +764,8 @@ def main() -> None:
         run_stack(res, budget, device=device, smoke=a.smoke)
     if "decode" in sections:
         run_decode(res, budget, device=device, smoke=a.smoke)
+    if "every_k" in sections:
+        run_every_k(res, budget, device=device, smoke=a.smoke)
     res.rec["targets"] = targets(res.rec)
     res.rec["complete"] = True
     res.rec["wall_s"] = budget.seconds - budget.left()
