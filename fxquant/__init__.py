@@ -136,7 +136,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
     from fxquant.report import Report, report
     from fxquant.runtime import LLMPackage, generate
 
-__version__ = "0.1.0"
+from fxquant.version import __version__ as __version__  # noqa: E402  (re-exported)
 
 __all__ = [
     "AWQ",

@@ -1,10 +1,10 @@
 """The entry points: ``quantize`` (model or program → quantized program) and ``aot_compile``.
 
 ``quantize`` is the top of the data flow: it captures an ``nn.Module`` with ``torch.export``
-(or takes an ``ExportedProgram``), runs the plan, rewrite and (``config.fuse_norms``) norm fusion
-passes and returns a *new* program with ``fxquant::`` ops; the caller's model and program are
-left as they were. ``aot_compile`` lowers such a program for a device and packages it with
-AOTInductor.
+(or takes an ``ExportedProgram``), runs the pass pipeline (``fxquant.passes.pipeline``: plan →
+rewrite → fuse) and returns a *new* program with ``fxquant::`` ops; the caller's model and
+program are left as they were. ``aot_compile`` lowers such a program for a device and packages
+it with AOTInductor.
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ from fxquant import runtime
 from fxquant.config import QuantConfig, Scheme
 from fxquant.llm import decode_bytes, llm_info
 from fxquant.passes.float8_regions import inference_config, uses_float8_training
-from fxquant.passes.fuse import fuse_norms
 from fxquant.passes.lower import (
     _device_type,
     inductor_decompositions,
@@ -34,7 +33,8 @@ from fxquant.passes.lower import (
     native_cpu,
     prepacked,
 )
-from fxquant.passes.rewrite import ProgramEditor, rewrite
+from fxquant.passes.pipeline import run_passes
+from fxquant.passes.rewrite import ProgramEditor
 from fxquant.passes.schemes import QuantizedWeight
 
 __all__ = ["aot_compile", "atomic_path", "quantize"]
@@ -108,9 +108,7 @@ def quantize(
             f"got {type(model).__name__}"
         )
     editor = ProgramEditor(ep)
-    rewrite(editor, config, progress=progress, weights=weights, whole_model=True)
-    if config.fuse_norms:
-        fuse_norms(editor)
+    run_passes(editor, config, progress=progress, weights=weights, whole_model=True)
     return editor.finish()
 
 
@@ -183,9 +181,9 @@ def _package_info(ep: ExportedProgram, info: dict, device: str | torch.device) -
 
 
 def _version() -> str:
-    import fxquant
+    from fxquant.version import __version__
 
-    return fxquant.__version__
+    return __version__
 
 
 @contextlib.contextmanager

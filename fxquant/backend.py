@@ -1,10 +1,10 @@
 """``torch.compile(model, backend="fxquant", options={"config": cfg})``.
 
 The Dynamo entry of the data flow. Dynamo hands us a torch-level GraphModule whose parameters are
-graph inputs; the same plan, rewrite and norm fusion passes as the export path quantize each
-chosen weight once, here at compile time (inference semantics: recompile after changing the
-weights), and Inductor compiles the result with the lowerings of ``fxquant.passes.lower`` as
-decompositions.
+graph inputs; the same pass pipeline as the export path (``fxquant.passes.pipeline``: plan →
+rewrite → fuse) quantizes each chosen weight once, here at compile time (inference semantics:
+recompile after changing the weights), and Inductor compiles the result with the lowerings of
+``fxquant.passes.lower`` as decompositions.
 Inductor settings go through ``config_patches``, scoped to this compile, never set globally.
 
 Found without ``import fxquant`` through the ``torch_dynamo_backends`` entry point.
@@ -27,9 +27,9 @@ from fxquant.passes.float8_regions import (
     float8_regions,
     uses_float8_training,
 )
-from fxquant.passes.fuse import fuse_norms
 from fxquant.passes.lower import lowerings, prepack
-from fxquant.passes.rewrite import DynamoEditor, rewrite
+from fxquant.passes.pipeline import run_passes
+from fxquant.passes.rewrite import DynamoEditor
 from fxquant.report import read_graph
 
 __all__ = ["CallWatch", "fxquant_backend", "last_reports", "recompile_limit_hit", "watch"]
@@ -118,9 +118,7 @@ def fxquant_backend(
     if uses_float8_training(config):
         return _float8_training(gm, example_inputs, config, inductor_config)
     editor = DynamoEditor(gm, example_inputs)
-    rewrite(editor, config)
-    if config.fuse_norms:
-        fuse_norms(editor)
+    run_passes(editor, config)
     last_reports.append(read_graph(editor.graph)[0])  # the rows, with fusion marked
     del last_reports[:-16]
     devices = {t.device.type for t in example_inputs if isinstance(t, torch.Tensor)}

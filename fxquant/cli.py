@@ -176,7 +176,7 @@ def _cmd_quantize(args) -> int:
     if Path(args.source).suffix == ".gguf":
         # transformers dequantized the file to float: layers whose scheme is the one the file's
         # blocks map to take those blocks instead of being quantized a second time
-        from fxquant.ckpt_gguf import exact_plan
+        from fxquant.checkpoints.gguf import exact_plan
         from fxquant.packages import readable
 
         with readable(Path(args.source)):

@@ -64,7 +64,7 @@ def _check_choice(cls_name: str, field_name: str, value: Any, allowed: tuple) ->
 class Scheme:
     """Base of all schemes. ``name`` is the one name a scheme has in all three layers: the op
     ``fxquant::<name>_linear``, the rewrite handler in ``fxquant.passes`` and (for CUDA) the Triton
-    kernel file ``fxquant/kernels/<name>.py``."""
+    kernel file ``kernels/<name>.py`` (installed as ``fxquant.kernels.<name>``)."""
 
     name: ClassVar[str]
     # True when the activation is quantized too (so the GEMM itself runs in low precision).

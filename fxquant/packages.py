@@ -60,15 +60,15 @@ def package_key(
     max_batch: int,
 ) -> str:
     """The cache key of a package: model file, config, sizes, versions and CPU."""
-    import fxquant
     from fxquant.runtime import isa_flags
+    from fxquant.version import __version__
 
     record = {
         "source": _source_identity(Path(source)),
         "config": None if config is None else config.to_dict(),
         "max_cache_len": max_cache_len,
         "max_batch": max_batch,
-        "fxquant": fxquant.__version__,
+        "fxquant": __version__,
         "torch": torch.__version__,
         "isa": isa_flags(),
         "native": _native_key(),
@@ -81,13 +81,12 @@ def package_key(
 def _source_digest() -> str:
     """sha256 of every Python file of fxquant, fxquant.passes and fxquant.kernels (the code that
     decides what a package computes; the native kernels' own sources are in ``_native_key``)."""
-    import fxquant
     import fxquant.kernels
     import fxquant.passes
 
     h = hashlib.sha256()
-    for pkg in (fxquant, fxquant.passes, fxquant.kernels):
-        root = Path(pkg.__file__).parent
+    here = Path(__file__).resolve().parent  # fxquant/, this module's own package
+    for root in (here, Path(fxquant.passes.__file__).parent, Path(fxquant.kernels.__file__).parent):
         for f in sorted(root.rglob("*.py")):
             h.update(str(f.relative_to(root)).encode())
             h.update(f.read_bytes())
@@ -204,8 +203,9 @@ def llm_package(
         only_cached: return None instead of building when the package is not cached.
         variant: the name to list the package under (default: the recipe name, or "fp32").
     """
-    import fxquant
+    from fxquant.api import aot_compile, quantize
     from fxquant.kernels.cpu import cache_root
+    from fxquant.llm import export_llm
 
     cfg = None if config is None else QuantConfig.coerce(config)
     if variant is None:
@@ -235,19 +235,19 @@ def llm_package(
                 model = model()
             bar.update()
             step("export with KV cache")
-            program = fxquant.export_llm(model, max_cache_len=max_cache_len, max_batch=max_batch)
+            program = export_llm(model, max_cache_len=max_cache_len, max_batch=max_batch)
         else:
             bar.update()
         bar.update()
         step("quantize")
         if cfg is not None:
-            program = fxquant.quantize(program, cfg)
+            program = quantize(program, cfg)
 
         bar.update()
         step("AOTInductor build (minutes on 2 cores)")
         with _Ticker(bar):
             # the runtime's default tokenizer: the model file the package was made from
-            fxquant.aot_compile(program, path, metadata={"source": str(Path(source).resolve())})
+            aot_compile(program, path, metadata={"source": str(Path(source).resolve())})
         bar.update()
     info = {"source": str(Path(source).resolve()), "variant": variant}
     path.with_suffix(".json").write_text(json.dumps(info, indent=2))

@@ -5,7 +5,7 @@ Where it sits: beside ``fxquant.reference`` (same conventions: W is [N, K], x is
 linears accumulate in fp32 and return x's dtype). The rewrite pass quantizes weights with these
 functions (``fxquant.passes.schemes``); the ``fxquant::intx_weight_only_linear`` and
 ``fxquant::bitnet_linear`` ops use the linears here as their eager kernels; the CPU lowerings
-and the Triton kernels (``kernels/intx_weight_only.py``, ``kernels/bitnet_linear.py``) are
+and the Triton kernels (``kernels/intx_weight_only.py``, ``kernels/bitnet.py``) are
 tested against them.
 
 Storage of ``IntxWeightOnly`` (bits b in 2, 3, 4, 6): unsigned codes u in [0, 2**b - 1], groups

@@ -50,8 +50,7 @@ dynamic.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
 
 import torch
 import torch.fx as fx
@@ -64,6 +63,7 @@ from fxquant import reference as ref
 from fxquant import reference_bnb as ref_bnb
 from fxquant import reference_lowbit as ref_lowbit
 from fxquant import reference_mx as ref_mx
+from fxquant.passes.prepack import PrepackRule, unique_name
 
 fxq = torch.ops.fxquant
 _BF16 = torch.bfloat16
@@ -385,15 +385,6 @@ def _prepack_intx(editor, node: fx.Node, consts: list[Tensor]):
     return fxq.cpu_int4_weight_only_linear.default, args
 
 
-@dataclass(frozen=True)
-class _Prepack:
-    rule: Callable
-    n_consts: int  # how many constant args the op has, in order from ``first_const``
-    first_const: int = 1  # after x; 2 for the ops that take (xq, xs) from a norm_quant
-    # None: every node of the op; else only the nodes it accepts (the rest keep the composition)
-    when: Callable[[fx.Node], bool] | None = None
-
-
 def _int4_kernel_takes(node: fx.Node) -> bool:
     # codes of 2 to 4 bits in groups of 32 to 256: the int4 kernel's (6-bit codes in groups of
     # 16, GGUF Q6_K's, are neither)
@@ -402,16 +393,16 @@ def _int4_kernel_takes(node: fx.Node) -> bool:
 
 
 CPU_PREPACK = {
-    fxq.int8_weight_only_linear.default: _Prepack(
+    fxq.int8_weight_only_linear.default: PrepackRule(
         _prepack_int8(fxq.cpu_int8_weight_only_linear.default), 2
     ),
-    fxq.int8_dynamic_linear.default: _Prepack(
+    fxq.int8_dynamic_linear.default: PrepackRule(
         _prepack_int8(fxq.cpu_int8_dynamic_linear.default), 2
     ),
-    fxq.int4_weight_only_linear.default: _Prepack(_prepack_int4, 3),
-    fxq.int8_dynamic_int4_linear.default: _Prepack(_prepack_int4, 3),
-    fxq.intx_weight_only_linear.default: _Prepack(_prepack_intx, 3, when=_int4_kernel_takes),
-    fxq.int8_scaled_linear.default: _Prepack(_prepack_int8_scaled, 2, first_const=2),
+    fxq.int4_weight_only_linear.default: PrepackRule(_prepack_int4, 3),
+    fxq.int8_dynamic_int4_linear.default: PrepackRule(_prepack_int4, 3),
+    fxq.intx_weight_only_linear.default: PrepackRule(_prepack_intx, 3, when=_int4_kernel_takes),
+    fxq.int8_scaled_linear.default: PrepackRule(_prepack_int8_scaled, 2, first_const=2),
 }
 
 # Device ops (what prepack emits) → their aten compositions.
@@ -527,7 +518,7 @@ def prepack(editor, *, device: str | torch.device = "cpu") -> int:
             if isinstance(a, tuple) and len(a) == 2 and isinstance(a[1], Tensor):
                 key = (found[0][0], a[0])
                 if key not in cache:
-                    cache[key] = editor.add_constant(_unique(editor, prefix + a[0]), a[1])
+                    cache[key] = editor.add_constant(unique_name(editor, prefix + a[0]), a[1])
                 a = cache[key]
             new_args.append(a)
         editor.swap(node, target, tuple(new_args))
@@ -536,13 +527,6 @@ def prepack(editor, *, device: str | torch.device = "cpu") -> int:
         counters[f"prepack.{target._opname}"] += 1
         done += 1
     return done
-
-
-def _unique(editor, fqn: str) -> str:
-    name, i = fqn, 1
-    while editor.taken(name):
-        name, i = f"{fqn}{i}", i + 1
-    return name
 
 
 def prepacked(ep: ExportedProgram, *, device: str | torch.device = "cpu") -> ExportedProgram:

@@ -31,6 +31,7 @@ import fxquant.kernels.cpu as native
 import fxquant.ops  # noqa: F401  (registers the fxquant:: ops)
 from fxquant import reference as ref
 from fxquant import reference_lowbit as ref_lowbit
+from fxquant.passes.prepack import PrepackRule, unique_name
 
 fxq = torch.ops.fxquant
 
@@ -254,7 +255,6 @@ def fuse_siblings(editor) -> int:
     an output buffer): three passes become one, with every byte still read once. The stacked
     constants replace the separate ones. Returns the groups fused.
     """
-    from fxquant.passes.lower import _unique
     from fxquant.passes.plan import node_value
     from fxquant.passes.rewrite import counters
 
@@ -289,11 +289,11 @@ def fuse_siblings(editor) -> int:
         for i in range(spec.consts):
             t = torch.cat([c[i].reshape(c[i].shape[0], -1) for _, c, _ in found])
             t = t.reshape(-1, *found[0][1][i].shape[1:])
-            stacked.append(editor.add_constant(_unique(editor, f"{prefix}.{i}"), t))
+            stacked.append(editor.add_constant(unique_name(editor, f"{prefix}.{i}"), t))
         bias = None
         if not no_bias:
             bias = editor.add_constant(
-                _unique(editor, f"{prefix}.bias"), torch.cat([b for _, _, b in found])
+                unique_name(editor, f"{prefix}.bias"), torch.cat([b for _, _, b in found])
             )
         args = (*first.args[: spec.inputs], *stacked, bias, *first.args[spec.bias + 1 :])
         with editor.graph.inserting_before(first):
@@ -337,13 +337,11 @@ def _fake(editor, target, args, node_value, kwargs=None):
 
 
 def prepack_table():
-    """The native prepack rules (``fxquant.passes.lower._Prepack`` entries)."""
-    from fxquant.passes.lower import _Prepack
-
+    """The native prepack rules (``PrepackRule`` entries, as ``passes/lower.py`` has)."""
     return {
-        fxq.int4_weight_only_linear.default: _Prepack(_prepack_int4, 3),
-        fxq.int8_dynamic_int4_linear.default: _Prepack(_prepack_int4, 3),
-        fxq.intx_weight_only_linear.default: _Prepack(_prepack_intx, 3, when=_native_int4_takes),
+        fxq.int4_weight_only_linear.default: PrepackRule(_prepack_int4, 3),
+        fxq.int8_dynamic_int4_linear.default: PrepackRule(_prepack_int4, 3),
+        fxq.intx_weight_only_linear.default: PrepackRule(_prepack_intx, 3, when=_native_int4_takes),
     }
 
 

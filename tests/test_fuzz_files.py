@@ -47,7 +47,7 @@ CHILD = textwrap.dedent(
 
             return [load_program(path).module()(x)]
         if kind == "gguf":
-            from fxquant.ckpt_gguf import read_gguf
+            from fxquant.checkpoints.gguf import read_gguf
 
             ckpt = read_gguf(path)
         else:  # a model folder: config.json + model.safetensors

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import fxquant
-from fxquant.ckpt_gguf import read_gguf
+from fxquant.checkpoints.gguf import read_gguf
 from fxquant.cli import main
 from fxquant.config import scheme_from_dict
 

@@ -1,56 +1,25 @@
-"""Pre-quantized checkpoints in and out: Hub formats → fxquant constants → compressed-tensors.
+"""What every checkpoint reader shares: the error type, lazy tensor access, the result type and
+the conversions into fxquant's storage layouts.
 
-Where it sits: beside ``fxquant.quantize``, at the top of the data flow. A loader reads a
-checkpoint's tensors and re-packs each quantized layer's integers and scales into exactly the
-storage the layer's fxquant scheme keeps (``QuantizedWeight``, checked by ``check_layout``), with
-no float round trip: nothing is dequantized and requantized, so the program computes with the
-checkpoint's own grid. ``load_quantized`` then hands those constants to ``fxquant.quantize``
-(``weights=``) over a float skeleton of the model, whose other tensors (embeddings, norms, biases)
-are replaced by the checkpoint's.
-
-```
-checkpoint dir / .safetensors / .gguf / state dict
-   └─ read_quantized ──▶ LoadedCheckpoint(config, weights, tensors)   (per-format readers below)
-          └─ load_quantized(model skeleton) ──▶ fxquant.quantize(..., weights=) ──▶ ExportedProgram
-ExportedProgram ──save_compressed_tensors──▶ model.safetensors + config.json (compressed-tensors)
-```
-
-Formats (docs/checkpoints.md lists what maps exactly and what is refused, and why):
-compressed-tensors ``naive-quantized`` / ``int-quantized`` / ``float-quantized`` /
-``pack-quantized`` (``fxquant.ckpt_compressed_tensors``), DeepSeek-style FP8 blocks
-(``fxquant.ckpt_fp8``), GPTQ and AWQ GEMM (``fxquant.ckpt_gptq``), gpt-oss MXFP4 experts
-(``fxquant.ckpt_mxfp4``), GGUF (``fxquant.ckpt_gguf``).
-Each reader raises ``CheckpointError`` naming the tensor and what was expected, and
-``NotImplementedError`` saying why when a layout has no exact fxquant form.
+Where it sits: the bottom of ``fxquant.checkpoints``; each reader (``gguf``,
+``compressed_tensors``, ``fp8``, ``gptq``, ``mxfp4``) imports from here and nothing above it,
+and ``read`` dispatches to the readers.
 """
 
 from __future__ import annotations
 
-import copy
 import json
-import os
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch.export import ExportedProgram
 
 from fxquant import reference as ref
 from fxquant.config import Int4WeightOnly, QuantConfig, Scheme
-from fxquant.passes.rewrite import copy_call_graph
 from fxquant.passes.schemes import QuantizedWeight, check_layout
-
-__all__ = [
-    "CheckpointError",
-    "LoadedCheckpoint",
-    "TensorSource",
-    "load_quantized",
-    "read_quantized",
-    "save_compressed_tensors",
-]
 
 
 class CheckpointError(ValueError):
@@ -196,88 +165,6 @@ class LoadedCheckpoint:
         return QuantConfig(scheme=None, overrides=overrides, modules_to_not_convert=())
 
 
-def read_quantized(
-    checkpoint: str | os.PathLike | Mapping[str, torch.Tensor],
-    *,
-    quantization_config: Mapping[str, Any] | None = None,
-    tensor_names: Callable[[str], str | None] | None = None,
-) -> LoadedCheckpoint:
-    """Read a pre-quantized checkpoint into fxquant's storage, without a model.
-
-    Args:
-        checkpoint: a Hugging Face model directory (``config.json`` + ``*.safetensors``, sharded
-            or not), one ``.safetensors`` file, a ``.gguf`` file, or a state dict.
-        quantization_config: the ``quantization_config`` dict of ``config.json`` (needed when
-            ``checkpoint`` is a file or a state dict; for a directory it is read from there).
-        tensor_names: GGUF only: maps a GGUF tensor name (``blk.0.attn_q.weight``) to the model's
-            name, or None to drop it (default: llama.cpp's names → Hugging Face Llama names).
-
-    Returns:
-        A ``LoadedCheckpoint``; ``load_quantized`` attaches it to a model.
-    """
-    if isinstance(checkpoint, Mapping):
-        source = TensorSource(checkpoint)
-        qcfg = quantization_config
-    else:
-        path = Path(checkpoint)
-        if path.suffix == ".gguf":
-            from fxquant.ckpt_gguf import read_gguf
-
-            return read_gguf(path, tensor_names=tensor_names)
-        if path.is_dir():
-            source = TensorSource(files=_safetensors_files(path))
-            qcfg = quantization_config or read_config_json(path).get("quantization_config")
-        elif path.suffix == ".safetensors":
-            source = TensorSource(files=[path])
-            qcfg = quantization_config
-        else:
-            raise CheckpointError(
-                f"checkpoint {str(path)!r} is not supported; allowed: a model directory, a "
-                ".safetensors file, a .gguf file or a state dict"
-            )
-    if tensor_names is not None:
-        raise ValueError("tensor_names applies to GGUF files only")
-    if isinstance(checkpoint, Mapping):
-        return _read_with_config(source, qcfg)
-    try:
-        return _read_with_config(source, qcfg)
-    except CheckpointError as e:  # a tensor's name alone does not say which checkpoint
-        if str(path) in str(e):
-            raise
-        raise CheckpointError(f"{path}: {e}") from e
-
-
-def _read_with_config(source: TensorSource, qcfg: Mapping[str, Any] | None) -> LoadedCheckpoint:
-    if not qcfg:
-        raise CheckpointError(
-            "the checkpoint says nothing about how it is quantized: no quantization_config in "
-            "config.json; pass quantization_config={...} (the dict from the model's config.json)"
-        )
-    method = qcfg.get("quant_method")
-    method = getattr(method, "value", method)
-    if method == "compressed-tensors":
-        from fxquant.ckpt_compressed_tensors import read_compressed_tensors
-
-        return read_compressed_tensors(source, qcfg)
-    if method == "fp8":
-        from fxquant.ckpt_fp8 import read_fp8_blocks
-
-        return read_fp8_blocks(source, qcfg)
-    if method in ("gptq", "awq"):
-        from fxquant.ckpt_gptq import read_awq, read_gptq
-
-        return (read_gptq if method == "gptq" else read_awq)(source, qcfg)
-    if method == "mxfp4":
-        from fxquant.ckpt_mxfp4 import read_mxfp4_experts
-
-        return read_mxfp4_experts(source, qcfg)
-    raise NotImplementedError(
-        f"loading quant_method={method!r} checkpoints is not supported; supported: "
-        "'compressed-tensors', 'fp8' (DeepSeek-style blocks), 'gptq', 'awq', 'mxfp4' (gpt-oss "
-        "experts), and .gguf files"
-    )
-
-
 # --------------------------------------------------------------------------------------------
 # Shared conversions: readers build their constants through these, so the layout rules
 # (int4 padding, group splitting, scale dtypes) live in one place.
@@ -405,153 +292,3 @@ def unpack_int32(packed: torch.Tensor, bits: int = 4, order: tuple[int, ...] | N
         out[..., list(order)] = fields
         fields = out
     return fields.reshape(*packed.shape[:-1], packed.shape[-1] * per)
-
-
-# --------------------------------------------------------------------------------------------
-# Attaching a checkpoint to a model
-# --------------------------------------------------------------------------------------------
-
-
-def load_quantized(
-    model: torch.nn.Module | ExportedProgram,
-    checkpoint: str | os.PathLike | Mapping[str, torch.Tensor] | LoadedCheckpoint,
-    *,
-    example_inputs: tuple | None = None,
-    example_kwargs: dict[str, Any] | None = None,
-    dynamic_shapes: Any = None,
-    quantization_config: Mapping[str, Any] | None = None,
-    tensor_names: Callable[[str], str | None] | None = None,
-    strict: bool = True,
-    fuse_norms: bool = True,
-) -> ExportedProgram:
-    """A quantized program computing with a pre-quantized checkpoint's own weights.
-
-    Args:
-        model: the float skeleton (``nn.Module``, exported here, or an ``ExportedProgram``). Its
-            values do not matter (build it from the config with any weights): quantized layers
-            take the checkpoint's constants, every other parameter and buffer its tensors. The
-            model itself is not changed.
-        checkpoint: what ``read_quantized`` takes, or its result.
-        example_inputs, example_kwargs, dynamic_shapes: for ``torch.export`` of ``model``.
-        quantization_config, tensor_names: passed to ``read_quantized``.
-        strict: a checkpoint tensor the model has no place for raises (``False``: ignored).
-            A model tensor the checkpoint lacks always raises.
-        fuse_norms: as ``QuantConfig.fuse_norms``.
-
-    Returns:
-        The ``ExportedProgram`` ``fxquant.quantize`` makes, with the checkpoint's constants;
-        ``fxquant.report`` marks each loaded layer ``weights: given``.
-    """
-    from fxquant.api import quantize
-
-    if isinstance(checkpoint, LoadedCheckpoint):
-        ckpt = checkpoint
-    else:
-        ckpt = read_quantized(
-            checkpoint, quantization_config=quantization_config, tensor_names=tensor_names
-        )
-    if isinstance(model, ExportedProgram):
-        if example_inputs is not None or dynamic_shapes is not None:
-            raise ValueError("example_inputs/dynamic_shapes are only used to export an nn.Module")
-        ep = model
-    elif isinstance(model, torch.nn.Module):
-        if not isinstance(example_inputs, tuple):
-            raise ValueError(
-                "load_quantized(model, ...) of an nn.Module needs example_inputs=(...) (a tuple) "
-                "to export it, or pass an ExportedProgram"
-            )
-        ep = torch.export.export(
-            model, example_inputs, kwargs=example_kwargs, dynamic_shapes=dynamic_shapes
-        )
-    else:
-        raise ValueError(
-            f"load_quantized() takes an nn.Module or an ExportedProgram, got {type(model).__name__}"
-        )
-    ep = _with_tensors(ep, ckpt, strict=strict)
-    config = ckpt.config
-    if not fuse_norms:
-        config = QuantConfig(
-            scheme=None, overrides=config.overrides, modules_to_not_convert=(), fuse_norms=False
-        )
-    return quantize(ep, config, weights=ckpt.weights)
-
-
-def _with_tensors(ep: ExportedProgram, ckpt: LoadedCheckpoint, *, strict: bool) -> ExportedProgram:
-    """A new program whose non-quantized parameters and buffers are the checkpoint's."""
-    state = dict(ep.state_dict)
-    aliases: dict[int, list[str]] = {}
-    for name, t in state.items():
-        aliases.setdefault(id(t), []).append(name)
-    groups = list(aliases.values())  # tied weights: one tensor under several names
-
-    for name, shape in ckpt.shapes.items():
-        if name not in state:
-            raise CheckpointError(
-                f"the checkpoint quantizes {name!r}, but the model has no such weight"
-            )
-        if tuple(state[name].shape) != shape:
-            raise CheckpointError(
-                f"the checkpoint's {name!r} is {list(shape)} (as the model stores it), the "
-                f"model's is {list(state[name].shape)}"
-            )
-    missing, used = [], set()
-    for names in groups:
-        if any(n in ckpt.weights for n in names):
-            continue
-        given = [n for n in names if n in ckpt.tensors]
-        if not given:
-            missing.append(names[0])
-            continue
-        value = ckpt.tensors[given[0]]
-        for other in given[1:]:
-            if not torch.equal(ckpt.tensors[other], value):
-                raise CheckpointError(
-                    f"the model ties {names} but the checkpoint's {given[0]!r} and {other!r} differ"
-                )
-        old = state[names[0]]
-        if tuple(value.shape) != tuple(old.shape):
-            raise CheckpointError(
-                f"tensor {given[0]!r} has shape {list(value.shape)}, the model expects "
-                f"{list(old.shape)}"
-            )
-        new = value.detach().to(old.dtype).clone()
-        if isinstance(old, torch.nn.Parameter):
-            new = torch.nn.Parameter(new, requires_grad=old.requires_grad)
-        for n in names:
-            state[n] = new
-        used.update(given)
-    if missing:
-        raise CheckpointError(
-            f"the checkpoint has no tensor for {len(missing)} of the model's parameters/buffers "
-            f"(the skeleton's values would be used silently): {', '.join(missing[:8])}"
-        )
-    unexpected = sorted(set(ckpt.tensors) - used)
-    if unexpected and strict:
-        raise CheckpointError(
-            f"the checkpoint has {len(unexpected)} tensor(s) the model has no place for: "
-            f"{', '.join(unexpected[:8])} (strict=False ignores them)"
-        )
-    return ExportedProgram(
-        root=ep.graph_module,
-        graph=ep.graph,
-        graph_signature=ep.graph_signature,
-        state_dict=state,
-        range_constraints=copy.copy(ep.range_constraints),
-        module_call_graph=copy_call_graph(ep.module_call_graph),
-        example_inputs=ep.example_inputs,
-        constants=ep.constants,
-        verifiers=ep.verifiers,
-    )
-
-
-def save_compressed_tensors(
-    ep: ExportedProgram,
-    directory: str | os.PathLike,
-    *,
-    model_config: Mapping[str, Any] | None = None,
-) -> Path:
-    """Write a quantized program as a compressed-tensors checkpoint; see
-    ``fxquant.ckpt_compressed_tensors.save_compressed_tensors``."""
-    from fxquant.ckpt_compressed_tensors import save_compressed_tensors as save
-
-    return save(ep, directory, model_config=model_config)

@@ -46,7 +46,7 @@ from pathlib import Path
 
 import torch
 
-from fxquant.checkpoints import CheckpointError, LoadedCheckpoint, int_weight
+from fxquant.checkpoints.base import CheckpointError, LoadedCheckpoint, int_weight
 from fxquant.config import Int8WeightOnly, QuantConfig
 from fxquant.passes.schemes import QuantizedWeight
 

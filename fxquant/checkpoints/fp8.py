@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from fxquant.checkpoints import CheckpointError, LoadedCheckpoint, TensorSource, expect
+from fxquant.checkpoints.base import CheckpointError, LoadedCheckpoint, TensorSource, expect
 from fxquant.config import Float8Block
 from fxquant.passes.schemes import QuantizedWeight
 

@@ -32,7 +32,7 @@ from torch.export import ExportedProgram
 
 from fxquant import reference as ref
 from fxquant import reference_lowbit as ref_lowbit
-from fxquant.checkpoints import (
+from fxquant.checkpoints.base import (
     SCALE_DTYPES,
     CheckpointError,
     LoadedCheckpoint,

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from fxquant.checkpoints import (
+from fxquant.checkpoints.base import (
     SCALE_DTYPES,
     CheckpointError,
     LoadedCheckpoint,

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from fxquant.checkpoints import CheckpointError, LoadedCheckpoint, TensorSource, expect
+from fxquant.checkpoints.base import CheckpointError, LoadedCheckpoint, TensorSource, expect
 from fxquant.config import MXFP4
 from fxquant.passes.schemes import QuantizedWeight
 from fxquant.reference_mx import MX_BLOCK
