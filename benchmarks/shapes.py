@@ -5,7 +5,7 @@ so a figure in a JSON result can be traced to a model. Dimensions are those of t
 configs (Hugging Face ``config.json``); ``bench-stack-1024`` is the synthetic LayerNorm → MLP
 residual stack the issue's CPU latency targets are stated on.
 
-    from shapes import SHAPES, get_shape, linears     # run scripts as `python benchmarks/<script>.py`
+    from shapes import SHAPES, get_shape, linears     # scripts run as `python benchmarks/<x>.py`
     s = get_shape("smollm2-135m")
     for name, n, k in linears(s): ...                 # the linear layers of one block, W[N, K]
 """
