@@ -105,12 +105,14 @@ class Report:
                 note = f"shares weights with {r['shared_with']}"
             elif r.get("padded_in_features", r["in_features"]) != r["in_features"]:
                 note = f"K padded {r['in_features']}→{r['padded_in_features']}"
+            notes = [note] if note else []
             if r.get("float_weight_kept"):
-                note = (note + "; " if note else "") + "float weight kept (used elsewhere)"
+                notes.append("float weight kept (used elsewhere)")
             if r.get("fused_norm"):
-                note = (note + "; " if note else "") + f"input quantized by {r['fused_norm']}"
+                notes.append(f"input quantized by {r['fused_norm']}")
             if r.get("weights") == "given":  # a checkpoint's or a calibrator's own constants
-                note = (note + "; " if note else "") + "weights given (not quantized here)"
+                notes.append("weights given (not quantized here)")
+            note = "; ".join(notes)
             table.append(
                 (
                     r["name"] or "<root>",
