@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from cpu_kernels import machine_info, write_results
 
 import fxquant.kernels.cpu as native
-from fxquant import reference as ref
+from fxquant.core import reference as ref
 
 HERE = Path(__file__).resolve().parent
 D, FFN, KV, LAYERS, VOCAB = 576, 1536, 192, 30, 49152  # SmolLM2-135M

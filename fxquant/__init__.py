@@ -15,7 +15,7 @@ import sys
 import types
 from typing import TYPE_CHECKING
 
-from fxquant import ops  # noqa: F401  (registers the fxquant:: ops)
+from fxquant.core import ops  # noqa: F401  (registers the fxquant:: ops)
 
 # Everything else loads on first use (PEP 562), so a process that only serves a package
 # (``fxquant generate``, ``fxquant.runtime``) never imports the passes, and ``import fxquant``
@@ -43,7 +43,7 @@ _EXPORTS = {
     "LLMPackage": "fxquant.runtime",
     "generate": "fxquant.runtime",
     **{
-        name: "fxquant.config"
+        name: "fxquant.core.config"
         for name in (
             "MXFP4",
             "MXFP8",
@@ -108,7 +108,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
     from fxquant.api import aot_compile, quantize
     from fxquant.calibrate import AWQ, GPTQ, SmoothQuant, calibrate
     from fxquant.checkpoints import load_quantized, read_quantized, save_compressed_tensors
-    from fxquant.config import (
+    from fxquant.core.config import (
         MXFP4,
         MXFP8,
         NVFP4,

@@ -1,9 +1,9 @@
 """``from_accelerate``: accelerate's FP8 recipe objects (``TERecipeKwargs``, ``AORecipeKwargs``,
 the deprecated ``FP8RecipeKwargs``) or their dicts → a ``QuantConfig`` with a ``Float8Recipe``.
 
-Where it sits: before everything else, beside ``fxquant.config``: it only builds a config, which
-then goes to ``torch.compile(model, backend="fxquant", options={"config": cfg})``. accelerate and
-torchao are not imported (their objects are read by attribute), so neither is a dependency.
+Where it sits: before everything else, beside ``fxquant.core.config``: it only builds a config,
+which then goes to ``torch.compile(model, backend="fxquant", options={"config": cfg})``. accelerate
+and torchao are not imported (their objects are read by attribute), so neither is a dependency.
 
 How each field is honoured is the table in docs/fp8_training.md (``TE_FIELDS`` and ``AO_FIELDS``
 below hold the same, and the tests check both cover every field). Where accelerate's documented
@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from fxquant.config import Float8Recipe, QuantConfig
+from fxquant.core.config import Float8Recipe, QuantConfig
 
 __all__ = ["AO_FIELDS", "TE_FIELDS", "from_accelerate", "te_module_filter"]
 

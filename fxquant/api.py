@@ -22,7 +22,7 @@ import torch
 from torch.export import ExportedProgram
 
 from fxquant import runtime
-from fxquant.config import QuantConfig, Scheme
+from fxquant.core.config import QuantConfig, Scheme
 from fxquant.llm import decode_bytes, llm_info
 from fxquant.passes.float8_regions import inference_config, uses_float8_training
 from fxquant.passes.lower import (

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from fxquant.config import Int4WeightOnly
+from fxquant.core.config import Int4WeightOnly
 from fxquant.passes.schemes import handler_for
 
 __all__ = ["ScaleSearch", "output_mse", "search_clip", "search_scale"]

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from fxquant.config import QuantConfig
+from fxquant.core.config import QuantConfig
 from fxquant.passes.float8_regions import (
     copy_graph_module,
     float8_regions,

@@ -41,9 +41,9 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 from torch.utils import _pytree as pytree
 
-from fxquant import reference as ref
 from fxquant.awq import output_mse, search_clip, search_scale
-from fxquant.config import (
+from fxquant.core import reference as ref
+from fxquant.core.config import (
     Float8Dynamic,
     Int4WeightOnly,
     Int8DynamicActivation,

@@ -26,7 +26,7 @@ __all__ = ["main"]
 
 
 def _config_from_args(args):
-    from fxquant.config import QuantConfig, scheme_from_dict
+    from fxquant.core.config import QuantConfig, scheme_from_dict
 
     given = [a for a in ("recipe", "scheme", "config") if getattr(args, a)]
     if len(given) > 1:
@@ -326,7 +326,7 @@ def _generate_from_model(source: Path, args) -> int:
 
 
 def _recipe_config(name: str):
-    from fxquant.config import QuantConfig
+    from fxquant.core.config import QuantConfig
 
     try:
         return QuantConfig.coerce(name)
@@ -359,7 +359,7 @@ def _compare_table(rows, tokenizer) -> str:
 
 
 def _cmd_recipes(args) -> int:
-    from fxquant.config import RECIPES
+    from fxquant.core.config import RECIPES
 
     for name, scheme in RECIPES.items():
         print(f"{name:12s} {scheme}")

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
-from fxquant.config import Float8Recipe
+from fxquant.core.config import Float8Recipe
 from fxquant.float8_training import (
     BWD_ROLES,
     E4M3,

@@ -24,9 +24,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from fxquant.config import Float8Recipe
-from fxquant.reference import EPS
-from fxquant.reference_mx import e8m0_exponent
+from fxquant.core.config import Float8Recipe
+from fxquant.core.reference import EPS
+from fxquant.core.reference_mx import e8m0_exponent
 
 __all__ = [
     "E4M3",
@@ -103,7 +103,7 @@ def cast_mx(t: torch.Tensor, dtype: torch.dtype, *, dim: int) -> torch.Tensor:
     tensor, its exponent ``ceil(log2(amax / fp8_max))`` so nothing saturates. A short last block
     takes its scale from the values it has; an all-zero block gets scale 1."""
     b, k = _blocked(t, dim, MX_BLOCK)
-    # the "ceil" rule of fxquant.reference_mx, shared with the MXFP8 inference op, so an
+    # the "ceil" rule of fxquant.core.reference_mx, shared with the MXFP8 inference op, so an
     # MXFP8-trained layer exports (``MXFP8(scale_rule="ceil")``) with the casts it trained with
     amax = b.abs().amax(dim=-1, keepdim=True)
     exp = e8m0_exponent(amax, elem_max=fp8_max(dtype), rule="ceil")

@@ -14,20 +14,20 @@ The algorithm follows the reference (IST-DASLab/gptq ``fasterquant``, AutoGPTQ):
 processed in blocks with the updates to later columns applied once per block (lazy batch
 updates), and optionally in order of decreasing ``diag H`` (act-order).
 
-Storage (``fxquant.reference``): int4 groups are contiguous along K, ``w = (u - z)·s`` with u, z
-integers in [0, 15] (symmetric: z = 8, s = amax/7); int8 is per output channel, ``w = q·s``,
-s = amax/127. With act-order, a group's columns are visited out of order, so a group's scale
-cannot be chosen from the error-updated columns as they arrive (its columns would not be
-contiguous in the order they are met): the scales of all groups are taken up front from the
-original weight in original column order ("static groups", as AutoGPTQ's ``static_groups``).
-Without act-order, each group's scale is taken from its error-updated columns when the pass
-reaches the group's first column, as the reference does. Group-aware reordering (GAR, GPTQModel's
-``act_group_aware``, the default of transformers' ``GPTQConfig``) is the act-order that keeps
-groups whole: groups are visited by decreasing max ``diag H`` and, within a group, columns by
-decreasing ``diag H``; each group's columns stay contiguous in the visiting order, so its scale
-is still taken from its error-updated columns when the pass reaches it. With ``mse=p`` (the
-reference quantizer's option) a group's range is not its min/max but that range shrunk by the
-factor in 1, 0.99, …, 0.21 whose rounding of the group has the least p-norm error.
+Storage (``fxquant.core.reference``): int4 groups are contiguous along K, ``w = (u - z)·s`` with u,
+z integers in [0, 15] (symmetric: z = 8, s = amax/7); int8 is per output channel, ``w = q·s``, s =
+amax/127. With act-order, a group's columns are visited out of order, so a group's scale cannot be
+chosen from the error-updated columns as they arrive (its columns would not be contiguous in the
+order they are met): the scales of all groups are taken up front from the original weight in
+original column order ("static groups", as AutoGPTQ's ``static_groups``). Without act-order, each
+group's scale is taken from its error-updated columns when the pass reaches the group's first
+column, as the reference does. Group-aware reordering (GAR, GPTQModel's ``act_group_aware``, the
+default of transformers' ``GPTQConfig``) is the act-order that keeps groups whole: groups are
+visited by decreasing max ``diag H`` and, within a group, columns by decreasing ``diag H``; each
+group's columns stay contiguous in the visiting order, so its scale is still taken from its
+error-updated columns when the pass reaches it. With ``mse=p`` (the reference quantizer's option) a
+group's range is not its min/max but that range shrunk by the factor in 1, 0.99, …, 0.21 whose
+rounding of the group has the least p-norm error.
 """
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from fxquant import reference as ref
-from fxquant.config import Int4WeightOnly, Int8DynamicActivation, Int8WeightOnly, Scheme
+from fxquant.core import reference as ref
+from fxquant.core.config import Int4WeightOnly, Int8DynamicActivation, Int8WeightOnly, Scheme
 from fxquant.passes.schemes import QuantizedWeight
 
 __all__ = ["GPTQ_SCHEMES", "GPTQResult", "gptq_quantize", "output_error"]
@@ -62,7 +62,8 @@ class GPTQResult:
 
 # --------------------------------------------------------------------------------------------
 # The grid: per-group (int4) or per-row (int8) scale and zero, and rounding onto it, written with
-# the same float operations as fxquant.reference so that RTN on this grid is the reference's RTN.
+# the same float operations as fxquant.core.reference so that RTN on this grid is the
+# reference's RTN.
 # --------------------------------------------------------------------------------------------
 
 

@@ -2,7 +2,7 @@
 ``quantization_config`` dict of a model's ``config.json``) → a ``QuantConfig`` with the same
 numerics, or ``NotImplementedError`` saying exactly what fxquant lacks for it.
 
-Where it sits: before everything else, beside ``fxquant.config``; it only builds a config.
+Where it sits: before everything else, beside ``fxquant.core.config``; it only builds a config.
 transformers is not imported: objects are read by attribute, so plain dicts work without it.
 
 A config maps only where an fxquant scheme computes what the original does: the same grid, the
@@ -25,7 +25,7 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
-from fxquant.config import (
+from fxquant.core.config import (
     MXFP4,
     NVFP4,
     BitNetTernary,
@@ -273,7 +273,7 @@ HF_CONFIGS: dict[str, dict[str, Any]] = {
             "nbits": "4, 3, 2 → IntxWeightOnly(bits=nbits, zero_point='float', "
             "optimizer='hqq'): HQQ's grid (the group's [min, max] onto [0, 2**nbits - 1], "
             "inverse scale capped at 2e4, float zero point) and its default solver "
-            "(fxquant.hqq: p = 0.7, β = 10, κ = 1.01, 20 iterations, early stop), in fp32 as "
+            "(fxquant.core.hqq: p = 0.7, β = 10, κ = 1.01, 20 iterations, early stop), in fp32 as "
             "HQQ runs on CPU (on CUDA HQQ runs it in fp16 and keeps scale and zero in the "
             "compute dtype, so results differ by that rounding); 8 and 1 refused (no 8-bit "
             "asymmetric or 1-bit format)",

@@ -53,10 +53,10 @@ from transformers.quantizers.auto import (
 )
 from transformers.utils.quantization_config import QuantizationConfigMixin
 
-from fxquant.config import QuantConfig, Scheme
+from fxquant.core.config import QuantConfig, Scheme
+from fxquant.core.reference import sqnr
 from fxquant.passes.plan import FLOAT_DTYPES
 from fxquant.passes.schemes import QuantizedWeight, handler_for
-from fxquant.reference import sqnr
 from fxquant.report import Report
 
 __all__ = ["FxquantHfConfig", "FxquantHfQuantizer", "QuantizedLinear", "quantize_linears"]

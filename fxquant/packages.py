@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from fxquant.config import QuantConfig
+from fxquant.core.config import QuantConfig
 
 __all__ = [
     "BuiltPackage",

@@ -17,7 +17,7 @@ import torch
 import torch.fx as fx
 from torch.export import ExportedProgram
 
-from fxquant.config import QuantConfig, scheme_from_dict
+from fxquant.core.config import QuantConfig, scheme_from_dict
 from fxquant.passes.fuse import NORM_KEY
 from fxquant.passes.rewrite import CONFIG_KEY, META_KEY
 

@@ -51,7 +51,7 @@ def load_program(path: str | os.PathLike) -> torch.export.ExportedProgram:
     (naming the entry), :class:`ProgramLoadError` for a file that is not a program (saying
     what it is instead). fxquant's ops are registered first, so a quantized program loads.
     """
-    import fxquant.ops  # noqa: F401  (the fxquant:: ops the graph names)
+    import fxquant.core.ops  # noqa: F401  (the fxquant:: ops the graph names)
 
     path = Path(path)
     if not path.is_file():

@@ -10,5 +10,6 @@ the kernel and AOTInductor embeds it in the package. ``fxquant.passes.lower`` ma
 Shared pieces: ``rounding`` (round-half-even to int8 and to fp8 e4m3, exact on the GPU and under
 ``TRITON_INTERPRET=1``) and ``configs`` (every autotune config in one place).
 
-Tests run every kernel on CPU tensors with ``TRITON_INTERPRET=1`` against ``fxquant.reference``.
+Tests run every kernel on CPU tensors with ``TRITON_INTERPRET=1`` against
+``fxquant.core.reference``.
 """

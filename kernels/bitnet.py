@@ -3,7 +3,7 @@ transformers' ``BitLinear`` computes it (``BitNetTernary``).
 
 Where it sits: ``fxquant.passes.lower`` (device="cuda") replaces ``fxquant::bitnet_linear`` by
 ``fxquant::triton_bitnet_linear`` below (same arguments, then ``decode``). The oracle is
-``fxquant.reference_lowbit.bitnet_linear``.
+``fxquant.core.reference_lowbit.bitnet_linear``.
 
 Two kernels, launched one after the other by the op:
 
@@ -34,7 +34,7 @@ from fxquant.kernels.int8_weight_only import (
 )
 from fxquant.kernels.rounding import round_half_even
 
-_EPS = tl.constexpr(1e-5)  # fxquant.reference_lowbit.BITNET_EPS (transformers' clamp)
+_EPS = tl.constexpr(1e-5)  # fxquant.core.reference_lowbit.BITNET_EPS (transformers' clamp)
 _ACT_MAX = tl.constexpr(127.0)
 
 

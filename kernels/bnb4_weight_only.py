@@ -5,7 +5,7 @@ Where it sits: ``fxquant.passes.lower`` (device="cuda") replaces
 ``fxquant::bnb4_weight_only_linear`` by ``fxquant::triton_bnb4_weight_only_linear`` below (same
 arguments); Inductor sees the kernel through ``wrap_triton`` and AOTInductor embeds it.
 
-Layout (``fxquant.reference_bnb.quantize_4bit``, bnb's own): the flattened W [N, K] is packed
+Layout (``fxquant.core.reference_bnb.quantize_4bit``, bnb's own): the flattened W [N, K] is packed
 two indices per byte, the first element in the high nibble (stored [N, K/2]); the block absmax
 runs over the flattened W too, one per ``BLOCK_SIZE`` elements (fp32, or uint8 codes into the
 256-entry dynamic map times a per-256-blocks fp32 scale plus an offset with double quant); the
@@ -38,7 +38,7 @@ from fxquant.kernels.int8_weight_only import (
     tile_coords,
 )
 
-NESTED_BLOCK_SIZE = 256  # bnb's double-quant block (fxquant.reference_bnb.NESTED_BLOCK_SIZE)
+NESTED_BLOCK_SIZE = 256  # bnb's double-quant block (fxquant.core.reference_bnb.NESTED_BLOCK_SIZE)
 BLOCK_SIZES = (64, 128, 256, 512, 1024, 2048, 4096)
 
 

@@ -4,7 +4,7 @@ Where it sits: the CUDA lowering (``fxquant.passes.lower``) maps ``fxquant::floa
 onto ``fxquant::triton_float8_block_linear`` (quantize x in 1×b groups with ``kernels.quantize``,
 then the GEMM here); where the norm-fusion pass already produced the grouped e4m3 activation and
 its scales, ``fxquant::triton_float8_block_scaled_mm`` takes them directly. The oracle is
-``fxquant.reference.float8_block_scaled_linear`` / ``float8_block_linear``.
+``fxquant.core.reference.float8_block_scaled_linear`` / ``float8_block_linear``.
 
 A scale changes every b columns of K, so it cannot wait for the epilogue: BLOCK_K is b, each K
 step's e4m3 product is accumulated by ``tl.dot`` into a fresh fp32 tile, and that tile is added

@@ -4,7 +4,7 @@ Where it sits: the CUDA lowering (``fxquant.passes.lower``) maps
 ``fxquant::float8_dynamic_linear`` onto ``fxquant::triton_float8_dynamic_linear`` (quantize x per
 token or per tensor with ``kernels.quantize``, then the GEMM here); where the norm-fusion pass
 already produced the e4m3 activation and its scales, ``fxquant::triton_float8_scaled_mm`` takes
-them directly. The oracle is ``fxquant.reference.float8_scaled_linear`` /
+them directly. The oracle is ``fxquant.core.reference.float8_scaled_linear`` /
 ``float8_dynamic_linear``.
 
 The GEMM multiplies e4m3 tiles with fp32 accumulation (on sm90 Triton's default lets the tensor

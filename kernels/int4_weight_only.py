@@ -4,7 +4,7 @@ Where it sits: ``fxquant.passes.lower`` (device="cuda") replaces
 ``fxquant::int4_weight_only_linear`` by ``fxquant::triton_int4_weight_only_linear`` below
 (same arguments); Inductor sees the kernels through ``wrap_triton`` and AOTInductor embeds them.
 
-Layout (``fxquant.reference.quantize_int4_grouped``): the weight is packed uint8 [N, Kp/2], two
+Layout (``fxquant.core.reference.quantize_int4_grouped``): the weight is packed uint8 [N, Kp/2], two
 nibbles per byte along K with the low nibble the even column; ``scale`` fp32 and ``zero`` uint8
 are [N, Kp/g]; w = (u - z) * s. Kp is K rounded up to the group size g, and x has K ≤ Kp
 columns (the padded columns dequantize to zero; the kernel masks them anyway).

@@ -4,7 +4,7 @@ Where it sits: the CUDA lowering (``fxquant.passes.lower``) maps ``fxquant::int8
 onto ``fxquant::triton_int8_dynamic_linear`` (quantize per token with ``kernels.quantize``, then
 the GEMM here); where the norm-fusion pass already produced the int8 activation and its scales,
 ``fxquant::triton_int8_scaled_mm`` takes them directly. The oracle is
-``fxquant.reference.int8_scaled_linear`` / ``int8_dynamic_linear``.
+``fxquant.core.reference.int8_scaled_linear`` / ``int8_dynamic_linear``.
 
 The GEMM multiplies int8 tiles into an int32 accumulator (exact: no rounding until the
 epilogue), then applies xs[m] · ws[n] (and the bias) in fp32, as the reference does. The same

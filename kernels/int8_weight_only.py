@@ -7,7 +7,7 @@ package. The same kernel serves float8 e4m3 weights (``float8_weight_only``: the
 all that differs), and its tiling, dot and epilogue helpers are shared with the grouped int4
 kernel (``int4_weight_only``).
 
-Numerics (``fxquant.reference.int8_weight_only_linear``): the weight tile is converted to x's
+Numerics (``fxquant.core.reference.int8_weight_only_linear``): the weight tile is converted to x's
 dtype (int8 and e4m3 values are exact in bf16, fp16 and fp32), products accumulate in fp32, and
 the per-channel scale and the bias are applied in fp32 in the epilogue before one rounding to
 x's dtype.

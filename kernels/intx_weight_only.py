@@ -5,8 +5,8 @@ Where it sits: ``fxquant.passes.lower`` (device="cuda") replaces
 arguments, then ``decode``); Inductor sees the kernel through ``wrap_triton`` and AOTInductor
 embeds it.
 
-Layout (``fxquant.reference_lowbit``): codes u packed along K into uint8 [N, Kp*b/8] (b = 2: four
-a byte, low bits first; b = 3: eight in a 3-byte little-endian word; b = 4: two a byte, low
+Layout (``fxquant.core.reference_lowbit``): codes u packed along K into uint8 [N, Kp*b/8] (b = 2:
+four a byte, low bits first; b = 3: eight in a 3-byte little-endian word; b = 4: two a byte, low
 nibble first; b = 6: four in a 3-byte little-endian word); ``scale`` fp32 and ``zero`` (uint8 or
 fp32) [N, Kp/g]; w = (u - z) * s.
 

@@ -16,7 +16,7 @@ Where it sits: ``fxquant.passes.lower`` (device="cuda") replaces ``fxquant::llm_
    columns, with the per-channel scale factored out of the sum. Both write fp32 and are added
    before the one rounding to x's dtype.
 
-The math is ``fxquant.reference_bnb.llm_int8_linear``; the kernel rounds half to even like
+The math is ``fxquant.core.reference_bnb.llm_int8_linear``; the kernel rounds half to even like
 ``torch.round`` and takes 127 / absmax as torch does (a reciprocal, then times 127).
 """
 
@@ -28,11 +28,11 @@ import triton.language as tl
 from torch import Tensor
 from torch.library import triton_op, wrap_triton
 
+from fxquant.core.reference_bnb import to_fp16_grid
 from fxquant.kernels import configs
 from fxquant.kernels.int8_dynamic import int8_scaled_mm
 from fxquant.kernels.int8_weight_only import channel_scaled_linear
 from fxquant.kernels.rounding import round_half_even
-from fxquant.reference_bnb import to_fp16_grid
 
 _FP16_MAX = tl.constexpr(65504.0)
 _ROW_BLOCK = 1024  # elements of a row per iteration; the loop covers any K

@@ -3,7 +3,7 @@
 Where it sits: ``fxquant.passes.lower_cuda`` maps ``fxquant::mxfp4_linear`` onto
 ``fxquant::triton_mxfp4_linear`` below (quantizing x to MXFP4 first, in aten ops Inductor fuses,
 when the scheme quantizes activations). ``kernels.nvfp4`` runs the same kernel with e4m3 block
-scales and a tensor scale. The oracle is ``fxquant.reference_mx.mxfp4_linear`` /
+scales and a tensor scale. The oracle is ``fxquant.core.reference_mx.mxfp4_linear`` /
 ``nvfp4_linear``.
 
 The weight is dequantized in the kernel and multiplied in fp32 (``tl.dot`` with IEEE fp32

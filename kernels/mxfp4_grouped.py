@@ -4,7 +4,7 @@ expert's packed e2m1 W [E, N, K/2] with E8M0 scales per 1×32 [E, N, K/32] → [
 Where it sits: ``fxquant.passes.lower_cuda`` maps ``fxquant::mxfp4_grouped_mm`` (the op the
 rewrite puts where an exported MoE layer had its grouped_mm) onto
 ``fxquant::triton_mxfp4_grouped_mm`` below. The oracle is
-``fxquant.reference_mx.mxfp4_grouped_mm``.
+``fxquant.core.reference_mx.mxfp4_grouped_mm``.
 
 The rows of x are sorted by expert and ``offs`` [E] holds each expert's cumulative row end, so
 expert e owns rows ``[offs[e-1], offs[e])`` (``offs[-1]`` taken as 0). The grid is

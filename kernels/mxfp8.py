@@ -3,7 +3,7 @@
 Where it sits: ``fxquant.passes.lower_cuda`` maps ``fxquant::mxfp8_linear`` onto
 ``fxquant::triton_mxfp8_linear`` below, after quantizing x to MXFP8 per token in aten ops
 (Inductor fuses the block amax, exponent and cast). The oracle is
-``fxquant.reference_mx.mxfp8_linear``.
+``fxquant.core.reference_mx.mxfp8_linear``.
 
 One K step is one 32-wide scale block: the e4m3 tile is upcast, multiplied by each column's
 power-of-two scale (exact) and accumulated by an IEEE fp32 ``tl.dot``; sm100's block-scaled

@@ -6,15 +6,15 @@ activation (and its scale) is produced once for all of them; ``fxquant.passes.lo
 (device="cuda") maps that op onto ``fxquant::triton_norm_quant`` below, whose body Inductor traces
 and whose kernel AOTInductor embeds through ``wrap_triton``.
 
-Numerics (``fxquant.reference.norm_quant``): statistics, weight and bias in fp32; the normalized
-row is rounded once to x's dtype (``normed``) and quantized from that rounded value, per token
-(int8, or fp8 e4m3 with an optional scale bound) or in 1×g groups along K (fp8). Scales are
-amax / 127 or amax / 448 with amax clamped to ``EPS`` (all-zero rows give zeros, not NaN), and
-q = round(normed / scale). Given the same ``normed``, q and the scales are bit-exact with the
-reference: divisions and the square root are the correctly rounded ``div_rn`` / ``sqrt_rn``
-(Triton's plain fp32 ``/`` is the approximate ``div.full.f32`` on NVIDIA GPUs) and rounding goes
-through ``fxquant.kernels.rounding``. ``normed`` itself can differ from the reference in the last
-bit of x's dtype, since the row sums are reduced in a different order.
+Numerics (``fxquant.core.reference.norm_quant``): statistics, weight and bias in fp32; the
+normalized row is rounded once to x's dtype (``normed``) and quantized from that rounded value, per
+token (int8, or fp8 e4m3 with an optional scale bound) or in 1×g groups along K (fp8). Scales are
+amax / 127 or amax / 448 with amax clamped to ``EPS`` (all-zero rows give zeros, not NaN), and q =
+round(normed / scale). Given the same ``normed``, q and the scales are bit-exact with the reference:
+divisions and the square root are the correctly rounded ``div_rn`` / ``sqrt_rn`` (Triton's plain
+fp32 ``/`` is the approximate ``div.full.f32`` on NVIDIA GPUs) and rounding goes through
+``fxquant.kernels.rounding``. ``normed`` itself can differ from the reference in the last bit of x's
+dtype, since the row sums are reduced in a different order.
 
 Row layout: the row is seen as tiles of [BLOCK_R, BLOCK_C], tile row r holding GROUP
 consecutive elements (a quantization group; per token, GROUP = BLOCK_C and BLOCK_R = 1), so the

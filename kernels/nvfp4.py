@@ -6,7 +6,7 @@ Where it sits: ``fxquant.passes.lower_cuda`` maps ``fxquant::nvfp4_linear`` onto
 when the scheme quantizes activations. NVFP4 differs from MXFP4 only in its scales, so the
 kernel is ``kernels.mxfp4``'s with e4m3 block scales (read per byte, 16 values = 8 bytes a block)
 and the tensor scale applied once in the epilogue; this file is the op. The oracle is
-``fxquant.reference_mx.nvfp4_linear``.
+``fxquant.core.reference_mx.nvfp4_linear``.
 """
 
 from __future__ import annotations

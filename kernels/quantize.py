@@ -6,7 +6,7 @@ Where it sits: the CUDA lowering (``fxquant.passes.lower``) maps the dynamic-act
 with the launchers here and then run the GEMM on the quantized activation. The
 ``fxquant::triton_quantize_*`` ops are the same launchers for a graph that quantizes on its own
 (per tensor also returns the amax that delayed scaling records). The math is that of
-``fxquant.reference.quantize_int8_per_token``, ``quantize_fp8_per_token``,
+``fxquant.core.reference.quantize_int8_per_token``, ``quantize_fp8_per_token``,
 ``quantize_fp8_per_tensor`` and ``quantize_fp8_groups``, bit for bit:
 
 - amax is clamped by ``scale_ub`` (when given), then to ``EPS`` (all-zero rows give zeros);

@@ -23,7 +23,7 @@ _RNE_MAGIC = tl.constexpr(12582912.0)
 # Inductor passes Python floats to Triton as fp64, which breaks fp8 casts).
 FP8_E4M3_MAX = 448.0
 INT8_MAX = 127.0
-EPS = 1e-12  # fxquant.reference.EPS: amax is clamped to it, so all-zero rows give zeros
+EPS = 1e-12  # fxquant.core.reference.EPS: amax is clamped to it, so all-zero rows give zeros
 
 
 @triton.jit

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 import torch.fx as fx
 
-from fxquant.config import Float8Recipe, QuantConfig, Scheme
+from fxquant.core.config import Float8Recipe, QuantConfig, Scheme
 from fxquant.float8_state import state_for
 from fxquant.float8_training import float8_training_linear
 from fxquant.passes.plan import LayerPlan, Site, find_sites, plan_sites
@@ -132,7 +132,7 @@ def inference_config(model: torch.nn.Module, config: QuantConfig) -> QuantConfig
     per-tensor scale); current scaling becomes ``Float8Dynamic`` (tensor or row), block becomes
     ``Float8Block(128)``, MXFP8 ``MXFP8(scale_rule="ceil")`` (E8M0 scales per 32, the exponent
     rule of the training casts). A layer trained with fprop in high precision stays in float."""
-    from fxquant.config import MXFP8, Float8Block, Float8Dynamic, Float8Static
+    from fxquant.core.config import MXFP8, Float8Block, Float8Dynamic, Float8Static
     from fxquant.float8_state import layer_states
 
     linears = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]

@@ -49,7 +49,7 @@ import torch
 import torch.fx as fx
 import torch.nn.functional as F
 
-import fxquant.ops  # noqa: F401  (registers the fxquant:: ops)
+import fxquant.core.ops  # noqa: F401  (registers the fxquant:: ops)
 from fxquant.passes.plan import FLOAT_DTYPES, node_value
 from fxquant.passes.rewrite import COPIED_META, META_KEY, counters
 

@@ -58,11 +58,11 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.export import ExportedProgram
 
-import fxquant.ops  # noqa: F401  (registers the fxquant:: ops)
-from fxquant import reference as ref
-from fxquant import reference_bnb as ref_bnb
-from fxquant import reference_lowbit as ref_lowbit
-from fxquant import reference_mx as ref_mx
+import fxquant.core.ops  # noqa: F401  (registers the fxquant:: ops)
+from fxquant.core import reference as ref
+from fxquant.core import reference_bnb as ref_bnb
+from fxquant.core import reference_lowbit as ref_lowbit
+from fxquant.core import reference_mx as ref_mx
 from fxquant.passes.prepack import PrepackRule, unique_name
 
 fxq = torch.ops.fxquant

@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
+import fxquant.core.ops  # noqa: F401
 import fxquant.kernels.bitnet  # noqa: F401  (each import registers its fxquant::triton_* ops)
 import fxquant.kernels.bnb4_weight_only  # noqa: F401
 import fxquant.kernels.float8_block  # noqa: F401
@@ -35,9 +36,8 @@ import fxquant.kernels.mxfp8  # noqa: F401
 import fxquant.kernels.norm_quant  # noqa: F401
 import fxquant.kernels.nvfp4  # noqa: F401
 import fxquant.kernels.quantize  # noqa: F401
-import fxquant.ops  # noqa: F401
-from fxquant import reference as ref
-from fxquant import reference_mx as ref_mx
+from fxquant.core import reference as ref
+from fxquant.core import reference_mx as ref_mx
 from fxquant.kernels.configs import DECODE_MAX_M
 
 fxq = torch.ops.fxquant

@@ -27,10 +27,10 @@ import torch
 import torch.fx as fx
 from torch import Tensor
 
+import fxquant.core.ops  # noqa: F401  (registers the fxquant:: ops)
 import fxquant.kernels.cpu as native
-import fxquant.ops  # noqa: F401  (registers the fxquant:: ops)
-from fxquant import reference as ref
-from fxquant import reference_lowbit as ref_lowbit
+from fxquant.core import reference as ref
+from fxquant.core import reference_lowbit as ref_lowbit
 from fxquant.passes.prepack import PrepackRule, unique_name
 
 fxq = torch.ops.fxquant

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from fxquant.config import QuantConfig
+from fxquant.core.config import QuantConfig
 from fxquant.passes.fuse import fuse_norms
 from fxquant.passes.rewrite import rewrite
 from fxquant.passes.schemes import QuantizedWeight

@@ -20,7 +20,7 @@ import torch
 import torch.fx as fx
 import torch.nn.functional as F
 
-from fxquant.config import MXFP4, QuantConfig, Scheme
+from fxquant.core.config import MXFP4, QuantConfig, Scheme
 
 aten = torch.ops.aten
 

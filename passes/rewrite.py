@@ -37,10 +37,10 @@ from torch.export.graph_signature import (
 from torch.utils.weak import WeakIdKeyDictionary
 from tqdm.auto import tqdm
 
-from fxquant.config import QuantConfig
+from fxquant.core.config import QuantConfig
+from fxquant.core.reference import sqnr
 from fxquant.passes.plan import LayerPlan, find_sites, node_value, plan_sites
 from fxquant.passes.schemes import QuantizedWeight, check_layout, grouped_op_args, handler_for
-from fxquant.reference import sqnr
 
 META_KEY = "fxquant"  # node.meta["custom"][META_KEY]: the layer's report row, as JSON
 CONFIG_KEY = "fxquant_config"  # ... and on the first site, the whole QuantConfig, as JSON

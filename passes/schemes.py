@@ -12,12 +12,12 @@ from dataclasses import dataclass
 
 import torch
 
-import fxquant.ops  # noqa: F401  (registers the fxquant:: ops)
-from fxquant import reference as ref
-from fxquant import reference_bnb as ref_bnb
-from fxquant import reference_lowbit as ref_lowbit
-from fxquant import reference_mx as ref_mx
-from fxquant.config import (
+import fxquant.core.ops  # noqa: F401  (registers the fxquant:: ops)
+from fxquant.core import reference as ref
+from fxquant.core import reference_bnb as ref_bnb
+from fxquant.core import reference_lowbit as ref_lowbit
+from fxquant.core import reference_mx as ref_mx
+from fxquant.core.config import (
     MXFP4,
     MXFP8,
     NVFP4,

@@ -14,7 +14,7 @@ from torch.export import Dim
 
 import fxquant
 from conftest import TinyLlama
-from fxquant.reference import sqnr
+from fxquant.core.reference import sqnr
 
 RUNNER = textwrap.dedent(
     """

@@ -55,8 +55,8 @@ def test_backend_quantizes_and_matches_the_exported_program():
         # The CPU int8 kernel returns bf16 (passes/lower.py), and a per-token activation
         # quantizer downstream turns that rounding into an occasional flipped step: close to the
         # semantic program, not bit-equal.
-        assert fxquant.reference.sqnr(qep.module()(x), y) > 30
-        assert fxquant.reference.sqnr(model(x), y) > 25
+        assert fxquant.core.reference.sqnr(qep.module()(x), y) > 30
+        assert fxquant.core.reference.sqnr(model(x), y) > 25
     rows = fxquant.backend.last_reports[-1]
     assert [r["name"] for r in rows] == ["fc", "proj", "c_fc"]
     assert all(r["status"] == "quantized" for r in rows)

@@ -13,10 +13,10 @@ from torch.library import opcheck
 
 import fxquant
 from fxquant import Bnb4WeightOnly, LLMInt8, QuantConfig, from_hf
-from fxquant import reference_bnb as rb
+from fxquant.core import reference_bnb as rb
+from fxquant.core.reference import sqnr
 from fxquant.passes.lower import lower
 from fxquant.passes.rewrite import counters
-from fxquant.reference import sqnr
 
 fxq = torch.ops.fxquant
 NF4 = rb.code_4bit("nf4")

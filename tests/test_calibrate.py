@@ -8,7 +8,6 @@ import torch
 
 import fxquant
 from conftest import TinyLlama
-from fxquant import reference as ref
 from fxquant.calibrate import (
     AWQ,
     GPTQ,
@@ -17,7 +16,8 @@ from fxquant.calibrate import (
     calibration_pass,
     input_moments,
 )
-from fxquant.config import Int4WeightOnly, Int8DynamicActivation, Int8WeightOnly
+from fxquant.core import reference as ref
+from fxquant.core.config import Int4WeightOnly, Int8DynamicActivation, Int8WeightOnly
 from fxquant.gptq import gptq_quantize, output_error
 from fxquant.passes.schemes import handler_for
 

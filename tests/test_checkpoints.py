@@ -15,10 +15,10 @@ import torch
 from torch import nn
 
 import fxquant
-from fxquant import reference as ref
-from fxquant import reference_lowbit as ref_lowbit
 from fxquant.checkpoints import CheckpointError, read_quantized
-from fxquant.config import (
+from fxquant.core import reference as ref
+from fxquant.core import reference_lowbit as ref_lowbit
+from fxquant.core.config import (
     Float8Block,
     Float8Dynamic,
     Float8Static,
@@ -784,8 +784,8 @@ def test_compressed_tensors_fp4_checkpoints_load(preset):
     from compressed_tensors.quantization.quant_scheme import preset_name_to_scheme
     from compressed_tensors.quantization.utils import calculate_qparams, generate_gparam
 
-    from fxquant import reference_mx as ref_mx
-    from fxquant.config import MXFP4, NVFP4
+    from fxquant.core import reference_mx as ref_mx
+    from fxquant.core.config import MXFP4, NVFP4
 
     torch.manual_seed(0)
     w, bias = torch.randn(N, K), torch.randn(N)

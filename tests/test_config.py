@@ -7,7 +7,7 @@ import json
 import pytest
 
 import fxquant
-from fxquant.config import QuantConfig, name_matches, scheme_from_dict
+from fxquant.core.config import QuantConfig, name_matches, scheme_from_dict
 
 
 @pytest.mark.parametrize(

@@ -18,8 +18,8 @@ import fxquant
 from conftest import TinyLlama
 from fxquant import Float8Recipe, QuantConfig
 from fxquant.backend import last_reports
+from fxquant.core.reference import sqnr
 from fxquant.float8_state import fp8_state_dict, load_fp8_state_dict
-from fxquant.reference import sqnr
 
 VOCAB = 96
 

@@ -10,8 +10,8 @@ import torch
 from functorch.compile import make_boxed_func
 from torch._functorch.aot_autograd import aot_function
 
-from fxquant import reference as ref
-from fxquant.config import Float8Recipe
+from fxquant.core import reference as ref
+from fxquant.core.config import Float8Recipe
 from fxquant.float8_training import (
     E4M3,
     E5M2,
@@ -310,7 +310,7 @@ def test_recipe_rejects_bad_values_with_reasons():
 
 
 def test_recipe_and_static_scheme_round_trip_through_config_json():
-    from fxquant.config import Float8Static, QuantConfig
+    from fxquant.core.config import Float8Static, QuantConfig
 
     cfg = QuantConfig(
         scheme=Float8Recipe(scaling="current", granularity="row", margin=1),

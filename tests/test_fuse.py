@@ -12,10 +12,10 @@ from torch.export import Dim
 
 import fxquant
 from conftest import RMSNorm, TinyLlama
+from fxquant.core.reference import sqnr
 from fxquant.passes.fuse import fuse_norms
 from fxquant.passes.lower import lower
 from fxquant.passes.rewrite import ProgramEditor, counters, rewrite
-from fxquant.reference import sqnr
 
 DYN = {0: Dim.DYNAMIC, 1: Dim.DYNAMIC}
 FUSABLE = ["w8a8", "fp8-row", "fp8-block"]

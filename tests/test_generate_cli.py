@@ -124,7 +124,7 @@ def test_generate_from_a_model_builds_caches_and_compares(tiny_model_dir, tmp_pa
 
 def test_package_key_follows_the_inputs_and_fxquant_source(tmp_path, monkeypatch):
     from fxquant import packages
-    from fxquant.config import QuantConfig
+    from fxquant.core.config import QuantConfig
 
     f = tmp_path / "m.gguf"
     f.write_bytes(b"weights")

@@ -16,7 +16,7 @@ import torch
 import fxquant
 from fxquant.checkpoints.gguf import read_gguf
 from fxquant.cli import main
-from fxquant.config import scheme_from_dict
+from fxquant.core.config import scheme_from_dict
 
 pytestmark = pytest.mark.slow  # transformers' GGUF loader and an export per test (~5 s each)
 

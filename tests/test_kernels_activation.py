@@ -1,4 +1,4 @@
-"""Activation quantization and the GEMMs on quantized activations against fxquant.reference.
+"""Activation quantization and the GEMMs on quantized activations against fxquant.core.reference.
 
 kernels/quantize.py must agree with the reference bit for bit (same divisions, same rounding);
 the GEMMs (kernels/int8_dynamic.py, float8_dynamic.py, float8_block.py) are compared with the
@@ -21,7 +21,7 @@ from torch.library import opcheck
 
 triton = pytest.importorskip("triton")
 
-from fxquant import reference as ref  # noqa: E402
+from fxquant.core import reference as ref  # noqa: E402
 from fxquant.kernels import configs  # noqa: E402
 
 # Importing the GEMM modules (which import kernels.quantize) registers the ten ops tested here.

@@ -1,5 +1,5 @@
 """The bitsandbytes kernels (kernels/bnb4_weight_only.py, kernels/llm_int8.py) against
-``fxquant.reference_bnb``, on CPU tensors under TRITON_INTERPRET=1.
+``fxquant.core.reference_bnb``, on CPU tensors under TRITON_INTERPRET=1.
 
 Shapes are awkward on purpose: M = 1 (decode) and 17 (prefill), K and N that are not multiples
 of the tiles, and a K that is not a multiple of the 4-bit block (so blocks span two rows).
@@ -15,10 +15,10 @@ from torch.library import opcheck
 
 triton = pytest.importorskip("triton")
 
-from fxquant import reference_bnb as rb  # noqa: E402
+from fxquant.core import reference_bnb as rb  # noqa: E402
+from fxquant.core.reference import sqnr  # noqa: E402
 from fxquant.kernels import bnb4_weight_only as kb  # noqa: E402
 from fxquant.kernels import llm_int8 as kl  # noqa: E402
-from fxquant.reference import sqnr  # noqa: E402
 
 pytestmark = pytest.mark.interpreter
 

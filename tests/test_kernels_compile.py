@@ -12,7 +12,7 @@ the first autotune config of each path.
 
 It also guards two properties of the generated PTX that the interpreter cannot show: kernels
 that handle e4m3 really convert to or multiply e4m3, and modules that promise correctly rounded
-division (``div_rn``, for bit-exactness with ``fxquant.reference``) contain no approximate
+division (``div_rn``, for bit-exactness with ``fxquant.core.reference``) contain no approximate
 ``div.full.f32`` / ``div.approx.f32`` (what Triton's plain fp32 ``/`` becomes).
 
 A ``@triton.jit`` function that no case compiles, directly or as a helper called from one,

@@ -16,8 +16,8 @@ import torch
 
 import fxquant.kernels.cpu as native
 import fxquant.passes.lower_native  # noqa: F401  (registers fxquant::cpu_native_int4_linear)
-from fxquant import reference as ref
-from fxquant import reference_lowbit as ref_lowbit
+from fxquant.core import reference as ref
+from fxquant.core import reference_lowbit as ref_lowbit
 from fxquant.passes.lower_native import e4m3_values, prepack_codes
 
 pytestmark = pytest.mark.skipif(

@@ -1,5 +1,5 @@
 """Low-bit Triton kernels (kernels/intx_weight_only.py, kernels/bitnet.py) against
-``fxquant.reference_lowbit``, on CPU tensors under TRITON_INTERPRET=1.
+``fxquant.core.reference_lowbit``, on CPU tensors under TRITON_INTERPRET=1.
 
 Awkward shapes: M = 1, 5 (decode), 17, 33 (prefill), N not a multiple of the tile, K = 100 (not
 a group multiple: the padded int-zero case) and 70. The int-zero and float-zero storages, all
@@ -15,7 +15,7 @@ import torch
 
 triton = pytest.importorskip("triton")
 
-from fxquant import reference_lowbit as ref  # noqa: E402
+from fxquant.core import reference_lowbit as ref  # noqa: E402
 from fxquant.kernels import bitnet  # noqa: E402
 from fxquant.kernels import intx_weight_only as intx  # noqa: E402
 

@@ -1,5 +1,5 @@
 """Microscaling GEMM kernels (kernels/mxfp8.py, mxfp4.py, nvfp4.py) and their CUDA lowerings
-against ``fxquant.reference_mx``, on CPU tensors under TRITON_INTERPRET=1.
+against ``fxquant.core.reference_mx``, on CPU tensors under TRITON_INTERPRET=1.
 
 The kernels dequantize the weight and multiply in fp32 like the reference, only summing K in
 another order, so outputs match to fp32 rounding. Shapes include M = 1, primes, N not a multiple
@@ -14,7 +14,7 @@ from torch.library import opcheck
 
 triton = pytest.importorskip("triton")
 
-from fxquant import reference_mx as rmx  # noqa: E402
+from fxquant.core import reference_mx as rmx  # noqa: E402
 from fxquant.passes import lower_cuda  # noqa: E402  (registers every fxquant::triton_* op)
 
 pytestmark = pytest.mark.interpreter

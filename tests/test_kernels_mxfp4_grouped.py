@@ -1,5 +1,5 @@
 """The MXFP4 grouped (mixture-of-experts) GEMM kernel, kernels/mxfp4_grouped.py, and its CUDA
-lowering against ``fxquant.reference_mx.mxfp4_grouped_mm``, on CPU tensors under
+lowering against ``fxquant.core.reference_mx.mxfp4_grouped_mm``, on CPU tensors under
 TRITON_INTERPRET=1.
 
 The kernel decodes the weight and multiplies in fp32 like the reference, summing K in another
@@ -17,7 +17,7 @@ from torch.library import opcheck
 
 triton = pytest.importorskip("triton")
 
-from fxquant import reference_mx as rmx  # noqa: E402
+from fxquant.core import reference_mx as rmx  # noqa: E402
 from fxquant.passes import lower_cuda  # noqa: E402  (registers every fxquant::triton_* op)
 
 pytestmark = pytest.mark.interpreter

@@ -15,7 +15,7 @@ from torch.library import opcheck
 
 triton = pytest.importorskip("triton")
 
-from fxquant import reference as ref  # noqa: E402
+from fxquant.core import reference as ref  # noqa: E402
 from fxquant.kernels import norm_quant as nq  # noqa: E402
 
 pytestmark = pytest.mark.interpreter

@@ -1,5 +1,5 @@
 """Weight-only GEMM kernels (kernels/int8_weight_only.py, float8_weight_only.py,
-int4_weight_only.py) against ``fxquant.reference``, on CPU tensors under TRITON_INTERPRET=1.
+int4_weight_only.py) against ``fxquant.core.reference``, on CPU tensors under TRITON_INTERPRET=1.
 
 The kernels sum K in another order than the reference and the interpreter's fp32 → bf16 store
 truncates (the GPU rounds to nearest), so outputs are compared with the dtype's tolerance, never
@@ -19,7 +19,7 @@ from torch.library import opcheck
 
 triton = pytest.importorskip("triton")
 
-from fxquant import reference as ref  # noqa: E402
+from fxquant.core import reference as ref  # noqa: E402
 from fxquant.kernels import configs  # noqa: E402
 from fxquant.kernels import float8_weight_only as f8wo  # noqa: E402, F401  (registers the op)
 from fxquant.kernels import int4_weight_only as i4wo  # noqa: E402

@@ -1,6 +1,6 @@
 """Low-bit weights: int2/int3 (and float-zero int4) grouped weights with HQQ's optimizer, and
-BitNet's ternary weights × int8 per-token activations (fxquant/reference_lowbit.py,
-fxquant/hqq.py, their ops, rewrite handlers, CPU lowerings and Hugging Face mappings)."""
+BitNet's ternary weights × int8 per-token activations (fxquant/core/reference_lowbit.py,
+fxquant/core/hqq.py, their ops, rewrite handlers, CPU lowerings and Hugging Face mappings)."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ import torch
 from torch.library import opcheck
 
 import fxquant
-from fxquant import hqq
-from fxquant import reference_lowbit as ref
-from fxquant.config import BitNetTernary, IntxWeightOnly, QuantConfig, scheme_from_dict
+from fxquant.core import hqq
+from fxquant.core import reference_lowbit as ref
+from fxquant.core.config import BitNetTernary, IntxWeightOnly, QuantConfig, scheme_from_dict
+from fxquant.core.reference import sqnr
 from fxquant.passes.lower import lower
 from fxquant.passes.schemes import QuantizedWeight
-from fxquant.reference import sqnr
 
 fxq = torch.ops.fxquant
 

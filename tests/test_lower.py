@@ -8,10 +8,10 @@ from torch.export import Dim
 
 import fxquant
 from conftest import Mixed
+from fxquant.core.reference import sqnr
 from fxquant.passes import lower_native
 from fxquant.passes.lower import CPU_DECOMPOSITIONS, CPU_LOWERINGS, lower, lowerings
 from fxquant.passes.rewrite import counters
-from fxquant.reference import sqnr
 
 RECIPES = list(fxquant.RECIPES)
 # recipes whose aten CPU lowering prepacks for a bf16 kernel (int2/int3/hqq take the int4 one)

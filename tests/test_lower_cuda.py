@@ -74,7 +74,7 @@ RUN = textwrap.dedent(
     import json, sys
     import torch, torch.fx
     import fxquant.passes.lower_cuda  # registers the fxquant::triton_* ops
-    from fxquant.reference import sqnr
+    from fxquant.core.reference import sqnr
 
     class Eager(torch.fx.Interpreter):
         def call_function(self, target, args, kwargs):

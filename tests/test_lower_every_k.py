@@ -41,7 +41,7 @@ CHILD = textwrap.dedent(
     import torch
     import fxquant
     from fxquant.passes.lower import lowerings, prepacked
-    from fxquant.reference import sqnr
+    from fxquant.core.reference import sqnr
 
     recipes, device = sys.argv[1].split(","), sys.argv[3]
     ks = [int(k) for k in sys.argv[2].split(",")]

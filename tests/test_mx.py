@@ -1,5 +1,5 @@
 """Microscaling formats (MXFP8, MXFP4, NVFP4 and Four Over Six): the codecs in
-``fxquant.reference_mx`` against hand-computed values, the ops against the reference, the
+``fxquant.core.reference_mx`` against hand-computed values, the ops against the reference, the
 rewrite end to end on the tiny Llama, the CPU lowering, the config checks and the Hugging Face
 mappings. The Triton kernels are in test_kernels_mx.py.
 """
@@ -11,12 +11,12 @@ import torch
 from torch.library import opcheck
 
 import fxquant
-from fxquant import reference_mx as rmx
-from fxquant.config import MXFP4, MXFP8, NVFP4, Float8Recipe, QuantConfig, Scheme
+from fxquant.core import reference_mx as rmx
+from fxquant.core.config import MXFP4, MXFP8, NVFP4, Float8Recipe, QuantConfig, Scheme
+from fxquant.core.reference import sqnr
 from fxquant.float8_training import E4M3, cast_mx
 from fxquant.hf import from_hf
 from fxquant.passes.lower import lower
-from fxquant.reference import sqnr
 
 fxq = torch.ops.fxquant
 NO_SCHEMA_TEST = ("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")

@@ -20,8 +20,8 @@ from transformers import GptOssConfig, GptOssForCausalLM, Mxfp4Config  # noqa: E
 from transformers.integrations.mxfp4 import convert_moe_packed_tensors  # noqa: E402
 
 import fxquant  # noqa: E402
-from fxquant import reference_mx as rmx  # noqa: E402
 from fxquant.checkpoints import CheckpointError  # noqa: E402
+from fxquant.core import reference_mx as rmx  # noqa: E402
 from fxquant.passes.lower import lower  # noqa: E402
 
 fxq = torch.ops.fxquant

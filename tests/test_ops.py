@@ -7,7 +7,7 @@ import torch
 from torch.library import opcheck
 
 import fxquant  # noqa: F401  (registers the ops)
-from fxquant import reference as ref
+from fxquant.core import reference as ref
 
 fxq = torch.ops.fxquant
 SHAPES = [((1, 64), 32), ((3, 5, 64), 17), ((7, 130), 1), ((2, 256), 96)]  # (x shape, N)

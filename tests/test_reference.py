@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fxquant import reference as ref
+from fxquant.core import reference as ref
 
 
 @pytest.fixture

@@ -13,8 +13,8 @@ from torch.export import Dim
 
 import fxquant
 from conftest import Mixed
+from fxquant.core.reference import sqnr
 from fxquant.passes.rewrite import counters
-from fxquant.reference import sqnr
 
 DYN = {0: Dim.DYNAMIC, 1: Dim.DYNAMIC}
 # Output SQNR floors (dB) of a 2-block TinyLlama against fp32, per recipe.
@@ -60,7 +60,7 @@ def test_each_recipe_quantizes_llama_and_stays_dynamic(tiny_llama, recipe):
 
 def test_quantized_program_equals_reference_math(mixed):
     """The rewritten program computes exactly the reference linears on the same weights."""
-    from fxquant import reference as ref
+    from fxquant.core import reference as ref
 
     x = torch.randn(3, 4, 64)
     qep = fxquant.quantize(mixed, "int8wo", example_inputs=(x,), dynamic_shapes=(DYN,))
@@ -315,7 +315,7 @@ def test_all_zero_weights_and_inputs_give_zeros_not_nan(recipe):
 def test_precomputed_weights_are_used_checked_and_all_consumed():
     """``quantize(weights=...)`` stores given constants as they are (calibration and checkpoint
     loaders rely on it), refuses a wrong layout and a name the plan did not quantize."""
-    from fxquant import reference as ref
+    from fxquant.core import reference as ref
     from fxquant.passes.schemes import QuantizedWeight
 
     class Two(torch.nn.Module):

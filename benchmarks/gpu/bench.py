@@ -118,7 +118,7 @@ def timer(smoke: bool) -> Callable[[Callable], float]:
 
 
 def sqnr(ref: torch.Tensor, out: torch.Tensor) -> float:
-    from fxquant.reference import sqnr as _sqnr
+    from fxquant.core.reference import sqnr as _sqnr
 
     return _sqnr(ref.float(), out.float())
 
@@ -143,7 +143,7 @@ def gemm_shapes(smoke: bool) -> list[tuple[str, int, int]]:
 
 def baselines(x: torch.Tensor, w: torch.Tensor, bench, smoke: bool) -> dict:
     """bf16 F.linear, _scaled_mm (tensor, row) and _int_mm on the same problem."""
-    from fxquant import reference as ref
+    from fxquant.core import reference as ref
 
     out = {"bf16": bench(lambda: F.linear(x, w))}
     if smoke:  # _scaled_mm / _int_mm have no CPU kernels worth timing
@@ -176,7 +176,7 @@ def baselines(x: torch.Tensor, w: torch.Tensor, bench, smoke: bool) -> dict:
 
 def gemm_only(op, args) -> Callable | None:
     """For a dynamic-activation linear: (the GEMM alone on a pre-quantized activation)."""
-    from fxquant import reference as ref
+    from fxquant.core import reference as ref
     from fxquant.passes.lower import lowerings
 
     fxq = torch.ops.fxquant
@@ -259,7 +259,7 @@ def _kernel_line(row: dict) -> str:
 def run_experts(res: Results, budget: Budget, *, device: str, smoke: bool) -> None:
     """gpt-oss-20b's MXFP4 experts (E = 32, d = 2880, top-4): the lowered
     ``fxquant::mxfp4_grouped_mm`` beside bf16 ``torch._grouped_mm`` on the dequantized weight."""
-    from fxquant import reference_mx as rmx
+    from fxquant.core import reference_mx as rmx
     from fxquant.passes.lower import lowerings
 
     bench = timer(smoke)

@@ -16,7 +16,7 @@ from torch.export import ExportedProgram
 
 from fxquant.checkpoints.base import CheckpointError, LoadedCheckpoint
 from fxquant.checkpoints.read import read_quantized
-from fxquant.config import QuantConfig
+from fxquant.core.config import QuantConfig
 from fxquant.passes.rewrite import copy_call_graph
 
 

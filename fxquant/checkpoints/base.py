@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 
-from fxquant import reference as ref
-from fxquant.config import Int4WeightOnly, QuantConfig, Scheme
+from fxquant.core import reference as ref
+from fxquant.core.config import Int4WeightOnly, QuantConfig, Scheme
 from fxquant.passes.schemes import QuantizedWeight, check_layout
 
 
@@ -258,8 +258,8 @@ def int_weight(
         packed = ref.pack_int4(full).contiguous()
         scheme: Scheme = Int4WeightOnly(group_size=g, symmetric=symmetric)
     else:
-        from fxquant import reference_lowbit
-        from fxquant.config import IntxWeightOnly
+        from fxquant.core import reference_lowbit
+        from fxquant.core.config import IntxWeightOnly
 
         packed = reference_lowbit.pack_intx(full, bits).contiguous()
         scheme = IntxWeightOnly(

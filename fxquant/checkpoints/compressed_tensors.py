@@ -30,8 +30,6 @@ from typing import Any
 import torch
 from torch.export import ExportedProgram
 
-from fxquant import reference as ref
-from fxquant import reference_lowbit as ref_lowbit
 from fxquant.checkpoints.base import (
     SCALE_DTYPES,
     CheckpointError,
@@ -42,7 +40,9 @@ from fxquant.checkpoints.base import (
     need,
     unpack_int32,
 )
-from fxquant.config import (
+from fxquant.core import reference as ref
+from fxquant.core import reference_lowbit as ref_lowbit
+from fxquant.core.config import (
     Float8Block,
     Float8Dynamic,
     Float8Static,
@@ -306,7 +306,7 @@ def _float8(source, module, where, w, a, scale, n, k):
 def _fp4(source, module, where, fmt, w, a, scale):
     """e2m1 codes packed two per byte, low nibble first (fxquant's MXFP4/NVFP4 layout too), with
     E8M0 scales per 32 (``mxfp4``) or e4m3 scales per 16 and an fp32 global scale (``nvfp4``)."""
-    from fxquant.config import MXFP4, NVFP4
+    from fxquant.core.config import MXFP4, NVFP4
 
     pname = f"{module}.weight_packed"
     packed = expect(pname, need(source, pname, f"{where} weights"), dtype=torch.uint8)
@@ -558,7 +558,7 @@ def _layer_entry(scheme: Scheme, c: dict[str, torch.Tensor], n: int, k: int):
 
 def _quantized_layers(ep: ExportedProgram):
     """(module name, scheme, {constant name: tensor}, N, K, constant fqns) per quantized weight."""
-    from fxquant.config import scheme_from_dict
+    from fxquant.core.config import scheme_from_dict
     from fxquant.passes.rewrite import META_KEY
     from fxquant.passes.schemes import handler_for
 

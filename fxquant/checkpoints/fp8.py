@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from fxquant.checkpoints.base import CheckpointError, LoadedCheckpoint, TensorSource, expect
-from fxquant.config import Float8Block
+from fxquant.core.config import Float8Block
 from fxquant.passes.schemes import QuantizedWeight
 
 __all__ = ["read_fp8_blocks"]

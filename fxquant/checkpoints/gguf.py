@@ -47,7 +47,7 @@ from pathlib import Path
 import torch
 
 from fxquant.checkpoints.base import CheckpointError, LoadedCheckpoint, int_weight
-from fxquant.config import Int8WeightOnly, QuantConfig
+from fxquant.core.config import Int8WeightOnly, QuantConfig
 from fxquant.passes.schemes import QuantizedWeight
 
 __all__ = ["ExactPlan", "exact_plan", "llama_tensor_names", "read_gguf"]

@@ -38,7 +38,7 @@ from fxquant.checkpoints.base import (
     need,
     unpack_int32,
 )
-from fxquant.config import Int8WeightOnly
+from fxquant.core.config import Int8WeightOnly
 from fxquant.passes.schemes import QuantizedWeight
 
 __all__ = ["AWQ_ORDER", "read_awq", "read_gptq"]

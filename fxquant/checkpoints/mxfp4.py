@@ -27,9 +27,9 @@ from typing import Any
 import torch
 
 from fxquant.checkpoints.base import CheckpointError, LoadedCheckpoint, TensorSource, expect
-from fxquant.config import MXFP4
+from fxquant.core.config import MXFP4
+from fxquant.core.reference_mx import MX_BLOCK
 from fxquant.passes.schemes import QuantizedWeight
-from fxquant.reference_mx import MX_BLOCK
 
 __all__ = ["read_mxfp4_experts"]
 

@@ -128,7 +128,7 @@ def prepack_int4(
     i holding columns i (low nibble) and i + 16 (high), so 16 low nibbles meet 16 consecutive
     activations; ``offset = -z * s`` so that w = u * s + offset.
     """
-    from fxquant import reference as ref
+    from fxquant.core import reference as ref
 
     if group_size % INT4_BLOCK:
         raise ValueError(f"prepack_int4: group_size={group_size} must be a multiple of 32")

@@ -17,7 +17,7 @@
 // dequantized a chunk of rows at a time into a buffer that stays in cache and multiplied by
 // ATen's mm (MKL): as fast as fp32 at prefill, with a quarter of the bytes at rest.
 //
-// Numerics match fxquant.reference: the same integer/fp8 values, scales applied in the same
+// Numerics match fxquant.core.reference: the same integer/fp8 values, scales applied in the same
 // places, fp32 accumulation (int8 x int8 in exact int32); only the order of the fp32 sums
 // differs. Layouts (made once by the lowering's prepack, fxquant.kernels.cpu.prepack_*):
 //   int8      w [N, K] int8, scale [N] fp32                       y = (x . w) * scale

@@ -129,7 +129,7 @@ class Int4WeightOnly(Scheme):
 class IntxWeightOnly(Scheme):
     """int2 / int3 / int6 weights (and int4 with a float zero point) in groups of ``group_size``
     along K; activations stay in float. Storage w = (u - z) * s, codes u packed along K
-    (``fxquant.reference_lowbit``: 4 per byte, 8 per 3 bytes, 2 per byte, 4 per 3 bytes).
+    (``fxquant.core.reference_lowbit``: 4 per byte, 8 per 3 bytes, 2 per byte, 4 per 3 bytes).
 
     Args:
         bits: 2, 3 or 6; 4 only with ``zero_point="float"`` (an integer-zero int4 is
@@ -146,7 +146,7 @@ class IntxWeightOnly(Scheme):
             to a group multiple (as ``Int4WeightOnly``); ``"float"``: fp32 z on the group's own
             [min, max] range (HQQ's and quanto's grid); K must be a multiple of the group.
         optimizer: ``None`` (round to nearest) or ``"hqq"``: HQQ's calibration-free
-            half-quadratic refinement of the zero points (``fxquant.hqq``; needs
+            half-quadratic refinement of the zero points (``fxquant.core.hqq``; needs
             ``zero_point="float"``).
     """
 
@@ -361,7 +361,7 @@ class Float8Block(Scheme):
 @dataclass(frozen=True, kw_only=True)
 class Bnb4WeightOnly(Scheme):
     """bitsandbytes 4-bit weights (``load_in_4bit``): NF4 or FP4 codes with one absmax per block
-    of ``block_size``; activations stay in float (``fxquant.reference_bnb``).
+    of ``block_size``; activations stay in float (``fxquant.core.reference_bnb``).
 
     Recipes ``nf4`` and ``fp4``. Blocks run along the flattened weight W [N, K], exactly as
     bitsandbytes cuts them: with K a multiple of ``block_size`` (every real model) that is
@@ -402,7 +402,7 @@ class LLMInt8(Scheme):
     """bitsandbytes LLM.int8 (``load_in_8bit``): int8 activations per token × int8 weights per
     output channel, with the activation's outlier feature columns (any |x| >= ``threshold`` in
     the current input) computed in float against the dequantized int8 weight, as bnb does
-    (``fxquant.reference_bnb``). Activations and weights are put on the fp16 grid first, as
+    (``fxquant.core.reference_bnb``). Activations and weights are put on the fp16 grid first, as
     bnb's fp16 kernels do.
 
     Args:
@@ -554,7 +554,7 @@ class Float8Recipe(Scheme):
 
 
 # --------------------------------------------------------------------------------------------
-# Microscaling formats (reference math: fxquant.reference_mx). Blocks run along K, so K must be
+# Microscaling formats (reference math: fxquant.core.reference_mx). Blocks run along K, so K must be
 # a multiple of the block; such a layer is skipped with the reason, never padded (a zero-padded
 # activation block would still need a real scale, and the checkpoints these formats come from
 # never pad).

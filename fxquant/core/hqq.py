@@ -1,7 +1,7 @@
 """HQQ's calibration-free optimizer: refine the zero points of a grouped low-bit weight.
 
 Where it sits: called once per weight at quantize time by
-``fxquant.reference_lowbit.quantize_intx_grouped`` for ``IntxWeightOnly(optimizer="hqq")``
+``fxquant.core.reference_lowbit.quantize_intx_grouped`` for ``IntxWeightOnly(optimizer="hqq")``
 (``zero_point="float"``); nothing at run time changes, the op just reads a better zero point.
 
 Half-Quadratic Quantization (Badri & Shaji, 2023) minimises ||W - dequant(quant(W))||_p^p with

@@ -1,7 +1,7 @@
 """Reference math of the bitsandbytes formats, in plain torch: NF4 / FP4 4-bit weights
 (``load_in_4bit``, with double quant of the block scales) and LLM.int8 (``load_in_8bit``).
 
-Where it sits: beside ``fxquant.reference``, and the truth for the ``Bnb4WeightOnly`` and
+Where it sits: beside ``fxquant.core.reference``, and the truth for the ``Bnb4WeightOnly`` and
 ``LLMInt8`` schemes. The rewrite pass quantizes weights with the functions here (through
 ``fxquant.passes.schemes``); ``fxquant::bnb4_weight_only_linear`` and ``fxquant::llm_int8_linear``
 run the linears here eagerly; the CPU lowering is these linears in aten ops; the Triton kernels
@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from fxquant.reference import _finish
+from fxquant.core.reference import _finish
 
 QUANT_TYPES = ("nf4", "fp4")
 NESTED_BLOCK_SIZE = 256  # bnb's block for the double quant of the absmax values

@@ -6,7 +6,7 @@ them by per-device implementations before Inductor or AOTInductor.
 
 Every op has four faces: the schema (from the signature below), a fake kernel (shapes and dtypes
 only, for export and dynamic shapes), the eager kernel, which *is* the reference math of
-``fxquant.reference``, and the per-device lowerings in ``fxquant.passes.lower``.
+``fxquant.core.reference``, and the per-device lowerings in ``fxquant.passes.lower``.
 One op per scheme, named ``<scheme.name>_linear``. x is [..., K], the weight [N, K] (int4: packed
 [N, Kp/2]); the output is [..., N] in x's dtype.
 
@@ -20,10 +20,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from fxquant import reference as ref
-from fxquant import reference_bnb as ref_bnb
-from fxquant import reference_lowbit as ref_lowbit
-from fxquant import reference_mx as ref_mx
+from fxquant.core import reference as ref
+from fxquant.core import reference_bnb as ref_bnb
+from fxquant.core import reference_lowbit as ref_lowbit
+from fxquant.core import reference_mx as ref_mx
 
 _LIB = "fxquant"
 
@@ -144,8 +144,8 @@ def _(x, weight, scale, bias, block_size):
     return _out_like(x, weight.shape[0])
 
 
-# Microscaling formats (``fxquant.reference_mx``): blocks along K with E8M0 (MX) or e4m3 (NVFP4)
-# scales; e2m1 weights are packed two per byte along K.
+# Microscaling formats (``fxquant.core.reference_mx``): blocks along K with E8M0 (MX) or e4m3
+# (NVFP4) scales; e2m1 weights are packed two per byte along K.
 
 
 @torch.library.custom_op(f"{_LIB}::mxfp8_linear", mutates_args=())
@@ -318,7 +318,7 @@ def _(xq, xs, weight, scale, bias, block_size, out_dtype):
 
 
 # --------------------------------------------------------------------------------------------
-# Low-bit weights (``fxquant.reference_lowbit``): int2/int3/int6 (and float-zero int4) grouped
+# Low-bit weights (``fxquant.core.reference_lowbit``): int2/int3/int6 (and float-zero int4) grouped
 # weight-only, and BitNet's ternary weights × int8 per-token activations.
 # --------------------------------------------------------------------------------------------
 
@@ -358,7 +358,7 @@ def _(x, weight, weight_scale, bias):
 
 
 # --------------------------------------------------------------------------------------------
-# bitsandbytes formats (``fxquant.reference_bnb``): NF4 / FP4 4-bit weights and LLM.int8.
+# bitsandbytes formats (``fxquant.core.reference_bnb``): NF4 / FP4 4-bit weights and LLM.int8.
 # --------------------------------------------------------------------------------------------
 
 

@@ -1,7 +1,7 @@
 """Reference math of the low-bit weight formats: int2/int3/int6 grouped weights (and a
 float-zero int4), and BitNet b1.58's ternary weights with int8 per-token activations.
 
-Where it sits: beside ``fxquant.reference`` (same conventions: W is [N, K], x is [..., K],
+Where it sits: beside ``fxquant.core.reference`` (same conventions: W is [N, K], x is [..., K],
 linears accumulate in fp32 and return x's dtype). The rewrite pass quantizes weights with these
 functions (``fxquant.passes.schemes``); the ``fxquant::intx_weight_only_linear`` and
 ``fxquant::bitnet_linear`` ops use the linears here as their eager kernels; the CPU lowerings
@@ -17,7 +17,7 @@ zero point). Codes are packed along K, little-endian within a row:
 - b = 3: eight codes in three bytes: columns 8i..8i+7 form the 24-bit little-endian word
   ``byte[3i] | byte[3i+1] << 8 | byte[3i+2] << 16`` with column 8i + j in bits 3j..3j+2. Exact,
   dense (3 bits a code) and unpacked with shifts and masks only;
-- b = 4: two codes per byte, low nibble first (``fxquant.reference.pack_int4``'s layout);
+- b = 4: two codes per byte, low nibble first (``fxquant.core.reference.pack_int4``'s layout);
 - b = 6: four codes in three bytes, the 3-bit scheme with 6-bit fields: columns 4i..4i+3 form
   the 24-bit word ``byte[3i] | byte[3i+1] << 8 | byte[3i+2] << 16`` with column 4i + j in bits
   6j..6j+5. GGUF's ``Q6_K`` (w = d·sc·(q - 32) per 16) loads into it with z = 32, s = d·sc.
@@ -39,8 +39,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from fxquant import hqq
-from fxquant.reference import integer_grid
+from fxquant.core import hqq
+from fxquant.core.reference import integer_grid
 
 INTX_BITS = (2, 3, 4, 6)
 # bits → codes per 24-bit little-endian word, for the codes that do not divide a byte
@@ -123,7 +123,7 @@ def quantize_intx_grouped(
     ``zero_point="float"`` (zero fp32, asymmetric): HQQ's grid. Per group, the inverse scale
     i = min(qmax / (max - min), 2e4) and z = -min * i (a float), u = clamp(round(w * i + z)),
     s = 1 / i. With ``optimizer="hqq"`` z is then refined by HQQ's half-quadratic solver
-    (``fxquant.hqq.optimize_zero``; for b = 4 the initial z is rounded first, as HQQ's 4-bit
+    (``fxquant.core.hqq.optimize_zero``; for b = 4 the initial z is rounded first, as HQQ's 4-bit
     config does). K must be a multiple of g (HQQ's groups have no padding).
     """
     n, k = w.shape

@@ -1,6 +1,6 @@
 """Reference math of the microscaling formats: MXFP8, MXFP4 and NVFP4 (with Four Over Six).
 
-Where it sits: beside ``fxquant.reference`` (the oracle of every test). The rewrite handlers
+Where it sits: beside ``fxquant.core.reference`` (the oracle of every test). The rewrite handlers
 (``fxquant.passes.schemes``) quantize weights with it once; the ``fxquant::mxfp8_linear``,
 ``mxfp4_linear`` and ``nvfp4_linear`` ops run its linears as their eager implementation; the CPU
 lowering compiles those same functions with Inductor, and the Triton kernels
@@ -56,7 +56,7 @@ import math
 import torch
 from torch import Tensor
 
-from fxquant.reference import EPS, FP8_E4M3_MAX, _finish, pack_int4, unpack_int4
+from fxquant.core.reference import EPS, FP8_E4M3_MAX, _finish, pack_int4, unpack_int4
 
 MX_BLOCK = 32
 NVFP4_BLOCK = 16
