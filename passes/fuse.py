@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import json
 import operator
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -50,6 +49,7 @@ import torch.fx as fx
 import torch.nn.functional as F
 
 import fxquant.core.ops  # noqa: F401  (registers the fxquant:: ops)
+from fxquant.core.scheme import OPS, ActivationQuant, Scheme, named_args
 from fxquant.passes.plan import FLOAT_DTYPES, node_value
 from fxquant.passes.rewrite import COPIED_META, META_KEY, counters
 
@@ -57,63 +57,27 @@ __all__ = ["NORM_KEY", "ActivationQuant", "fuse_norms"]
 
 aten = torch.ops.aten
 fxq = torch.ops.fxquant
-_E4M3 = torch.float8_e4m3fn
 
 NORM_KEY = "fxquant_norm"  # node.meta["custom"][NORM_KEY]: the norm's fusion record, as JSON
 
-PER_TENSOR_REASON = (
-    "quantizes its activation per tensor, whose scale needs the whole tensor's amax before any "
-    "row is written"
-)
-
-
 # --------------------------------------------------------------------------------------------
-# Consumers: the dynamic-activation linears, how each quantizes its activation, and the scaled
-# linear it becomes once norm_quant has done that.
+# Consumers: the dynamic-activation linears. Each scheme declares how its op quantizes the
+# activation and which scaled linear it becomes once norm_quant has done that
+# (``Scheme.activation_quant`` / ``Scheme.scaled_linear``, reading the op's arguments by name).
 # --------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class ActivationQuant:
-    """How a linear quantizes its activation, as ``norm_quant``'s arguments say it."""
-
-    quant_dtype: torch.dtype
-    group_size: int  # -1: per token; > 0: 1×group_size groups along K
-    scale_ub: float | None
-
-    def __str__(self) -> str:
-        name = "int8" if self.quant_dtype == torch.int8 else "fp8 e4m3"
-        layout = "per token" if self.group_size == -1 else f"in 1×{self.group_size} groups"
-        bound = "" if self.scale_ub is None else f", amax ≤ {self.scale_ub:g}"
-        return f"{name} {layout}{bound}"
-
-
-@dataclass(frozen=True)
-class _Consumer:
-    # the linear's args → its activation quantizer, or why it cannot be fused
-    quant: Callable[[tuple], ActivationQuant | str]
-    # (q node, scale node, the linear's args, out dtype) → (scaled op, its args)
-    scaled: Callable[[fx.Node, fx.Node, tuple, torch.dtype], tuple]
-
-
-# Every dynamic-activation op takes (x, qweight, scale, bias, ...): args[1:4] carry over.
-_CONSUMERS = {
-    fxq.int8_dynamic_linear.default: _Consumer(
-        lambda a: ActivationQuant(torch.int8, -1, None),
-        lambda q, s, a, dtype: (fxq.int8_scaled_linear.default, (q, s, *a[1:4], dtype)),
-    ),
-    fxq.float8_dynamic_linear.default: _Consumer(
-        lambda a: ActivationQuant(_E4M3, -1, a[5]) if a[4] else PER_TENSOR_REASON,
-        lambda q, s, a, dtype: (fxq.float8_scaled_linear.default, (q, s, *a[1:4], dtype)),
-    ),
-    fxq.float8_block_linear.default: _Consumer(
-        lambda a: ActivationQuant(_E4M3, a[4], None),
-        lambda q, s, a, dtype: (
-            fxq.float8_block_scaled_linear.default,
-            (q, s, *a[1:4], a[4], dtype),
-        ),
-    ),
-}
+def _consumer(node: fx.Node) -> tuple[type[Scheme], dict] | None:
+    """(the scheme whose op ``node`` calls, its arguments by name) when that op quantizes its
+    activation in a way a norm_quant can take over; else None."""
+    target = node.target if node.op == "call_function" else None
+    if not isinstance(target, torch._ops.OpOverload) or target.namespace != "fxquant":
+        return None
+    cls = OPS.get(target._opname)
+    if cls is None:
+        return None
+    args = named_args(target, node.args, node.kwargs)
+    return None if cls.activation_quant(args) is None else (cls, args)
 
 
 # --------------------------------------------------------------------------------------------
@@ -319,7 +283,7 @@ def fuse_norms(editor) -> list[dict]:
         dict.fromkeys(
             n.args[0]
             for n in graph.nodes
-            if n.op == "call_function" and n.target in _CONSUMERS and isinstance(n.args[0], fx.Node)
+            if _consumer(n) is not None and isinstance(n.args[0], fx.Node)
         )
     )
     # Users in graph order (a node's users are in the order the rewrite made them), so records
@@ -357,10 +321,11 @@ def _common_quant(out: fx.Node, users: list[fx.Node]) -> ActivationQuant | str:
     none."""
     quants: dict[fx.Node, ActivationQuant] = {}
     for user in users:
-        spec = _CONSUMERS.get(user.target) if user.op == "call_function" else None
-        if spec is None or user.args[0] is not out or out in user.args[1:]:
+        found = _consumer(user)
+        if found is None or user.args[0] is not out or out in user.args[1:]:
             return f"its output is also read by {_describe(user)}"
-        quant = spec.quant(user.args)
+        cls, args = found
+        quant = cls.activation_quant(args)
         if isinstance(quant, str):
             return f"{_describe(user, short=True)} {quant}"
         quants[user] = quant
@@ -392,7 +357,8 @@ def _fuse(editor, m: NormMatch, quant: ActivationQuant, record: dict) -> None:
         fused.meta["val"], q.meta["val"], scale.meta["val"] = val, val[0], val[1]
     fused.meta["custom"] = {NORM_KEY: json.dumps(record, sort_keys=True)}
     for user in list(m.out.users):
-        op, new_args = _CONSUMERS[user.target].scaled(q, scale, user.args, out_dtype)
+        cls, user_args = _consumer(user)
+        op, new_args = cls.scaled_linear(q, scale, user_args, out_dtype)
         new = editor.swap(user, op, new_args)
         custom = _custom(new)
         row = json.loads(custom[META_KEY])

@@ -39,8 +39,8 @@ from tqdm.auto import tqdm
 
 from fxquant.core.config import QuantConfig
 from fxquant.core.reference import sqnr
+from fxquant.core.scheme import QuantizedWeight, check_layout
 from fxquant.passes.plan import LayerPlan, find_sites, node_value, plan_sites
-from fxquant.passes.schemes import QuantizedWeight, check_layout, grouped_op_args, handler_for
 
 META_KEY = "fxquant"  # node.meta["custom"][META_KEY]: the layer's report row, as JSON
 CONFIG_KEY = "fxquant_config"  # ... and on the first site, the whole QuantConfig, as JSON
@@ -260,11 +260,11 @@ def _quantized(scheme, weight: torch.Tensor, w_nk: torch.Tensor) -> QuantizedWei
     try:
         per_weight = _QUANTIZED.setdefault(weight, {})
     except TypeError:  # a tensor that cannot be weakly referenced: no caching
-        return handler_for(scheme).quantize(scheme, w_nk)
+        return scheme.quantize(w_nk)
     if key not in per_weight:
         for stale in [k for k in per_weight if k[1:3] != key[1:3]]:
             del per_weight[stale]  # an older version of this weight is never used again
-        per_weight[key] = handler_for(scheme).quantize(scheme, w_nk)
+        per_weight[key] = scheme.quantize(w_nk)
         counters["quantize.computed"] += 1
     else:
         counters["quantize.reused"] += 1
@@ -295,7 +295,7 @@ def rewrite(
     plans = _nonfinite(plans, config)
     weights = dict(weights or {})
     used: set[str] = set()
-    cache: dict[tuple, tuple[list[fx.Node], dict]] = {}  # (weight, scheme) → constants, row
+    cache: dict[tuple, tuple[dict[str, fx.Node], dict]] = {}  # (weight, scheme) → constants, row
     rows = []
     for plan in tqdm(plans, desc="quantizing", unit="layer", disable=not progress):
         site = plan.site
@@ -318,7 +318,7 @@ def rewrite(
                 used.add(site.weight_fqn)
                 row["weights"] = "given"
             prefix = _constant_prefix(editor, site.weight_fqn, plan.scheme)
-            nodes = [editor.add_constant(f"{prefix}{n}", t) for n, t in q.tensors.items()]
+            nodes = {n: editor.add_constant(f"{prefix}{n}", t) for n, t in q.tensors.items()}
             row.update(
                 bytes_after=q.nbytes,
                 sqnr_db=None if q.dequantized is None else round(sqnr(w.float(), q.dequantized), 2),
@@ -433,12 +433,12 @@ def _constant_prefix(editor, weight_fqn: str, scheme) -> str:
     return prefix
 
 
-def _replace(editor, plan: LayerPlan, constants: list[fx.Node]) -> fx.Node:
+def _replace(editor, plan: LayerPlan, constants: dict[str, fx.Node]) -> fx.Node:
     site = plan.site
     if site.kind == "grouped_mm":
-        op, args = grouped_op_args(plan.scheme, site.x, constants, site.offs)
+        op, args = plan.scheme.grouped_op_args(site.x, constants, site.offs)
     else:
-        op, args = handler_for(plan.scheme).op_args(plan.scheme, site.x, constants, site.bias)
+        op, args = plan.scheme.op_args(site.x, constants, site.bias)
     weight_node = site.weight_node
     new = editor.swap(site.node, op, args)
     if site.stored_nk and not weight_node.users:
