@@ -1,8 +1,9 @@
 """The report: what happened to each linear-like layer and norm, read back from a program.
 
-The rewrite pass leaves one JSON row per site in ``node.meta["custom"]`` (which
-``torch.export.save`` keeps), so this works on a program straight from ``quantize`` and on one
-reloaded from a ``.pt2``: scheme, shapes, bytes before/after, weight SQNR, or why it was skipped.
+The rewrite pass leaves one row per site on its node (``fxquant.core.row.LayerRow``, JSON in
+``node.meta["custom"]``, which ``torch.export.save`` keeps), so this works on a program straight
+from ``quantize`` and on one reloaded from a ``.pt2``: scheme, shapes, bytes before/after,
+weight SQNR, or why it was skipped.
 The fusion pass adds one record per norm that feeds activation-quantizing linears (fused into
 ``norm_quant``, or why not) and marks each fused linear's row with ``fused_norm``.
 """
@@ -18,18 +19,19 @@ import torch.fx as fx
 from torch.export import ExportedProgram
 
 from fxquant.core.config import QuantConfig, scheme_from_dict
+from fxquant.core.row import LayerRow
 from fxquant.passes.fuse import NORM_KEY
-from fxquant.passes.rewrite import CONFIG_KEY, META_KEY
+from fxquant.passes.rewrite import CONFIG_KEY
 
 __all__ = ["Report", "read_graph", "report"]
 
 
 @dataclass
 class Report:
-    """Per-layer rows and per-norm fusion records (dicts), plus the config the program was made
-    with."""
+    """Per-layer rows (``LayerRow``) and per-norm fusion records (dicts), plus the config the
+    program was made with."""
 
-    rows: list[dict] = field(default_factory=list)
+    rows: list[LayerRow] = field(default_factory=list)
     config: QuantConfig | None = None
     program_bytes: int = 0  # all parameters, buffers and constants of the program
     norms: list[dict] = field(default_factory=list)
@@ -39,20 +41,20 @@ class Report:
         return [n for n in self.norms if n["status"] == "fused"]
 
     @property
-    def quantized(self) -> list[dict]:
-        return [r for r in self.rows if r["status"] == "quantized"]
+    def quantized(self) -> list[LayerRow]:
+        return [r for r in self.rows if r.status == "quantized"]
 
     @property
-    def skipped(self) -> list[dict]:
-        return [r for r in self.rows if r["status"] == "skipped"]
+    def skipped(self) -> list[LayerRow]:
+        return [r for r in self.rows if r.status == "skipped"]
 
     def summary(self) -> str:
         """A few lines: layers quantized per scheme, layers skipped, weight bytes before/after."""
         by_scheme: dict[str, int] = {}
         for r in self.quantized:
             by_scheme[_scheme_str(r)] = by_scheme.get(_scheme_str(r), 0) + 1
-        before = sum(r["bytes_before"] for r in self.quantized if not r.get("shared_with"))
-        after = sum(r["bytes_after"] for r in self.quantized)
+        before = sum(r.bytes_before for r in self.quantized if not r.shared_with)
+        after = sum(r.bytes_after for r in self.quantized)
         lines = [
             f"{len(self.quantized)} of {len(self.rows)} linear layers quantized, "
             f"{len(self.skipped)} kept in float",
@@ -65,7 +67,7 @@ class Report:
             )
         reasons: dict[str, int] = {}
         for r in self.skipped:
-            reasons[r["reason"]] = reasons.get(r["reason"], 0) + 1
+            reasons[r.reason] = reasons.get(r.reason, 0) + 1
         lines += [f"  skipped {n} × {why}" for why, n in reasons.items()]
         if self.norms:
             lines.append(
@@ -91,7 +93,7 @@ class Report:
         """The report as JSON-ready data: config, per-layer rows, per-norm records."""
         return {
             "config": None if self.config is None else self.config.to_dict(),
-            "layers": self.rows,
+            "layers": [r.to_dict() for r in self.rows],
             "norms": self.norms,
             "program_bytes": self.program_bytes,
         }
@@ -100,29 +102,29 @@ class Report:
         header = ("layer", "scheme", "N×K", "bytes before", "bytes after", "SQNR dB", "note")
         table = [header]
         for r in self.rows:
-            note = r["reason"] if r["status"] == "skipped" else ""
-            if r.get("shared_with"):
-                note = f"shares weights with {r['shared_with']}"
-            elif r.get("padded_in_features", r["in_features"]) != r["in_features"]:
-                note = f"K padded {r['in_features']}→{r['padded_in_features']}"
+            note = r.reason if r.status == "skipped" else ""
+            if r.shared_with:
+                note = f"shares weights with {r.shared_with}"
+            elif r.padded_in_features not in (None, r.in_features):
+                note = f"K padded {r.in_features}→{r.padded_in_features}"
             notes = [note] if note else []
-            if r.get("float_weight_kept"):
+            if r.float_weight_kept:
                 notes.append("float weight kept (used elsewhere)")
-            if r.get("fused_norm"):
-                notes.append(f"input quantized by {r['fused_norm']}")
-            if r.get("weights") == "given":  # a checkpoint's or a calibrator's own constants
+            if r.fused_norm:
+                notes.append(f"input quantized by {r.fused_norm}")
+            if r.weights == "given":  # a checkpoint's or a calibrator's own constants
                 notes.append("weights given (not quantized here)")
             note = "; ".join(notes)
             table.append(
                 (
-                    r["name"] or "<root>",
-                    _scheme_str(r) if r["status"] == "quantized" else "float (skipped)",
+                    r.name or "<root>",
+                    _scheme_str(r) if r.status == "quantized" else "float (skipped)",
                     # experts' weights (grouped_mm sites): E×N×K
-                    ("" if r.get("experts") is None else f"{r['experts']}×")
-                    + f"{r['out_features']}×{r['in_features']}",
-                    f"{r['bytes_before']:,}",
-                    f"{r['bytes_after']:,}",
-                    "" if r["sqnr_db"] is None else f"{r['sqnr_db']:.1f}",
+                    ("" if r.experts is None else f"{r.experts}×")
+                    + f"{r.out_features}×{r.in_features}",
+                    f"{r.bytes_before:,}",
+                    f"{r.bytes_after:,}",
+                    "" if r.sqnr_db is None else f"{r.sqnr_db:.1f}",
                     note,
                 )
             )
@@ -138,8 +140,8 @@ class Report:
         return text + self.summary()
 
 
-def _scheme_str(row: dict) -> str:
-    return str(scheme_from_dict(row["scheme"]))
+def _scheme_str(row: LayerRow) -> str:
+    return str(scheme_from_dict(row.scheme))
 
 
 def _mib(n: int) -> str:
@@ -159,13 +161,14 @@ def report(ep: ExportedProgram) -> Report:
     return Report(rows=rows, config=config, program_bytes=sum(storages.values()), norms=norms)
 
 
-def read_graph(graph: fx.Graph) -> tuple[list[dict], list[dict], QuantConfig | None]:
+def read_graph(graph: fx.Graph) -> tuple[list[LayerRow], list[dict], QuantConfig | None]:
     """(layer rows, norm records, config) that the passes left in a graph, in graph order."""
     rows, norms, config = [], [], None
     for node in graph.nodes:
         custom = node.meta.get("custom") or {}
-        if META_KEY in custom:
-            rows.append(json.loads(custom[META_KEY]))
+        row = LayerRow.from_node(node)
+        if row is not None:
+            rows.append(row)
         # torch.export.load gives the getitems of a multi-output op (norm_quant) that op's
         # metadata: the record is read from the op alone
         if NORM_KEY in custom and node.target is not operator.getitem:

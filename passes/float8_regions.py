@@ -24,6 +24,7 @@ import torch
 import torch.fx as fx
 
 from fxquant.core.config import Float8Recipe, QuantConfig, Scheme
+from fxquant.core.row import LayerRow
 from fxquant.float8_state import state_for
 from fxquant.float8_training import float8_training_linear
 from fxquant.passes.plan import LayerPlan, Site, find_sites, plan_sites
@@ -180,7 +181,7 @@ class Float8Graph:
     """The rewritten graph and what its runtime needs."""
 
     gm: fx.GraphModule
-    rows: list[dict]
+    rows: list[LayerRow]
     sites: list[StateSite]  # per delayed-scaling site, in input order
     n_outputs: int  # the outputs of the original graph (amaxes follow)
     extra_inputs: list[torch.Tensor]  # example values of the added inputs
@@ -258,12 +259,12 @@ def float8_regions(gm: fx.GraphModule, example_inputs, config: QuantConfig) -> F
     index = {p.site.node: i for i, p in enumerate(delayed)}
     for plan in plans:
         row = _row(plan)
-        rows.append(row)
         if plan.scheme is None:
+            rows.append(row)
             continue
         recipe = plan.scheme
         padded = recipe.padded_in_features(plan.site.in_features)
-        row.update(padded_in_features=padded, bytes_after=row["bytes_before"])
+        rows.append(row.replace(padded_in_features=padded, bytes_after=row.bytes_before))
         node = env[plan.site.node]
         x, w = env_arg(env, plan.site.x), env[plan.site.weight_node]
         bias = env_arg(env, plan.site.bias)

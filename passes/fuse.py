@@ -49,9 +49,10 @@ import torch.fx as fx
 import torch.nn.functional as F
 
 import fxquant.core.ops  # noqa: F401  (registers the fxquant:: ops)
+from fxquant.core.row import LayerRow
 from fxquant.core.scheme import OPS, ActivationQuant, Scheme, named_args
 from fxquant.passes.plan import FLOAT_DTYPES, node_value
-from fxquant.passes.rewrite import COPIED_META, META_KEY, counters
+from fxquant.passes.rewrite import COPIED_META, counters
 
 __all__ = ["NORM_KEY", "ActivationQuant", "fuse_norms"]
 
@@ -298,7 +299,7 @@ def fuse_norms(editor) -> list[dict]:
         name = _norm_name(editor, m if isinstance(m, NormMatch) else None, out)
         record = {"name": name, "kind": None, "status": "not fused", "reason": None}
         record["activation"] = None
-        record["linears"] = [_describe(u, short=True) for u in users if META_KEY in _custom(u)]
+        record["linears"] = [_describe(u, short=True) for u in users if LayerRow.from_node(u)]
         if isinstance(m, str):
             record["reason"] = m
         else:
@@ -360,10 +361,7 @@ def _fuse(editor, m: NormMatch, quant: ActivationQuant, record: dict) -> None:
         cls, user_args = _consumer(user)
         op, new_args = cls.scaled_linear(q, scale, user_args, out_dtype)
         new = editor.swap(user, op, new_args)
-        custom = _custom(new)
-        row = json.loads(custom[META_KEY])
-        row["fused_norm"] = record["name"]
-        new.meta["custom"] = {**custom, META_KEY: json.dumps(row, sort_keys=True)}
+        LayerRow.from_node(new).replace(fused_norm=record["name"]).store(new)
     # The norm's own nodes, last first, with the checks export hung on them; one still in use
     # (HF's x.to(float32), also read by the residual) stays.
     for node in reversed(m.nodes):
@@ -393,13 +391,13 @@ def _norm_name(editor, m: NormMatch | None, out: fx.Node) -> str:
 def _describe(node: fx.Node, *, short: bool = False) -> str:
     """A consumer as the report names it: the linear's layer name (and what it does with its
     activation), else the op."""
-    if META_KEY in _custom(node):
-        row = json.loads(_custom(node)[META_KEY])
+    row = LayerRow.from_node(node)
+    if row is not None:
         if short:
-            return row["name"]
-        if row["status"] == "skipped":
-            return f"{row['name']}, kept in float ({row['reason']})"
-        return f"{row['name']}, a {row['scheme']['type']} linear (float activation)"
+            return row.name
+        if row.status == "skipped":
+            return f"{row.name}, kept in float ({row.reason})"
+        return f"{row.name}, a {row.scheme['type']} linear (float activation)"
     if node.op == "output":
         return "the program's output"
     if isinstance(node.target, torch._ops.OpOverload):

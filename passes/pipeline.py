@@ -12,9 +12,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from fxquant.core.config import QuantConfig
+from fxquant.core.row import LayerRow
+from fxquant.core.scheme import QuantizedWeight
 from fxquant.passes.fuse import fuse_norms
 from fxquant.passes.rewrite import rewrite
-from fxquant.passes.schemes import QuantizedWeight
 
 __all__ = ["run_passes"]
 
@@ -26,7 +27,7 @@ def run_passes(
     progress: bool = False,
     weights: Mapping[str, QuantizedWeight] | None = None,
     whole_model: bool = False,
-) -> list[dict]:
+) -> list[LayerRow]:
     """Plan every linear-like site, rewrite the planned ones to ``fxquant::`` ops (``weights``:
     constants made elsewhere, by weight name) and, under ``config.fuse_norms``, fuse each norm
     into the quantization of the linears it feeds. Returns the report rows of the rewrite.

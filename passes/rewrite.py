@@ -10,15 +10,15 @@ small *editor* that knows where constants live:
 - ``DynamoEditor``: the GraphModule ``torch.compile`` hands the ``fxquant`` backend, whose
   parameters arrive as graph inputs; quantized weights become attributes of that GraphModule.
 
-Each rewritten node carries its report row (JSON) in ``node.meta["custom"]["fxquant"]``, which
-``torch.export.save`` keeps, so ``fxquant.report`` works on a reloaded ``.pt2``.
+Each rewritten node carries its report row (``fxquant.core.row.LayerRow``, as JSON in
+``node.meta["custom"]``), which ``torch.export.save`` keeps, so ``fxquant.report`` works on a
+reloaded ``.pt2``.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
-import json
 import re
 import warnings
 from collections import Counter
@@ -39,10 +39,11 @@ from tqdm.auto import tqdm
 
 from fxquant.core.config import QuantConfig
 from fxquant.core.reference import sqnr
+from fxquant.core.row import ROW_KEY, LayerRow
 from fxquant.core.scheme import QuantizedWeight, check_layout
 from fxquant.passes.plan import LayerPlan, find_sites, node_value, plan_sites
 
-META_KEY = "fxquant"  # node.meta["custom"][META_KEY]: the layer's report row, as JSON
+META_KEY = ROW_KEY  # node.meta["custom"][META_KEY]: the layer's row (fxquant.core.row)
 CONFIG_KEY = "fxquant_config"  # ... and on the first site, the whole QuantConfig, as JSON
 COPIED_META = (
     "nn_module_stack",
@@ -278,7 +279,7 @@ def rewrite(
     progress: bool = False,
     weights: Mapping[str, QuantizedWeight] | None = None,
     whole_model: bool = False,
-) -> list[dict]:
+) -> list[LayerRow]:
     """Plan and rewrite every linear-like site; returns the report rows (one per site).
 
     ``weights`` maps a weight's name (``model.layers.0.mlp.up_proj.weight``) to constants made
@@ -295,7 +296,7 @@ def rewrite(
     plans = _nonfinite(plans, config)
     weights = dict(weights or {})
     used: set[str] = set()
-    cache: dict[tuple, tuple[dict[str, fx.Node], dict]] = {}  # (weight, scheme) → constants, row
+    cache: dict[tuple, tuple[dict[str, fx.Node], LayerRow]] = {}  # (weight, scheme) → consts, row
     rows = []
     for plan in tqdm(plans, desc="quantizing", unit="layer", disable=not progress):
         site = plan.site
@@ -306,7 +307,7 @@ def rewrite(
         key = (site.weight_fqn, plan.scheme)
         if key in cache:
             nodes, first = cache[key]
-            row.update(bytes_after=0, sqnr_db=first["sqnr_db"], shared_with=first["name"])
+            row = row.replace(bytes_after=0, sqnr_db=first.sqnr_db, shared_with=first.name)
         else:
             w = site.weight_nk().detach().contiguous()
             given = weights.get(site.weight_fqn)
@@ -316,10 +317,10 @@ def rewrite(
                 check_layout(plan.scheme, site.weight_fqn, tuple(w.shape), given)
                 q = given
                 used.add(site.weight_fqn)
-                row["weights"] = "given"
+                row = row.replace(weights="given")
             prefix = _constant_prefix(editor, site.weight_fqn, plan.scheme)
             nodes = {n: editor.add_constant(f"{prefix}{n}", t) for n, t in q.tensors.items()}
-            row.update(
+            row = row.replace(
                 bytes_after=q.nbytes,
                 sqnr_db=None if q.dequantized is None else round(sqnr(w.float(), q.dequantized), 2),
                 padded_in_features=plan.scheme.padded_in_features(site.in_features),
@@ -331,7 +332,7 @@ def rewrite(
     unused = sorted(set(weights) - used)
     if unused:
         # A name the plan skipped or never saw: silently keeping its float weight would be wrong.
-        reasons = {r["weight"]: r["reason"] for _, r in rows if r["status"] == "skipped"}
+        reasons = {r.weight: r.reason for _, r in rows if r.status == "skipped"}
         raise ValueError(
             f"precomputed weights were given for {len(unused)} weight(s) the plan did not "
             f"quantize: "
@@ -339,9 +340,9 @@ def rewrite(
         )
     result = []
     for node, row in rows:
-        if row["status"] == "quantized":
-            row["float_weight_kept"] = editor.kept(row["weight"])
-        node.meta.setdefault("custom", {})[META_KEY] = json.dumps(row, sort_keys=True)
+        if row.status == "quantized":
+            row = row.replace(float_weight_kept=editor.kept(row.weight))
+        row.store(node)
         result.append(row)
     if rows:
         rows[0][0].meta["custom"][CONFIG_KEY] = config.to_json()
@@ -403,24 +404,25 @@ def _has_values(t: torch.Tensor) -> bool:
     return t.device.type != "meta" and not isinstance(t, torch._subclasses.FakeTensor)
 
 
-def _row(plan: LayerPlan) -> dict:
+def _row(plan: LayerPlan) -> LayerRow:
     site = plan.site
-    return {
-        "name": plan.name,
-        "weight": site.weight_fqn,
-        "node": site.node.name,
-        "kind": site.kind,
-        "in_features": site.in_features,
-        "out_features": site.out_features,
-        "dtype": str(site.weight.dtype).removeprefix("torch."),
-        "status": "skipped" if plan.scheme is None else "quantized",
-        "scheme": None if plan.scheme is None else plan.scheme.to_dict(),
-        "reason": plan.reason,
-        "bytes_before": site.weight.numel() * site.weight.element_size(),
-        "bytes_after": site.weight.numel() * site.weight.element_size(),
-        "sqnr_db": None,
-        **({"experts": site.experts} if site.experts is not None else {}),
-    }
+    nbytes = site.weight.numel() * site.weight.element_size()
+    return LayerRow(
+        name=plan.name,
+        weight=site.weight_fqn,
+        node=site.node.name,
+        kind=site.kind,
+        in_features=site.in_features,
+        out_features=site.out_features,
+        dtype=str(site.weight.dtype).removeprefix("torch."),
+        status="skipped" if plan.scheme is None else "quantized",
+        scheme=None if plan.scheme is None else plan.scheme.to_dict(),
+        reason=plan.reason,
+        bytes_before=nbytes,
+        bytes_after=nbytes,
+        sqnr_db=None,
+        experts=site.experts,
+    )
 
 
 def _constant_prefix(editor, weight_fqn: str, scheme) -> str:
