@@ -21,7 +21,7 @@ from fxquant.core import ops  # noqa: F401  (registers the fxquant:: ops)
 # (``fxquant generate``, ``fxquant.runtime``) never imports the passes, and ``import fxquant``
 # stays as cheap as registering the ops.
 _EXPORTS = {
-    "from_accelerate": "fxquant.accelerate",
+    "from_accelerate": "fxquant.training.accelerate",
     "aot_compile": "fxquant.api",
     "quantize": "fxquant.api",
     "AWQ": "fxquant.calibrate",
@@ -31,8 +31,8 @@ _EXPORTS = {
     "load_quantized": "fxquant.checkpoints",
     "read_quantized": "fxquant.checkpoints",
     "save_compressed_tensors": "fxquant.checkpoints",
-    "fp8_state_dict": "fxquant.float8_state",
-    "load_fp8_state_dict": "fxquant.float8_state",
+    "fp8_state_dict": "fxquant.training.state",
+    "load_fp8_state_dict": "fxquant.training.state",
     "calibration_from_hf": "fxquant.hf",
     "from_hf": "fxquant.hf",
     "export_llm": "fxquant.llm",
@@ -104,7 +104,6 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerly
-    from fxquant.accelerate import from_accelerate
     from fxquant.api import aot_compile, quantize
     from fxquant.calibrate import AWQ, GPTQ, SmoothQuant, calibrate
     from fxquant.checkpoints import load_quantized, read_quantized, save_compressed_tensors
@@ -130,11 +129,12 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
         Scheme,
         from_recipe_name,
     )
-    from fxquant.float8_state import fp8_state_dict, load_fp8_state_dict
     from fxquant.hf import calibration_from_hf, from_hf
     from fxquant.llm import export_llm, llm_info
     from fxquant.report import Report, report
     from fxquant.runtime import LLMPackage, generate
+    from fxquant.training.accelerate import from_accelerate
+    from fxquant.training.state import fp8_state_dict, load_fp8_state_dict
 
 from fxquant.version import __version__ as __version__  # noqa: E402  (re-exported)
 

@@ -24,10 +24,10 @@ import torch
 import torch.fx as fx
 
 from fxquant.core.config import Float8Recipe, QuantConfig, Scheme
-from fxquant.float8_state import state_for
-from fxquant.float8_training import float8_training_linear
 from fxquant.passes.plan import LayerPlan, Site, find_sites, plan_sites
 from fxquant.passes.rewrite import COPIED_META, DynamoEditor, _row, counters
+from fxquant.training.numerics import float8_training_linear
+from fxquant.training.state import state_for
 
 __all__ = [
     "Float8Graph",
@@ -133,7 +133,7 @@ def inference_config(model: torch.nn.Module, config: QuantConfig) -> QuantConfig
     ``Float8Block(128)``, MXFP8 ``MXFP8(scale_rule="ceil")`` (E8M0 scales per 32, the exponent
     rule of the training casts). A layer trained with fprop in high precision stays in float."""
     from fxquant.core.config import MXFP8, Float8Block, Float8Dynamic, Float8Static
-    from fxquant.float8_state import layer_states
+    from fxquant.training.state import layer_states
 
     linears = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
     states = layer_states(model)
