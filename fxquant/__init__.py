@@ -24,10 +24,10 @@ _EXPORTS = {
     "from_accelerate": "fxquant.training.accelerate",
     "aot_compile": "fxquant.api",
     "quantize": "fxquant.api",
-    "AWQ": "fxquant.calibrate",
-    "GPTQ": "fxquant.calibrate",
-    "SmoothQuant": "fxquant.calibrate",
-    "calibrate": "fxquant.calibrate",
+    "AWQ": "fxquant.calibration.methods",
+    "GPTQ": "fxquant.calibration.methods",
+    "SmoothQuant": "fxquant.calibration.methods",
+    "calibrate": "fxquant.calibration.api",
     "load_quantized": "fxquant.checkpoints",
     "read_quantized": "fxquant.checkpoints",
     "save_compressed_tensors": "fxquant.checkpoints",
@@ -71,17 +71,16 @@ _EXPORTS = {
 
 
 class _Package(types.ModuleType):
-    """fxquant itself. Two submodules share a name with the function they define
-    (``fxquant.report``, ``fxquant.calibrate``); importing such a submodule binds it on the
-    package, which would shadow the function: here the function keeps its name."""
+    """fxquant itself. The submodule ``fxquant.report`` shares its name with the function it
+    defines; importing the submodule binds it on the package, which would shadow the function:
+    here the function keeps its name."""
 
     def __setattr__(self, name: str, value) -> None:
-        if name in _SHADOWED and isinstance(value, types.ModuleType):
-            return  # the submodule stays reachable as sys.modules["fxquant.<name>"]
+        if name == "report" and isinstance(value, types.ModuleType):
+            return  # the submodule stays reachable as sys.modules["fxquant.report"]
         super().__setattr__(name, value)
 
 
-_SHADOWED = {"report", "calibrate"}
 sys.modules[__name__].__class__ = _Package
 
 
@@ -105,7 +104,8 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerly
     from fxquant.api import aot_compile, quantize
-    from fxquant.calibrate import AWQ, GPTQ, SmoothQuant, calibrate
+    from fxquant.calibration.api import calibrate
+    from fxquant.calibration.methods import AWQ, GPTQ, SmoothQuant
     from fxquant.checkpoints import load_quantized, read_quantized, save_compressed_tensors
     from fxquant.core.config import (
         MXFP4,

@@ -8,17 +8,12 @@ import torch
 
 import fxquant
 from conftest import TinyLlama
-from fxquant.calibrate import (
-    AWQ,
-    GPTQ,
-    SmoothQuant,
-    calibrate,
-    calibration_pass,
-    input_moments,
-)
+from fxquant.calibration.api import calibrate, calibration_pass
+from fxquant.calibration.gptq import gptq_quantize, output_error
+from fxquant.calibration.interpreter import input_moments
+from fxquant.calibration.methods import AWQ, GPTQ, SmoothQuant
 from fxquant.core import reference as ref
 from fxquant.core.config import Int4WeightOnly, Int8DynamicActivation, Int8WeightOnly
-from fxquant.gptq import gptq_quantize, output_error
 from fxquant.passes.schemes import handler_for
 
 INT4_ASYM = Int4WeightOnly(group_size=32)
@@ -151,7 +146,7 @@ def test_first_token_weight_counts_the_first_position_as_if_repeated():
 
 
 def test_group_aware_order_keeps_groups_whole_strongest_first():
-    from fxquant.gptq import _group_aware_order
+    from fxquant.calibration.gptq import _group_aware_order
 
     diag = torch.tensor([1.0, 5.0, 2.0, 0.5, 9.0, 3.0, 0.1, 4.0])
     # groups of 4: maxima 5 and 9 → group 1 first; inside each, decreasing diag

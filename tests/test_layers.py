@@ -28,8 +28,7 @@ LAYERS = [
     # the entry points, and what runs or measures their output
     ("entry", ["fxquant.report", "fxquant.runtime", "fxquant.llm", "fxquant.evaluate",
                   "fxquant.assets", "fxquant.api", "fxquant.backend", "fxquant.safe_load",
-                  "fxquant.fold", "fxquant.gptq", "fxquant.awq", "fxquant.smoothquant",
-                  "fxquant.calibrate"]),
+                  "fxquant.calibration"]),
     # the outside world's formats and APIs
     ("integrations", ["fxquant.hf", "fxquant.checkpoints", "fxquant.hf_quantizer",
                       "fxquant.packages"]),

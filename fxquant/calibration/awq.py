@@ -1,13 +1,14 @@
 """AWQ: activation-aware per-input-channel scales for int4 weights (Lin et al., 2023).
 
-Where this sits: ``fxquant.calibrate`` runs the float graph over calibration data; at each group
-of linears that share one input ``x`` (q/k/v after a norm, gate/up, down after up, …) it calls
-``search_scale`` with the group's weights and the statistics of ``x``, then folds the chosen
-``s`` into the op before ``x`` (``fxquant/fold.py``): ``W ← W·diag(s)``, ``x ← x/s``, the float
-model unchanged. Salient input channels (large mean ``|x|``) get larger weights, so rounding
-hurts them less. ``search_clip`` then shrinks each group's weight range where that lowers the
-output error. The weights are quantized afterwards by plain round-to-nearest
-(``fxquant.quantize``): AWQ changes the float weights, not the rounding.
+Where this sits: ``fxquant.calibrate`` runs the float graph over calibration data
+(``fxquant/calibration/interpreter.py``); at each group of linears that share one input ``x``
+(q/k/v after a norm, gate/up, down after up, …) ``AWQRun`` (the driver, at the end of this module)
+calls ``search_scale`` with the group's weights and the statistics of ``x``, then folds the chosen
+``s`` into the op before ``x`` (``fxquant/calibration/fold.py``): ``W ← W·diag(s)``,
+``x ← x/s``, the float model unchanged. Salient input channels (large mean ``|x|``) get larger
+weights, so rounding hurts them less. ``search_clip`` then shrinks each group's weight range
+where that lowers the output error. The weights are quantized afterwards by plain
+round-to-nearest (``fxquant.quantize``): AWQ changes the float weights, not the rounding.
 
 As in llm-awq: ``s = mean|x|^α`` per input channel, normalised by ``sqrt(max·min)``, α over a grid
 in [0, 1); the loss is the output MSE of the quantized group. Unlike llm-awq, which runs the
@@ -19,14 +20,20 @@ group's linear outputs, computed exactly over *all* calibration tokens from ``Σ
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
+import torch.fx as fx
 import torch.nn.functional as F
 
-from fxquant.core.config import Int4WeightOnly
+from fxquant.calibration.fold import find_absorber
+from fxquant.calibration.interpreter import CalibrationRun
+from fxquant.calibration.methods import AWQ
+from fxquant.core.config import Int4WeightOnly, name_matches
+from fxquant.passes.plan import LayerPlan
 from fxquant.passes.schemes import handler_for
 
-__all__ = ["ScaleSearch", "output_mse", "search_clip", "search_scale"]
+__all__ = ["AWQRun", "ScaleSearch", "output_mse", "search_clip", "search_scale"]
 
 
 def output_mse(d: torch.Tensor, sigma: torch.Tensor) -> float:
@@ -126,3 +133,86 @@ def search_clip(
     if not after < before:  # the per-group choice ignores cross-group terms: keep what is better
         return weight, before, before
     return clipped.to(weight.dtype), before, after
+
+
+# --------------------------------------------------------------------------------------------
+# The driver: AWQ at each group of planned linears of a calibration run
+# --------------------------------------------------------------------------------------------
+
+
+class AWQRun(CalibrationRun):
+    """``method=AWQ(...)``: the int4 linears reading one input get one searched scale, folded into
+    the op before it; then each weight's clipping range is searched."""
+
+    def calibrate_group(self, x: fx.Node, group: list[LayerPlan]) -> None:
+        m: AWQ = self.method
+        int4 = []
+        for p in group:
+            if p.scheme is None:
+                continue
+            if not isinstance(p.scheme, Int4WeightOnly):
+                self._skip(
+                    p, f"AWQ searches scales for int4 weights, not {type(p.scheme).__name__}"
+                )
+            else:
+                int4.append(p)
+        if not int4:
+            return
+        schemes = {p.scheme for p in int4}
+        if len(schemes) > 1:
+            for p in int4:
+                self._skip(p, "the linears sharing this input have different int4 schemes")
+            return
+        scheme = int4[0].scheme
+        k = group[0].site.in_features
+        stats = self._stats(x, k)
+        sigma = stats["sigma"]
+        orig = {p.site.weight_fqn: self.weight_nk(p.site).float() for p in int4}
+        shared = [p.site.weight_fqn for p in group if self.weight_uses[p.site.weight_fqn] > 1]
+        absorber = (
+            f"{shared[0]} is shared by several linears"
+            if shared
+            else find_absorber(
+                x, [p.site for p in group], self.sites_by_node, self.param_of, allow_linear=True
+            )
+        )
+        rec: dict[str, Any] = {"method": "awq", "tokens": stats["tokens"]}
+        s = torch.ones(k)
+        if isinstance(absorber, str):
+            rec.update(status="skipped", note=f"scale not folded: {absorber}")
+        else:
+            found = search_scale(
+                torch.cat(list(orig.values())), sigma, stats["absmean"], scheme, n_grid=m.n_grid
+            )
+            s = found.scale
+            self._fold(x, group, absorber, s)
+            rec.update(
+                status="calibrated",
+                folded_into=f"{absorber.kind} {absorber.name}",
+                alpha=found.alpha,
+                group_loss_rtn=found.loss_rtn,
+                group_loss=found.loss,
+            )
+        sigma_s = sigma / (s[:, None] * s[None, :])  # statistics of the scaled input x / s
+        for p in int4:
+            fqn = p.site.weight_fqn
+            w_scaled = self.weight_nk(p.site).float()
+            final = w_scaled
+            r = dict(rec)
+            if m.clip and not any(name_matches(pat, p.name) for pat in m.no_clip):
+                final, before, after = search_clip(
+                    w_scaled, sigma_s, scheme, n_grid=m.n_grid, max_shrink=m.clip_max_shrink
+                )
+                r["clip_loss_before"], r["clip_loss_after"] = before, after
+                if final is not w_scaled:
+                    self.set_weight_nk(p.site, final)
+                    r["status"] = "calibrated"
+                    # the pass runs on in float, as llm-awq's does: later layers see the
+                    # unclipped (scaled) weight's output
+                    stored = w_scaled.t() if p.site.transposed else w_scaled
+                    self.override[p.site.node] = stored.to(self.state[fqn].dtype).contiguous()
+            rtn = handler_for(scheme).quantize(scheme, orig[fqn]).dequantized
+            r["output_mse_rtn"] = output_mse(orig[fqn] - rtn, sigma)
+            q = handler_for(scheme).quantize(scheme, final).dequantized
+            r["output_mse"] = output_mse(w_scaled - q, sigma_s)
+            self.records[fqn] = r
