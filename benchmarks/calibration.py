@@ -43,7 +43,8 @@ from cpu_kernels import machine_info  # run as `python benchmarks/calibration.py
 
 import fxquant
 from fxquant import assets, evaluate
-from fxquant.calibrate import AWQ, GPTQ, SmoothQuant, calibrate
+from fxquant.calibration.api import calibrate
+from fxquant.calibration.methods import AWQ, GPTQ, SmoothQuant
 
 WINDOW = 512
 

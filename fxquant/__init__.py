@@ -21,18 +21,18 @@ from fxquant.core import ops  # noqa: F401  (registers the fxquant:: ops)
 # (``fxquant generate``, ``fxquant.runtime``) never imports the passes, and ``import fxquant``
 # stays as cheap as registering the ops.
 _EXPORTS = {
-    "from_accelerate": "fxquant.accelerate",
+    "from_accelerate": "fxquant.training.accelerate",
     "aot_compile": "fxquant.api",
     "quantize": "fxquant.api",
-    "AWQ": "fxquant.calibrate",
-    "GPTQ": "fxquant.calibrate",
-    "SmoothQuant": "fxquant.calibrate",
-    "calibrate": "fxquant.calibrate",
+    "AWQ": "fxquant.calibration.methods",
+    "GPTQ": "fxquant.calibration.methods",
+    "SmoothQuant": "fxquant.calibration.methods",
+    "calibrate": "fxquant.calibration.api",
     "load_quantized": "fxquant.checkpoints",
     "read_quantized": "fxquant.checkpoints",
     "save_compressed_tensors": "fxquant.checkpoints",
-    "fp8_state_dict": "fxquant.float8_state",
-    "load_fp8_state_dict": "fxquant.float8_state",
+    "fp8_state_dict": "fxquant.training.state",
+    "load_fp8_state_dict": "fxquant.training.state",
     "calibration_from_hf": "fxquant.hf",
     "from_hf": "fxquant.hf",
     "export_llm": "fxquant.llm",
@@ -71,17 +71,16 @@ _EXPORTS = {
 
 
 class _Package(types.ModuleType):
-    """fxquant itself. Two submodules share a name with the function they define
-    (``fxquant.report``, ``fxquant.calibrate``); importing such a submodule binds it on the
-    package, which would shadow the function: here the function keeps its name."""
+    """fxquant itself. The submodule ``fxquant.report`` shares its name with the function it
+    defines; importing the submodule binds it on the package, which would shadow the function:
+    here the function keeps its name."""
 
     def __setattr__(self, name: str, value) -> None:
-        if name in _SHADOWED and isinstance(value, types.ModuleType):
-            return  # the submodule stays reachable as sys.modules["fxquant.<name>"]
+        if name == "report" and isinstance(value, types.ModuleType):
+            return  # the submodule stays reachable as sys.modules["fxquant.report"]
         super().__setattr__(name, value)
 
 
-_SHADOWED = {"report", "calibrate"}
 sys.modules[__name__].__class__ = _Package
 
 
@@ -104,9 +103,9 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerly
-    from fxquant.accelerate import from_accelerate
     from fxquant.api import aot_compile, quantize
-    from fxquant.calibrate import AWQ, GPTQ, SmoothQuant, calibrate
+    from fxquant.calibration.api import calibrate
+    from fxquant.calibration.methods import AWQ, GPTQ, SmoothQuant
     from fxquant.checkpoints import load_quantized, read_quantized, save_compressed_tensors
     from fxquant.core.config import (
         MXFP4,
@@ -130,11 +129,12 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
         Scheme,
         from_recipe_name,
     )
-    from fxquant.float8_state import fp8_state_dict, load_fp8_state_dict
     from fxquant.hf import calibration_from_hf, from_hf
     from fxquant.llm import export_llm, llm_info
     from fxquant.report import Report, report
     from fxquant.runtime import LLMPackage, generate
+    from fxquant.training.accelerate import from_accelerate
+    from fxquant.training.state import fp8_state_dict, load_fp8_state_dict
 
 from fxquant.version import __version__ as __version__  # noqa: E402  (re-exported)
 

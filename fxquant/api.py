@@ -23,6 +23,7 @@ from torch.export import ExportedProgram
 
 from fxquant import runtime
 from fxquant.core.config import QuantConfig, Scheme
+from fxquant.core.scheme import QuantizedWeight
 from fxquant.llm import decode_bytes, llm_info
 from fxquant.passes.float8_regions import inference_config, uses_float8_training
 from fxquant.passes.lower import (
@@ -35,7 +36,6 @@ from fxquant.passes.lower import (
 )
 from fxquant.passes.pipeline import run_passes
 from fxquant.passes.rewrite import ProgramEditor
-from fxquant.passes.schemes import QuantizedWeight
 
 __all__ = ["aot_compile", "atomic_path", "quantize"]
 

@@ -150,10 +150,10 @@ def fxquant_backend(
 def _float8_training(gm, example_inputs, config: QuantConfig, inductor_config: dict):
     """The training branch: FP8 autocast regions (``fxquant.passes.float8_regions``), compiled
     by Inductor with autograd (AOTAutograd traces the FP8 backward too), wrapped in the runtime
-    that keeps the delayed-scaling state (``fxquant.float8_state``)."""
+    that keeps the delayed-scaling state (``fxquant.training.state``)."""
     from torch._inductor.compile_fx import compile_fx
 
-    from fxquant.float8_state import Float8TrainingProgram, remember_owners
+    from fxquant.training.state import Float8TrainingProgram, remember_owners
 
     fg = float8_regions(gm, example_inputs, config)
     if fg.root is not None:

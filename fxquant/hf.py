@@ -1098,7 +1098,7 @@ def _int4(cls: str, group_size: Any, symmetric: bool) -> Int4WeightOnly:
 
 
 def _gptq(f: dict[str, Any]) -> tuple[QuantConfig, Any, None]:
-    from fxquant.calibrate import GPTQ
+    from fxquant.calibration.methods import GPTQ
 
     cls = "GPTQConfig"
     bits, group_size, sym = f.get("bits", 4), f.get("group_size", 128), f.get("sym", True)
@@ -1136,7 +1136,7 @@ def _gptq(f: dict[str, Any]) -> tuple[QuantConfig, Any, None]:
 
 
 def _awq(f: dict[str, Any]) -> tuple[QuantConfig, Any, str | None]:
-    from fxquant.calibrate import AWQ
+    from fxquant.calibration.methods import AWQ
 
     cls = "AwqConfig"
     if f.get("bits", 4) != 4:

@@ -55,8 +55,8 @@ from transformers.utils.quantization_config import QuantizationConfigMixin
 
 from fxquant.core.config import QuantConfig, Scheme
 from fxquant.core.reference import sqnr
+from fxquant.core.scheme import QuantizedWeight
 from fxquant.passes.plan import FLOAT_DTYPES
-from fxquant.passes.schemes import QuantizedWeight, handler_for
 from fxquant.report import Report
 
 __all__ = ["FxquantHfConfig", "FxquantHfQuantizer", "QuantizedLinear", "quantize_linears"]
@@ -235,7 +235,7 @@ def quantize_linears(model: nn.Module, config: QuantConfig | Scheme | str) -> Re
             site.row["sqnr_db"] = rows[site.owner]["sqnr_db"]
         else:
             wf = site.module.weight.detach().float().contiguous()
-            q = handler_for(site.scheme).quantize(site.scheme, wf)
+            q = site.scheme.quantize(wf)
             site.row.update(bytes_after=q.nbytes, sqnr_db=round(sqnr(wf, q.dequantized), 2))
             done[site.name] = q
         _swap(model, site, q)
@@ -294,7 +294,7 @@ def _layout(scheme: Scheme, n: int, k: int) -> dict[str, tuple[tuple[int, ...], 
     # Quantizing zeros is cheap, exact about layout, and the all-zero path never NaNs. On the CPU:
     # transformers builds the skeleton under a meta default device, where nothing can be computed.
     with torch.device("cpu"):
-        q = handler_for(scheme).quantize(scheme, torch.zeros(n, k))
+        q = scheme.quantize(torch.zeros(n, k))
     return {c: (tuple(t.shape), t.dtype) for c, t in q.tensors.items()}
 
 

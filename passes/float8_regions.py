@@ -1,5 +1,5 @@
 """FP8 autocast regions: decide which linears of a Dynamo training graph run in FP8, and rewrite
-them to ``fxquant.float8_training.float8_training_linear``.
+them to ``fxquant.training.numerics.float8_training_linear``.
 
 Where it sits: the training branch of the backend (``fxquant.backend``). A region is the part of
 the graph the config assigns a ``Float8Recipe``: ``modules_to_not_convert`` and ``overrides`` by
@@ -8,10 +8,10 @@ first and the last linear of the model, in ``named_modules()`` order), then what
 (dims divisible by 16 unless ``pad_inner_dim``; by 32 / 128 for MX / block). Every decision is a
 report row. Outside a region the graph is untouched.
 
-The rewritten graph is a copy (Dynamo keeps using the graph it handed over). With delayed
-scaling it gains inputs (per site a forward and a backward scale, then one amax sink [sites, 2])
-and outputs (per site the forward amaxes): ``fxquant.float8_state.Float8TrainingProgram`` feeds
-and reads them.
+The rewritten graph is a copy (Dynamo keeps using the graph it handed over). With delayed scaling it
+gains inputs (per site a forward and a backward scale, then one amax sink [sites, 2]) and outputs
+(per site the forward amaxes): ``fxquant.training.state.Float8TrainingProgram`` feeds and reads
+them.
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ import torch.fx as fx
 
 from fxquant.core.config import Float8Recipe, QuantConfig, Scheme
 from fxquant.core.row import LayerRow
-from fxquant.float8_state import state_for
-from fxquant.float8_training import float8_training_linear
 from fxquant.passes.plan import LayerPlan, Site, find_sites, plan_sites
 from fxquant.passes.rewrite import COPIED_META, DynamoEditor, _row, counters
+from fxquant.training.numerics import float8_training_linear
+from fxquant.training.state import state_for
 
 __all__ = [
     "Float8Graph",
@@ -134,7 +134,7 @@ def inference_config(model: torch.nn.Module, config: QuantConfig) -> QuantConfig
     ``Float8Block(128)``, MXFP8 ``MXFP8(scale_rule="ceil")`` (E8M0 scales per 32, the exponent
     rule of the training casts). A layer trained with fprop in high precision stays in float."""
     from fxquant.core.config import MXFP8, Float8Block, Float8Dynamic, Float8Static
-    from fxquant.float8_state import layer_states
+    from fxquant.training.state import layer_states
 
     linears = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
     states = layer_states(model)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from fxquant import Float8Recipe, from_accelerate
-from fxquant.accelerate import AO_FIELDS, TE_FIELDS, te_module_filter
+from fxquant.training.accelerate import AO_FIELDS, TE_FIELDS, te_module_filter
 
 DOCS = Path(__file__).parents[1] / "docs" / "fp8_training.md"
 

@@ -8,18 +8,12 @@ import torch
 
 import fxquant
 from conftest import TinyLlama
-from fxquant.calibrate import (
-    AWQ,
-    GPTQ,
-    SmoothQuant,
-    calibrate,
-    calibration_pass,
-    input_moments,
-)
+from fxquant.calibration.api import calibrate, calibration_pass
+from fxquant.calibration.gptq import gptq_quantize, output_error
+from fxquant.calibration.interpreter import input_moments
+from fxquant.calibration.methods import AWQ, GPTQ, SmoothQuant
 from fxquant.core import reference as ref
 from fxquant.core.config import Int4WeightOnly, Int8DynamicActivation, Int8WeightOnly
-from fxquant.gptq import gptq_quantize, output_error
-from fxquant.passes.schemes import handler_for
 
 INT4_ASYM = Int4WeightOnly(group_size=32)
 AWQ_FAST = AWQ(n_grid=10)
@@ -82,7 +76,7 @@ def test_gptq_beats_rtn_and_stores_exactly_what_it_computed(scheme, act_order, g
         w, h, scheme, act_order=act_order, static_groups=act_order, blocksize=32,
         group_aware=group_aware, mse=mse,
     )  # fmt: skip
-    rtn = handler_for(scheme).quantize(scheme, w)
+    rtn = scheme.quantize(w)
     # the program will store res.weight: same constants (names, shapes, dtypes) as the RTN path
     assert {n: (t.shape, t.dtype) for n, t in res.weight.tensors.items()} == {
         n: (t.shape, t.dtype) for n, t in rtn.tensors.items()
@@ -106,7 +100,7 @@ def test_gptq_with_identity_hessian_is_round_to_nearest(scheme):
     torch.manual_seed(0)
     w = torch.randn(16, 64)
     res = gptq_quantize(w, 2 * torch.eye(64), scheme)
-    rtn = handler_for(scheme).quantize(scheme, w)
+    rtn = scheme.quantize(w)
     for name, t in rtn.tensors.items():
         assert torch.equal(res.weight.tensors[name], t), name
 
@@ -151,7 +145,7 @@ def test_first_token_weight_counts_the_first_position_as_if_repeated():
 
 
 def test_group_aware_order_keeps_groups_whole_strongest_first():
-    from fxquant.gptq import _group_aware_order
+    from fxquant.calibration.gptq import _group_aware_order
 
     diag = torch.tensor([1.0, 5.0, 2.0, 0.5, 9.0, 3.0, 0.1, 4.0])
     # groups of 4: maxima 5 and 9 → group 1 first; inside each, decreasing diag
@@ -215,7 +209,7 @@ def test_calibrate_gptq_stores_gptq_constants_and_reports_what_it_left(llama):
     assert torch.equal(qep.state_dict["layers.1.down_proj.qweight"], q["qweight"])
     assert torch.equal(qep.state_dict["layers.1.down_proj.scale"], q["scale"])
     scheme = Int8WeightOnly()
-    rtn = handler_for(scheme).quantize(scheme, ep.state_dict["layers.1.down_proj.weight"])
+    rtn = scheme.quantize(ep.state_dict["layers.1.down_proj.weight"])
     assert not torch.equal(q["qweight"], rtn.tensors["qweight"])
 
 

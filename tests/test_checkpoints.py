@@ -711,7 +711,7 @@ def _q6_k_blocks(n: int, k: int) -> torch.Tensor:
 def test_gguf_q6_k_loads_exactly(tmp_path):
     """Q6_K's w = d·sc·(q - 32) per 16 is (u - z)·s with z = 32, s = d·sc: the products are
     exact in fp32, so the weights are gguf-py's dequantization bit for bit (signed zeros too)."""
-    from fxquant.passes.schemes import check_layout
+    from fxquant.core.scheme import check_layout
 
     torch.manual_seed(0)
     n, k = N, 512

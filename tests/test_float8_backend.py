@@ -19,7 +19,7 @@ from conftest import TinyLlama
 from fxquant import Float8Recipe, QuantConfig
 from fxquant.backend import last_reports
 from fxquant.core.reference import sqnr
-from fxquant.float8_state import fp8_state_dict, load_fp8_state_dict
+from fxquant.training.state import fp8_state_dict, load_fp8_state_dict
 
 VOCAB = 96
 
@@ -356,7 +356,7 @@ _RANK_SCRIPT = textwrap.dedent(
     sys.path.insert(0, {tests!r})
     import test_float8_backend as t
     from fxquant import Float8Recipe
-    from fxquant.float8_state import fp8_state_dict
+    from fxquant.training.state import fp8_state_dict
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     torch.set_num_threads(1)

@@ -1,4 +1,4 @@
-"""FP8 training math (fxquant.float8_training) against independent implementations: the
+"""FP8 training math (fxquant.training.numerics) against independent implementations: the
 delayed-scaling update rule, every cast, and the linear's forward and backward GEMMs."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from torch._functorch.aot_autograd import aot_function
 
 from fxquant.core import reference as ref
 from fxquant.core.config import Float8Recipe
-from fxquant.float8_training import (
+from fxquant.training.numerics import (
     E4M3,
     E5M2,
     cast_blocks,

@@ -19,19 +19,19 @@ PACKAGES = {"fxquant": ROOT / "fxquant", "fxquant.passes": ROOT / "passes",
 
 # Lowest first. A module belongs to the first entry that is it or its package.
 LAYERS = [
-    # the vocabulary everything speaks: configs, reference math, ops, FP8 training numerics
-    ("core", ["fxquant.version", "fxquant.core", "fxquant.float8_training",
-              "fxquant.float8_state"]),
+    # the vocabulary everything speaks: configs, reference math, ops
+    ("core", ["fxquant.version", "fxquant.core"]),
+    # FP8 training: numerics, delayed-scaling state, accelerate recipes (the passes use them)
+    ("training", ["fxquant.training"]),
     ("kernels", ["fxquant.kernels"]),
     ("passes", ["fxquant.passes"]),
     # the entry points, and what runs or measures their output
     ("entry", ["fxquant.report", "fxquant.runtime", "fxquant.llm", "fxquant.evaluate",
                   "fxquant.assets", "fxquant.api", "fxquant.backend", "fxquant.safe_load",
-                  "fxquant.fold", "fxquant.gptq", "fxquant.awq", "fxquant.smoothquant",
-                  "fxquant.calibrate"]),
+                  "fxquant.calibration"]),
     # the outside world's formats and APIs
     ("integrations", ["fxquant.hf", "fxquant.checkpoints", "fxquant.hf_quantizer",
-                      "fxquant.accelerate", "fxquant.packages"]),
+                      "fxquant.packages"]),
     ("facade", ["fxquant"]),  # fxquant/__init__.py: lazy re-exports of the public names
     ("apps", ["fxquant.cli", "fxquant.demo"]),
 ]  # fmt: skip

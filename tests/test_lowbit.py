@@ -13,8 +13,8 @@ from fxquant.core import hqq
 from fxquant.core import reference_lowbit as ref
 from fxquant.core.config import BitNetTernary, IntxWeightOnly, QuantConfig, scheme_from_dict
 from fxquant.core.reference import sqnr
+from fxquant.core.scheme import QuantizedWeight
 from fxquant.passes.lower import lower
-from fxquant.passes.schemes import QuantizedWeight
 
 fxq = torch.ops.fxquant
 

@@ -14,9 +14,9 @@ import fxquant
 from fxquant.core import reference_mx as rmx
 from fxquant.core.config import MXFP4, MXFP8, NVFP4, Float8Recipe, QuantConfig, Scheme
 from fxquant.core.reference import sqnr
-from fxquant.float8_training import E4M3, cast_mx
 from fxquant.hf import from_hf
 from fxquant.passes.lower import lower
+from fxquant.training.numerics import E4M3, cast_mx
 
 fxq = torch.ops.fxquant
 NO_SCHEMA_TEST = ("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")

@@ -316,7 +316,7 @@ def test_precomputed_weights_are_used_checked_and_all_consumed():
     """``quantize(weights=...)`` stores given constants as they are (calibration and checkpoint
     loaders rely on it), refuses a wrong layout and a name the plan did not quantize."""
     from fxquant.core import reference as ref
-    from fxquant.passes.schemes import QuantizedWeight
+    from fxquant.core.scheme import QuantizedWeight
 
     class Two(torch.nn.Module):
         def __init__(self):

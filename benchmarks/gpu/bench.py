@@ -5,8 +5,9 @@ sections, in priority order, each written to ``$OUT/gpu.json`` as soon as it fin
 wall-clock budget (``--budget-s``) so the call ends well before the device's per-call limit:
 
 1. **kernels**: every recipe at Llama-3-8B linear shapes (``shapes.py`` ``llama3-8b``: q/o, kv,
-   gate_up, down) and M in 1, 16, 128, 2048. The weight is quantized by the rewrite pass's own
-   handler (``fxquant.passes.schemes``), the node's op and arguments come from the handler too,
+   gate_up, down) and M in 1, 16, 128, 2048. The weight is quantized by the scheme itself
+   (``Scheme.quantize``, as the rewrite does), the op and its arguments come from it too
+   (``Scheme.op_args``),
    and the CUDA lowering (``fxquant.passes.lower.lowerings("cuda")``) runs them: exactly what a
    lowered program calls. Each is checked against the semantic op's reference math (SQNR) and
    timed with ``triton.testing.do_bench`` (median) beside bf16 ``F.linear``,
@@ -201,7 +202,6 @@ def gemm_only(op, args) -> Callable | None:
 def run_kernels(res: Results, budget: Budget, *, device: str, smoke: bool) -> None:
     import fxquant
     from fxquant.passes.lower import lowerings
-    from fxquant.passes.schemes import handler_for
 
     bench = timer(smoke)
     table = lowerings("cuda")
@@ -218,9 +218,8 @@ def run_kernels(res: Results, budget: Budget, *, device: str, smoke: bool) -> No
             row = {"shape": label, "M": m, "N": n, "K": k, "baselines_ms": base, "recipes": {}}
             for recipe in RECIPES:
                 scheme = fxquant.from_recipe_name(recipe)
-                h = handler_for(scheme)
-                qw = h.quantize(scheme, w)
-                op, args = h.op_args(scheme, x, list(qw.tensors.values()), None)
+                qw = scheme.quantize(w)
+                op, args = scheme.op_args(x, qw.tensors, None)
                 fast = table[op]
                 entry: dict = {}
                 try:

@@ -19,7 +19,7 @@ import torch
 
 from fxquant.core import reference as ref
 from fxquant.core.config import Int4WeightOnly, QuantConfig, Scheme
-from fxquant.passes.schemes import QuantizedWeight, check_layout
+from fxquant.core.scheme import QuantizedWeight, check_layout
 
 
 class CheckpointError(ValueError):

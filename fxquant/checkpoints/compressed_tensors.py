@@ -53,7 +53,7 @@ from fxquant.core.config import (
     IntxWeightOnly,
     Scheme,
 )
-from fxquant.passes.schemes import QuantizedWeight
+from fxquant.core.scheme import QuantizedWeight
 
 __all__ = ["read_compressed_tensors", "save_compressed_tensors"]
 
@@ -560,7 +560,6 @@ def _quantized_layers(ep: ExportedProgram):
     """(module name, scheme, {constant name: tensor}, N, K, constant fqns) per quantized weight."""
     from fxquant.core.config import scheme_from_dict
     from fxquant.passes.rewrite import META_KEY
-    from fxquant.passes.schemes import handler_for
 
     by_node = {
         s.arg.name: s.target for s in ep.graph_signature.input_specs if hasattr(s.arg, "name")
@@ -583,7 +582,7 @@ def _quantized_layers(ep: ExportedProgram):
             continue  # a weight shared by two layers is written once
         scheme = scheme_from_dict(row["scheme"])
         n, k = row["out_features"], row["in_features"]
-        names = list(handler_for(scheme).quantize(scheme, torch.zeros(n, k)).tensors)
+        names = list(scheme.quantize(torch.zeros(n, k)).tensors)
         consts = {name: state[prefix + name] for name in names}
         if row.get("float_weight_kept"):
             raise NotImplementedError(

@@ -18,7 +18,7 @@ import torch
 
 from fxquant.checkpoints.base import CheckpointError, LoadedCheckpoint, TensorSource, expect
 from fxquant.core.config import Float8Block
-from fxquant.passes.schemes import QuantizedWeight
+from fxquant.core.scheme import QuantizedWeight
 
 __all__ = ["read_fp8_blocks"]
 

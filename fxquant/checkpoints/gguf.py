@@ -48,7 +48,7 @@ import torch
 
 from fxquant.checkpoints.base import CheckpointError, LoadedCheckpoint, int_weight
 from fxquant.core.config import Int8WeightOnly, QuantConfig
-from fxquant.passes.schemes import QuantizedWeight
+from fxquant.core.scheme import QuantizedWeight
 
 __all__ = ["ExactPlan", "exact_plan", "llama_tensor_names", "read_gguf"]
 

@@ -39,7 +39,7 @@ from fxquant.checkpoints.base import (
     unpack_int32,
 )
 from fxquant.core.config import Int8WeightOnly
-from fxquant.passes.schemes import QuantizedWeight
+from fxquant.core.scheme import QuantizedWeight
 
 __all__ = ["AWQ_ORDER", "read_awq", "read_gptq"]
 

@@ -29,7 +29,7 @@ import torch
 from fxquant.checkpoints.base import CheckpointError, LoadedCheckpoint, TensorSource, expect
 from fxquant.core.config import MXFP4
 from fxquant.core.reference_mx import MX_BLOCK
-from fxquant.passes.schemes import QuantizedWeight
+from fxquant.core.scheme import QuantizedWeight
 
 __all__ = ["read_mxfp4_experts"]
 

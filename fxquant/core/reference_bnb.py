@@ -2,10 +2,11 @@
 (``load_in_4bit``, with double quant of the block scales) and LLM.int8 (``load_in_8bit``).
 
 Where it sits: beside ``fxquant.core.reference``, and the truth for the ``Bnb4WeightOnly`` and
-``LLMInt8`` schemes. The rewrite pass quantizes weights with the functions here (through
-``fxquant.passes.schemes``); ``fxquant::bnb4_weight_only_linear`` and ``fxquant::llm_int8_linear``
-run the linears here eagerly; the CPU lowering is these linears in aten ops; the Triton kernels
-(``fxquant.kernels.bnb4_weight_only``, ``llm_int8``) are tested against them.
+``LLMInt8`` schemes. The scheme declarations quantize weights with the functions here
+(``fxquant/core/schemes/bnb.py``); ``fxquant::bnb4_weight_only_linear`` and
+``fxquant::llm_int8_linear`` run the linears here eagerly; the CPU lowering is these linears in aten
+ops; the Triton kernels (``fxquant.kernels.bnb4_weight_only``, ``llm_int8``) are tested against
+them.
 
 The numerics are those of bitsandbytes itself (read from its source: ``functional.py``
 ``get_4bit_type`` / ``quantize_4bit`` / ``create_dynamic_map`` and the pure-PyTorch kernels of

@@ -2,11 +2,11 @@
 float-zero int4), and BitNet b1.58's ternary weights with int8 per-token activations.
 
 Where it sits: beside ``fxquant.core.reference`` (same conventions: W is [N, K], x is [..., K],
-linears accumulate in fp32 and return x's dtype). The rewrite pass quantizes weights with these
-functions (``fxquant.passes.schemes``); the ``fxquant::intx_weight_only_linear`` and
-``fxquant::bitnet_linear`` ops use the linears here as their eager kernels; the CPU lowerings
-and the Triton kernels (``kernels/intx_weight_only.py``, ``kernels/bitnet.py``) are
-tested against them.
+linears accumulate in fp32 and return x's dtype). The schemes that store these formats quantize
+weights with these functions (``fxquant/core/schemes/lowbit.py``); the
+``fxquant::intx_weight_only_linear`` and ``fxquant::bitnet_linear`` ops use the linears here as
+their eager kernels; the CPU lowerings and the Triton kernels (``kernels/intx_weight_only.py``,
+``kernels/bitnet.py``) are tested against them.
 
 Storage of ``IntxWeightOnly`` (bits b in 2, 3, 4, 6): unsigned codes u in [0, 2**b - 1], groups
 of g along K, w = (u - z) * s with one fp32 ``scale`` s and one ``zero`` z per group ([N, Kp/g]).

@@ -1,11 +1,11 @@
 """Reference math of the microscaling formats: MXFP8, MXFP4 and NVFP4 (with Four Over Six).
 
-Where it sits: beside ``fxquant.core.reference`` (the oracle of every test). The rewrite handlers
-(``fxquant.passes.schemes``) quantize weights with it once; the ``fxquant::mxfp8_linear``,
+Where it sits: beside ``fxquant.core.reference`` (the oracle of every test). The scheme declarations
+(``fxquant/core/schemes/mx.py``) quantize weights with it; the ``fxquant::mxfp8_linear``,
 ``mxfp4_linear`` and ``nvfp4_linear`` ops run its linears as their eager implementation; the CPU
 lowering compiles those same functions with Inductor, and the Triton kernels
 (``fxquant.kernels.mxfp8`` / ``mxfp4`` / ``nvfp4``) are tested against them. The FP8 training
-cast ``fxquant.float8_training.cast_mx`` takes its E8M0 exponent from ``e8m0_exponent`` here, so
+cast ``fxquant.training.numerics.cast_mx`` takes its E8M0 exponent from ``e8m0_exponent`` here, so
 an MXFP8-trained layer and its exported inference op round the same way.
 
 Formats (blocks run along K, the GEMM's reduction dim; W is [N, K], x is [..., K]):

@@ -20,8 +20,8 @@ class Float8Recipe(Scheme):
     precision as the master copy; the optimizer sees ordinary parameters and gradients.
 
     Used through ``torch.compile(model, backend="fxquant", options={"config": cfg})``
-    (``fxquant.passes.float8_regions`` rewrites the graph, ``fxquant.float8_training`` holds the
-    casts and the autograd linear, ``fxquant.float8_state`` the delayed-scaling state). Given to
+    (``fxquant.passes.float8_regions`` rewrites the graph, ``fxquant.training.numerics`` holds the
+    casts and the autograd linear, ``fxquant.training.state`` the delayed-scaling state). Given to
     ``fxquant.quantize``, the same recipe exports the fp8 inference graph.
 
     Args:

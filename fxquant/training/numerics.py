@@ -4,7 +4,7 @@ backward GEMMs use them.
 Where it sits: ``fxquant.passes.float8_regions`` replaces each linear of an FP8 autocast region
 in a Dynamo graph by ``float8_training_linear``; AOTAutograd traces it (forward and, through the
 autograd function, backward) into the graphs Inductor compiles, so training compiles whole.
-``fxquant.float8_state`` owns the delayed-scaling state the graph reads (scales) and the amaxes
+``fxquant.training.state`` owns the delayed-scaling state the graph reads (scales) and the amaxes
 it reports back.
 
 Every GEMM operand is cast from its high-precision source along that GEMM's reduction dim and
@@ -253,7 +253,7 @@ class _Float8TrainingLinear(torch.autograd.Function):
             grad_b = grad_y.float().sum(0).to(ctx.bias_dtype)
         if bwd_scale is not None:
             # The amax of grad_output leaves the backward graph as the "gradient" of the sink,
-            # a leaf the state hooks (fxquant.float8_state): a compiled backward has no other
+            # a leaf the state hooks (fxquant.training.state): a compiled backward has no other
             # way to hand a value out.
             sink = torch.stack(
                 [grad_y.detach().abs().amax().float(), grad_y.new_zeros((), dtype=torch.float32)]

@@ -1,12 +1,13 @@
 """GPTQ: quantize one weight matrix column by column, feeding each column's rounding error
 forward through the inverse Hessian of the layer's inputs (Frantar et al., 2022).
 
-Where this sits: ``fxquant.calibrate`` (``fxquant/calibrate.py``) runs the exported graph over
-calibration data and, at each linear it plans to quantize, hands this module the layer's weight
-and ``H = 2/n · XᵀX`` of the real inputs that reach it (from the already-quantized layers before
-it). What comes back is the weight in the scheme's *storage* form (the constants the
-``fxquant::`` op takes), which ``fxquant.quantize(..., weights=...)`` stores as they are: the
-program holds GPTQ's constants, not a re-rounding of them.
+Where this sits: ``fxquant.calibrate`` runs the exported graph over calibration data
+(``fxquant/calibration/interpreter.py``) and, at each linear it plans to quantize, ``GPTQRun`` (the
+driver, at the end of this module) hands ``gptq_quantize`` the layer's weight and ``H = 2/n · XᵀX``
+of the real inputs that reach it (from the already-quantized layers before it). What comes back
+is the weight in the scheme's *storage* form (the constants the ``fxquant::`` op takes), which
+``fxquant.quantize(..., weights=...)`` stores as they are: the program holds GPTQ's constants,
+not a re-rounding of them.
 
 The algorithm follows the reference (IST-DASLab/gptq ``fasterquant``, AutoGPTQ): dead columns
 (``H[i, i] == 0``: an input channel that is always zero) are zeroed, ``H`` is damped by
@@ -35,13 +36,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.fx as fx
 import torch.nn.functional as F
 
+from fxquant.calibration.interpreter import CalibrationRun
+from fxquant.calibration.methods import GPTQ
 from fxquant.core import reference as ref
 from fxquant.core.config import Int4WeightOnly, Int8DynamicActivation, Int8WeightOnly, Scheme
-from fxquant.passes.schemes import QuantizedWeight
+from fxquant.core.scheme import QuantizedWeight
+from fxquant.passes.plan import LayerPlan
 
-__all__ = ["GPTQ_SCHEMES", "GPTQResult", "gptq_quantize", "output_error"]
+__all__ = ["GPTQ_SCHEMES", "GPTQResult", "GPTQRun", "gptq_quantize", "output_error"]
 
 # Range shrink factors 1, 0.99, …, 0.21 tried by the mse search (the reference: grid 100,
 # maxshrink 0.8).
@@ -306,3 +311,69 @@ def output_error(weight: torch.Tensor, dequantized: torch.Tensor, hessian: torch
     ``tr(D H Dᵀ) / (2 N)``, the quantity GPTQ minimises (no need to keep the inputs)."""
     d = weight.float() - dequantized.float()
     return float(((d @ hessian.float()) * d).sum() / (2 * d.shape[0]))
+
+
+# --------------------------------------------------------------------------------------------
+# The driver: GPTQ at each group of planned linears of a calibration run
+# --------------------------------------------------------------------------------------------
+
+
+class GPTQRun(CalibrationRun):
+    """``method=GPTQ(...)``: the linears reading one input share its Hessian and are solved as one
+    stacked matrix per scheme; with ``sequential`` each then computes with its GPTQ weight."""
+
+    def check(self) -> None:
+        method: GPTQ = self.method
+        if method.desc_act and not method.static_groups:
+            grouped = [p.name for p in self.plans if isinstance(p.scheme, Int4WeightOnly)]
+            if grouped:
+                raise ValueError(
+                    f"GPTQ(desc_act=True) with int4 groups (e.g. {grouped[0]}) needs "
+                    "static_groups=True: fxquant stores contiguous groups along K with no g_idx, "
+                    "so the group scales must be fixed in column order before the act-order pass"
+                )
+
+    def calibrate_group(self, x: fx.Node, group: list[LayerPlan]) -> None:
+        m: GPTQ = self.method
+        todo: dict[Scheme, list[LayerPlan]] = {}
+        for p in group:
+            if p.scheme is None:
+                continue
+            if not isinstance(p.scheme, GPTQ_SCHEMES):
+                self._skip(p, f"GPTQ does not produce {type(p.scheme).__name__} weights")
+            elif self.weight_uses[p.site.weight_fqn] > 1:
+                self._skip(p, "the weight is shared by several linears (one Hessian per weight)")
+            else:
+                todo.setdefault(p.scheme, []).append(p)
+        if not todo:
+            return
+        k = group[0].site.in_features
+        stats = self._stats(x, k)
+        H = 2 * stats["sigma"]
+        for scheme, plans in todo.items():
+            ws = [self.weight_nk(p.site).float() for p in plans]
+            res = gptq_quantize(
+                torch.cat(ws), H, scheme, percdamp=m.damp_percent, blocksize=m.blocksize,
+                act_order=m.desc_act, static_groups=m.static_groups,
+                group_aware=m.act_group_aware, mse=m.mse,
+            )  # fmt: skip
+            sizes = [w.shape[0] for w in ws]
+            parts = {n: t.split(sizes) for n, t in res.weight.tensors.items()}
+            dqs = res.dequantized.split(sizes)
+            for j, (p, w, dq) in enumerate(zip(plans, ws, dqs, strict=True)):
+                tensors = {n: parts[n][j].contiguous() for n in parts}
+                self.weights[p.site.weight_fqn] = QuantizedWeight(tensors, dq.contiguous())
+                rtn = scheme.quantize(w).dequantized
+                self.records[p.site.weight_fqn] = {
+                    "method": "gptq",
+                    "status": "calibrated",
+                    "tokens": stats["tokens"],
+                    "inputs": "from the quantized layers before" if m.sequential else "float",
+                    "stacked_with": [q.name for q in plans if q is not p],
+                    "output_mse_rtn": output_error(w, rtn, H),
+                    "output_mse": output_error(w, dq, H),
+                }
+                if m.sequential:
+                    stored = self.state[p.site.weight_fqn]
+                    deq = dq.t() if p.site.transposed else dq
+                    self.override[p.site.node] = deq.to(stored.dtype).contiguous()

@@ -1,9 +1,10 @@
 """Where a per-input-channel scale can be folded: the op that produced a linear's input.
 
-Used by AWQ (``fxquant/awq.py``) and SmoothQuant (``fxquant/smoothquant.py``) through
-``fxquant.calibrate``. Both multiply the weights of the linears that share one input ``x`` by a
-per-input-channel ``s`` and divide ``x`` by ``s``; the float model is unchanged only if the op
-that produced ``x`` can take the ``1/s`` into its own parameters:
+Used by AWQ (``fxquant/calibration/awq.py``) and SmoothQuant
+(``fxquant/calibration/smoothquant.py``) through ``fxquant.calibrate``. Both multiply the weights
+of the linears that share one input ``x`` by a per-input-channel ``s`` and divide ``x`` by ``s``;
+the float model is unchanged only if the op that produced ``x`` can take the ``1/s`` into its own
+parameters:
 
 - a norm whose last step is ``x̂ · γ`` (RMSNorm, as HF Llama writes it) or ``aten.layer_norm``
   with an affine weight (and bias): ``γ /= s`` (and ``β /= s``);

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from fxquant.core.config import Float8Recipe
-from fxquant.float8_training import (
+from fxquant.training.numerics import (
     BWD_ROLES,
     E4M3,
     FWD_ROLES,
