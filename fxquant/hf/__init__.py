@@ -1219,8 +1219,3 @@ def transformers_fields() -> dict[str, list[str]]:
         ]
     return out
 
-
-if __name__ == "__main__":
-    import transformers
-
-    print(docs_table(transformers_fields(), transformers.__version__), end="")
