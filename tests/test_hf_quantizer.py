@@ -14,7 +14,7 @@ from safetensors.torch import load_file, save_file  # noqa: E402
 
 import fxquant  # noqa: E402
 from fxquant.core.reference import sqnr  # noqa: E402
-from fxquant.hf_quantizer import FxquantHfConfig, QuantizedLinear  # noqa: E402
+from fxquant.hf.bridge import FxquantHfConfig, QuantizedLinear  # noqa: E402
 
 
 def _llama_config(**kw) -> transformers.LlamaConfig:
