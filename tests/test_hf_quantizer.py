@@ -40,6 +40,17 @@ def tiny_checkpoint(tmp_path_factory):
     return path, model
 
 
+def test_the_old_path_re_exports_the_bridge():
+    """``fxquant.hf_quantizer`` (the path the README showed before the bridge moved into
+    ``fxquant.hf``) still gives the same classes, and transformers knows quant_method="fxquant"."""
+    from transformers.quantizers.auto import AUTO_QUANTIZER_MAPPING
+
+    import fxquant.hf_quantizer as old
+
+    assert old.FxquantHfConfig is FxquantHfConfig and old.QuantizedLinear is QuantizedLinear
+    assert AUTO_QUANTIZER_MAPPING["fxquant"] is old.FxquantHfQuantizer
+
+
 def _load(path, config):
     return transformers.AutoModelForCausalLM.from_pretrained(
         path, quantization_config=FxquantHfConfig(config), dtype=torch.float32

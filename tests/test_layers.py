@@ -30,6 +30,7 @@ LAYERS = [
                   "fxquant.fold", "fxquant.gptq", "fxquant.awq", "fxquant.smoothquant",
                   "fxquant.calibrate"]),
     # the outside world's formats and APIs
+    # (fxquant.hf_quantizer: the old path of fxquant.hf.bridge, a re-export)
     ("integrations", ["fxquant.hf", "fxquant.checkpoints", "fxquant.hf_quantizer",
                       "fxquant.accelerate", "fxquant.packages"]),
     ("facade", ["fxquant"]),  # fxquant/__init__.py: lazy re-exports of the public names

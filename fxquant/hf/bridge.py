@@ -30,7 +30,8 @@ then rewrite the graph) sees linears a module swap cannot (``F.linear`` on a bar
 ``Conv1D``), so this bridge covers ``nn.Linear`` and says so in its report.
 
 Importing this module registers ``quant_method="fxquant"`` with transformers (which it needs);
-``import fxquant`` alone does not import transformers.
+``import fxquant`` and ``import fxquant.hf`` alone do not import transformers. Its old path,
+``fxquant.hf_quantizer``, re-exports it.
 """
 
 from __future__ import annotations
