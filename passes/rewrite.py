@@ -39,11 +39,10 @@ from tqdm.auto import tqdm
 
 from fxquant.core.config import QuantConfig
 from fxquant.core.reference import sqnr
-from fxquant.core.row import ROW_KEY, LayerRow
+from fxquant.core.row import LayerRow
 from fxquant.core.scheme import QuantizedWeight, check_layout
 from fxquant.passes.plan import LayerPlan, find_sites, node_value, plan_sites
 
-META_KEY = ROW_KEY  # node.meta["custom"][META_KEY]: the layer's row (fxquant.core.row)
 CONFIG_KEY = "fxquant_config"  # ... and on the first site, the whole QuantConfig, as JSON
 COPIED_META = (
     "nn_module_stack",

@@ -14,7 +14,7 @@ from safetensors.torch import load_file, save_file  # noqa: E402
 
 import fxquant  # noqa: E402
 from fxquant.core.reference import sqnr  # noqa: E402
-from fxquant.hf_quantizer import FxquantHfConfig, QuantizedLinear  # noqa: E402
+from fxquant.hf.bridge import FxquantHfConfig, QuantizedLinear  # noqa: E402
 
 
 def _llama_config(**kw) -> transformers.LlamaConfig:
@@ -38,6 +38,17 @@ def tiny_checkpoint(tmp_path_factory):
     path = tmp_path_factory.mktemp("tiny_llama")
     model.save_pretrained(path)
     return path, model
+
+
+def test_the_old_path_re_exports_the_bridge():
+    """``fxquant.hf_quantizer`` (the path the README showed before the bridge moved into
+    ``fxquant.hf``) still gives the same classes, and transformers knows quant_method="fxquant"."""
+    from transformers.quantizers.auto import AUTO_QUANTIZER_MAPPING
+
+    import fxquant.hf_quantizer as old
+
+    assert old.FxquantHfConfig is FxquantHfConfig and old.QuantizedLinear is QuantizedLinear
+    assert AUTO_QUANTIZER_MAPPING["fxquant"] is old.FxquantHfQuantizer
 
 
 def _load(path, config):

@@ -30,6 +30,7 @@ LAYERS = [
                   "fxquant.assets", "fxquant.api", "fxquant.backend", "fxquant.safe_load",
                   "fxquant.calibration"]),
     # the outside world's formats and APIs
+    # (fxquant.hf_quantizer: the old path of fxquant.hf.bridge, a re-export)
     ("integrations", ["fxquant.hf", "fxquant.checkpoints", "fxquant.hf_quantizer",
                       "fxquant.packages"]),
     ("facade", ["fxquant"]),  # fxquant/__init__.py: lazy re-exports of the public names

@@ -392,7 +392,7 @@ def test_dequantize_true_is_refused(tmp_path):
 def test_the_from_pretrained_bridge_reports_the_experts_it_cannot_swap(tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from fxquant.hf_quantizer import FxquantHfConfig
+    from fxquant.hf.bridge import FxquantHfConfig
 
     tiny_model().save_pretrained(tmp_path)
     config = FxquantHfConfig(fxquant.from_hf(Mxfp4Config()))

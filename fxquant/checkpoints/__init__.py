@@ -17,7 +17,8 @@ ExportedProgram ──save_compressed_tensors──▶ model.safetensors + confi
 
 Formats (docs/checkpoints.md lists what maps exactly and what is refused, and why), one reader
 module each: compressed-tensors ``naive-quantized`` / ``int-quantized`` / ``float-quantized`` /
-``pack-quantized`` (``compressed_tensors``, also the writer), DeepSeek-style FP8 blocks
+``pack-quantized`` (``compressed_tensors_read``; ``compressed_tensors`` holds the format's schemes,
+which ``fxquant.hf`` maps from too, and the writer), DeepSeek-style FP8 blocks
 (``fp8``), GPTQ and AWQ GEMM (``gptq``), gpt-oss MXFP4 experts (``mxfp4``), GGUF (``gguf``).
 The readers build on ``base`` (the error type, ``TensorSource``, ``LoadedCheckpoint``, the shared
 conversions); ``read`` dispatches a path to its reader; ``attach`` holds ``load_quantized``.

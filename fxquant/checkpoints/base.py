@@ -2,8 +2,8 @@
 the conversions into fxquant's storage layouts.
 
 Where it sits: the bottom of ``fxquant.checkpoints``; each reader (``gguf``,
-``compressed_tensors``, ``fp8``, ``gptq``, ``mxfp4``) imports from here and nothing above it,
-and ``read`` dispatches to the readers.
+``compressed_tensors_read``, ``fp8``, ``gptq``, ``mxfp4``) imports from here and nothing above
+it, and ``read`` dispatches to the readers.
 """
 
 from __future__ import annotations

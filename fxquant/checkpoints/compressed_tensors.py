@@ -1,8 +1,14 @@
-"""compressed-tensors checkpoints (llm-compressor, vLLM) ↔ fxquant constants.
+"""compressed-tensors (llm-compressor, vLLM) ↔ fxquant: the format's schemes, and the writer.
 
-Where it sits: a reader behind ``fxquant.checkpoints.read_quantized`` and the writer behind
-``fxquant.save_compressed_tensors``. The layouts follow the compressed-tensors library's
-compressors (``naive_quantized``, ``pack_quantized``): per quantized module ``<m>``
+Where it sits: the one place that knows what compressed-tensors' quantization schemes mean to
+fxquant. ``scheme_from_args`` (with ``PRESETS`` and ``target_pattern``) maps a config group to the
+fxquant scheme that computes the same when quantizing from float: ``fxquant.hf``'s
+``CompressedTensorsConfig`` mapping (``fxquant/hf/compressed_tensors.py``) is built on it. The
+writer behind ``fxquant.save_compressed_tensors`` is below; the reader behind
+``fxquant.checkpoints.read_quantized`` is ``fxquant/checkpoints/compressed_tensors_read.py``.
+
+The layouts follow the compressed-tensors library's compressors (``naive_quantized``,
+``pack_quantized``): per quantized module ``<m>``
 
 - ``naive-quantized`` / ``int-quantized`` / ``float-quantized``: ``<m>.weight`` int8 or
   float8_e4m3fn [N, K], ``<m>.weight_scale`` ([N, 1] channel, [1] tensor, [N/b, K/b] block,
@@ -13,9 +19,10 @@ compressors (``naive_quantized``, ``pack_quantized``): per quantized module ``<m
   along N ([ceil(N·bits/32), G]); w = (q - zp) · s with q, zp signed.
 
 So symmetric int4 (q in [-8, 7], zp = 0) is ``Int4WeightOnly``'s u = q + 8, z = 8, exactly, and
-an asymmetric zp is z = zp + 8. How compressed-tensors *chose* its scales (amax / 127.5 for int8,
-which ``fxquant.from_hf`` refuses when quantizing from float) does not matter here: the stored
-integers and scales are used as they are.
+an asymmetric zp is z = zp + 8. Quantizing from float and loading differ: compressed-tensors
+scales symmetric integers by amax / 127.5 (int8) or / 7.5 (int4), fxquant by amax / 127 and / 7,
+so ``scheme_from_args`` refuses integer schemes, while a checkpoint's stored integers and scales
+load as they are, whatever chose them.
 """
 
 from __future__ import annotations
@@ -30,19 +37,12 @@ from typing import Any
 import torch
 from torch.export import ExportedProgram
 
-from fxquant.checkpoints.base import (
-    SCALE_DTYPES,
-    CheckpointError,
-    LoadedCheckpoint,
-    TensorSource,
-    expect,
-    int_weight,
-    need,
-    unpack_int32,
-)
+from fxquant.checkpoints.base import CheckpointError
 from fxquant.core import reference as ref
 from fxquant.core import reference_lowbit as ref_lowbit
 from fxquant.core.config import (
+    MXFP4,
+    NVFP4,
     Float8Block,
     Float8Dynamic,
     Float8Static,
@@ -53,355 +53,157 @@ from fxquant.core.config import (
     IntxWeightOnly,
     Scheme,
 )
-from fxquant.core.scheme import QuantizedWeight
+from fxquant.core.row import LayerRow
+from fxquant.core.scheme import layout_of
 
-__all__ = ["read_compressed_tensors", "save_compressed_tensors"]
-
-_FORMATS = (
-    "naive-quantized",
-    "int-quantized",
-    "float-quantized",
-    "pack-quantized",
-    "mxfp4-pack-quantized",
-    "nvfp4-pack-quantized",
-)
-# Tensors a quantized module may carry besides its weight: all consumed or checked here.
-_PARAMS = (
-    "weight_scale",
-    "weight_zero_point",
-    "weight_packed",
-    "weight_shape",
-    "input_scale",
-    "weight_global_scale",
-    "input_global_scale",
-    "input_zero_point",
-)
-
+__all__ = [
+    "PRESETS",
+    "block_structure",
+    "save_compressed_tensors",
+    "scheme_from_args",
+    "target_pattern",
+]
 
 # --------------------------------------------------------------------------------------------
-# Reading
+# Schemes: a config group's arguments → the fxquant scheme with the same numerics
 # --------------------------------------------------------------------------------------------
 
 
-def _matches(target: str, module: str) -> bool:
-    if target.startswith("re:"):
-        return re.match(target[3:], module) is not None
-    return target == module
-
-
-def _is_class_target(target: str) -> bool:
-    return not target.startswith("re:") and "." not in target and target[:1].isupper()
-
-
-def read_compressed_tensors(source: TensorSource, qcfg: Mapping[str, Any]) -> LoadedCheckpoint:
-    """compressed-tensors tensors → fxquant constants (see the module docstring for layouts)."""
-    status = qcfg.get("quantization_status", "compressed")
-    if status not in ("compressed", None):
-        raise NotImplementedError(
-            f"compressed-tensors quantization_status={status!r}: the weights are stored in float "
-            "(fake-quantized), not as integers; quantize them with fxquant.from_hf(...) instead"
-        )
-    if qcfg.get("kv_cache_scheme") is not None:
-        raise NotImplementedError(
-            "compressed-tensors kv_cache_scheme: KV-cache quantization is not supported"
-        )
-    groups = qcfg.get("config_groups") or {}
-    if not groups:
-        raise CheckpointError("compressed-tensors quantization_config has no config_groups")
-    global_format = qcfg.get("format")
-    ignore = list(qcfg.get("ignore") or [])
-
-    modules = sorted(
-        {
-            n.rsplit(".", 1)[0]
-            for n in source
-            if n.rsplit(".", 1)[-1] in ("weight_scale", "weight_packed")
-        }
-    )
-    out = LoadedCheckpoint(format=f"compressed-tensors/{global_format}")
-    consumed: set[str] = set()
-    for module in modules:
-        if any(_matches(t, module) for t in ignore if not _is_class_target(t)):
-            raise CheckpointError(
-                f"module {module!r} is in the config's ignore list but carries quantization "
-                "parameters"
-            )
-        name, group = _group_for(module, groups)
-        fmt = group.get("format") or global_format
-        if fmt in (None, "mixed-precision"):
-            fmt = "pack-quantized" if f"{module}.weight_packed" in source else "naive-quantized"
-        if fmt not in _FORMATS:
-            raise NotImplementedError(
-                f"{module}: compressed-tensors format {fmt!r} has no fxquant loader (loaded: "
-                f"{', '.join(_FORMATS)})"
-            )
-        scheme, weight, shape, used = _convert(source, module, name, group, fmt)
-        out.add(module, scheme, weight, shape)
-        consumed |= used
-    if not modules:
-        raise CheckpointError(
-            "compressed-tensors checkpoint has no quantized module (no '*.weight_scale' tensor)"
-        )
-    for n in source:
-        if n in consumed:
-            continue
-        if n.rsplit(".", 1)[-1] in _PARAMS:
-            raise CheckpointError(f"tensor {n!r} belongs to no quantized module this loader read")
-        out.tensors[n] = source[n]
-    return out
-
-
-def _group_for(module: str, groups: Mapping[str, Any]) -> tuple[str, Mapping[str, Any]]:
-    by_name = [
-        (k, g)
-        for k, g in groups.items()
-        if any(_matches(t, module) for t in g.get("targets", []) if not _is_class_target(t))
-    ]
-    by_class = [
-        (k, g) for k, g in groups.items() if any(_is_class_target(t) for t in g.get("targets", []))
-    ]
-    found = by_name or by_class
-    if not found:
-        raise CheckpointError(
-            f"module {module!r} has quantization parameters but no config group targets it"
-        )
-    return found[0]
-
-
-def _convert(source, module, group_name, group, fmt):
-    w_args = group.get("weights")
-    a_args = group.get("input_activations")
-    where = f"{module} (config group {group_name!r})"
-    if not w_args:
-        raise CheckpointError(f"{where}: the group quantizes no weights")
-    if group.get("output_activations"):
-        raise NotImplementedError(f"{where}: output activation quantization is not supported")
-    wtype, bits = w_args.get("type", "int"), w_args.get("num_bits")
-    strategy = w_args.get("strategy")
-    scale_name = f"{module}.weight_scale"
-    scale = need(source, scale_name, f"{where} weights")
-    used = {scale_name}
-    if fmt in ("mxfp4-pack-quantized", "nvfp4-pack-quantized"):
-        scheme, weight, shape, more = _fp4(source, module, where, fmt, w_args, a_args, scale)
-        return scheme, weight, shape, used | more
-    expect(scale_name, scale, dtype=SCALE_DTYPES)
-    if fmt == "pack-quantized":
-        if wtype != "int" or bits not in (2, 3, 4, 6, 8):
-            raise NotImplementedError(
-                f"{where}: pack-quantized {wtype}{bits} weights have no "
-                "fxquant form (int2, int3, int4, int6 and int8 load)"
-            )
-        scheme, weight, shape, more = _packed(source, module, where, w_args, a_args, scale)
-        return scheme, weight, shape, used | more
-    wname = f"{module}.weight"
-    w = need(source, wname, f"{where} weights")
-    used.add(wname)
-    if w.dim() != 2:
-        raise CheckpointError(f"tensor {wname!r} has shape {list(w.shape)}, expected [N, K]")
-    n, k = w.shape
-    if wtype == "int" and bits == 8:
-        expect(wname, w, dtype=torch.int8)
-        if not w_args.get("symmetric", True):
-            raise NotImplementedError(
-                f"{where}: asymmetric int8 weights (a zero point) have no fxquant form"
-            )
-        s = _per_channel(scale_name, scale, strategy, n)
-        scheme = _int8_scheme(where, a_args)
-        return scheme, QuantizedWeight({"qweight": w, "scale": s}, None), (n, k), used
-    if wtype == "float" and bits == 8:
-        expect(wname, w, dtype=torch.float8_e4m3fn)
-        scheme, tensors, more = _float8(source, module, where, w_args, a_args, scale, n, k)
-        return scheme, QuantizedWeight({"qweight": w, **tensors}, None), (n, k), used | more
-    raise NotImplementedError(
-        f"{where}: {fmt} {wtype}{bits} weights have no fxquant form "
-        "(int8 and float8 e4m3 load unpacked; int4 as pack-quantized)"
+def _refuse(field: str, value: Any, why: str) -> NotImplementedError:
+    # worded as fxquant.from_hf words every config field it cannot honour
+    return NotImplementedError(
+        f"CompressedTensorsConfig({field}={value!r}) is not supported: {why}"
     )
 
 
-def _per_channel(name: str, scale: torch.Tensor, strategy: str, n: int) -> torch.Tensor:
-    """A channel or tensor scale as fxquant's fp32 [N] (a tensor scale repeated: exact)."""
-    if strategy == "channel":
-        return expect(name, scale, shape=(n, 1)).float().reshape(n).contiguous()
-    if strategy == "tensor":
-        if scale.numel() != 1:
-            raise CheckpointError(
-                f"tensor {name!r} has shape {list(scale.shape)}, expected one "
-                "value (strategy 'tensor')"
+def block_structure(weights: Mapping) -> list[int] | None:
+    """A block strategy's ``block_structure``: ``[b, b]``, or older files' ``"bxb"``."""
+    bs = weights.get("block_structure")
+    if isinstance(bs, str):  # older files: "128x128"
+        bs = [int(v) for v in bs.lower().split("x")]
+    return bs
+
+
+_NV4 = {"type": "float", "num_bits": 4, "strategy": "tensor_group", "group_size": 16}
+# FP4 groups of 32 with uint8 (E8M0 exponent) scales: compressed-tensors' MXFP4
+_MX4 = {
+    "type": "float",
+    "num_bits": 4,
+    "strategy": "group",
+    "group_size": 32,
+    "scale_dtype": "uint8",
+}
+# compressed-tensors' preset schemes (config_groups may name one by its key instead of spelling
+# out its arguments): name → (weights, input_activations)
+PRESETS = {
+    "FP8_DYNAMIC": (
+        {"type": "float", "num_bits": 8, "strategy": "channel"},
+        {"type": "float", "num_bits": 8, "strategy": "token", "dynamic": True},
+    ),
+    "FP8_BLOCK": (
+        {"type": "float", "num_bits": 8, "strategy": "block", "block_structure": [128, 128]},
+        {"type": "float", "num_bits": 8, "strategy": "group", "group_size": 128, "dynamic": True},
+    ),
+    "NVFP4A16": (_NV4, None),
+    "NVFP4": (_NV4, {**_NV4, "dynamic": "local"}),  # refused: calibrated tensor scale
+    "MXFP4A16": (_MX4, None),
+    "MXFP4": (_MX4, {**_MX4, "dynamic": True}),
+}
+
+
+def _fp4_scheme(name: str, w: Mapping, a: Mapping | None) -> Scheme:
+    """compressed-tensors' FP4 groups: NVFP4 (tensor_group of 16, e4m3 scales) or MXFP4 (groups
+    of 32, uint8 E8M0 scales)."""
+    key = f"config_groups[{name!r}]"
+    ws, g = w.get("strategy"), w.get("group_size")
+    scale_dtype = str(w.get("scale_dtype")).removeprefix("torch.")
+    if ws == "tensor_group" and g == 16:
+        if a is not None:
+            raise _refuse(
+                f"{key}.input_activations",
+                dict(a),
+                "NVFP4 activations take a tensor scale calibrated offline (static_minmax); "
+                "fxquant computes it from each call's activation",
             )
-        return scale.float().reshape(1).expand(n).contiguous()
-    raise NotImplementedError(
-        f"{name}: weight strategy {strategy!r} has no fxquant int8/fp8 "
-        "per-channel form (channel and tensor load)"
-    )
-
-
-def _int8_scheme(where: str, a: Mapping | None) -> Scheme:
-    if a is None:
-        return Int8WeightOnly()
-    if (
-        a.get("type", "int"),
-        a.get("num_bits"),
-        a.get("strategy"),
-        a.get("dynamic"),
-        a.get("symmetric", True),
-    ) == ("int", 8, "token", True, True):
-        # vLLM quantizes these activations per token with amax / 127 at run time, as fxquant does
-        return Int8DynamicActivation()
-    raise NotImplementedError(
-        f"{where}: int8 weights with activations {dict(a)} have no "
-        "fxquant form (dynamic symmetric per-token int8 loads)"
-    )
-
-
-def _float8(source, module, where, w, a, scale, n, k):
-    strategy = w.get("strategy")
-    sname = f"{module}.weight_scale"
-    if a is None:  # weight-only: per-channel scales (a tensor scale repeated per channel)
-        return Float8WeightOnly(), {"scale": _per_channel(sname, scale, strategy, n)}, set()
-    if a.get("type") != "float" or a.get("num_bits") != 8:
-        raise NotImplementedError(
-            f"{where}: fp8 weights with activations {dict(a)} have no fxquant form"
-        )
-    ast, dynamic = a.get("strategy"), a.get("dynamic")
-    if dynamic is True and ast == "token" and strategy in ("channel", "tensor"):
-        return (
-            Float8Dynamic(granularity="row"),
-            {"scale": _per_channel(sname, scale, strategy, n)},
-            set(),
-        )
-    if dynamic is True and ast == "tensor" and strategy == "tensor":
-        s = _per_channel(sname, scale, strategy, n)[:1].contiguous()
-        return Float8Dynamic(granularity="tensor"), {"scale": s}, set()
-    if dynamic is True and ast == "group" and strategy == "block":
-        bs = w.get("block_structure")
-        if isinstance(bs, str):  # older files: "128x128"
-            bs = [int(v) for v in bs.lower().split("x")]
-        g = a.get("group_size")
-        if not (bs and len(bs) == 2 and bs[0] == bs[1] == g and g in (32, 64, 128, 256)):
-            raise NotImplementedError(
-                f"{where}: fp8 blocks {bs} with activation groups {g} "
-                "have no fxquant form (square b×b weights with 1×b "
-                "activations, b in 32/64/128/256)"
-            )
-        shape = (-(-n // g), -(-k // g))
-        s = expect(sname, scale, shape=shape).float().contiguous()
-        return Float8Block(block_size=int(g)), {"scale": s}, set()
-    if dynamic is False and ast == "tensor" and strategy == "tensor":
-        iname = f"{module}.input_scale"
-        xs = expect(iname, need(source, iname, f"{where} static activations"), dtype=SCALE_DTYPES)
-        if xs.numel() != 1:
-            raise CheckpointError(
-                f"tensor {iname!r} has shape {list(xs.shape)}, expected one value"
-            )
-        scheme = Float8Static(activation_scale=float(xs.float().reshape(())))
-        s = _per_channel(sname, scale, strategy, n)[:1].contiguous()
-        return scheme, {"scale": s, "activation_scale": xs.float().reshape(1)}, {iname}
-    raise NotImplementedError(
-        f"{where}: fp8 weights ({strategy}) with activations ({ast}, dynamic={dynamic}) have no "
-        "fxquant form (loaded: channel or tensor / dynamic token; tensor / dynamic tensor; "
-        "block / dynamic group; tensor / static tensor)"
-    )
-
-
-def _fp4(source, module, where, fmt, w, a, scale):
-    """e2m1 codes packed two per byte, low nibble first (fxquant's MXFP4/NVFP4 layout too), with
-    E8M0 scales per 32 (``mxfp4``) or e4m3 scales per 16 and an fp32 global scale (``nvfp4``)."""
-    from fxquant.core.config import MXFP4, NVFP4
-
-    pname = f"{module}.weight_packed"
-    packed = expect(pname, need(source, pname, f"{where} weights"), dtype=torch.uint8)
-    if packed.dim() != 2:
-        raise CheckpointError(f"tensor {pname!r} has shape {list(packed.shape)}, expected [N, K/2]")
-    n, k = packed.shape[0], packed.shape[1] * 2
-    sname = f"{module}.weight_scale"
-    if fmt == "mxfp4-pack-quantized":
-        expect(sname, scale, shape=(n, k // 32), dtype=torch.uint8)
+        return NVFP4(activations=False, scale_rule="six")
+    if ws == "group" and g == 32 and scale_dtype == "uint8":
         if a is None:
-            scheme = MXFP4(activations=False)
-        elif (a.get("type"), a.get("num_bits"), a.get("group_size"), a.get("dynamic")) == (
-            "float",
-            4,
-            32,
-            True,
+            return MXFP4(activations=False, scale_rule="even")
+        if (
+            a.get("type") == "float"
+            and a.get("num_bits") == 4
+            and a.get("strategy") == "group"
+            and a.get("group_size") == 32
+            and a.get("dynamic") is True
         ):
-            # compressed-tensors rounds the activation amax to one mantissa bit ("even")
-            scheme = MXFP4(activations=True, scale_rule="even")
-        else:
-            raise NotImplementedError(
-                f"{where}: MXFP4 weights with activations {dict(a)} have "
-                "no fxquant form (none, or dynamic MXFP4)"
-            )
-        return scheme, QuantizedWeight({"qweight": packed, "scale": scale}, None), (n, k), {pname}
-    if a is not None:
-        raise NotImplementedError(
-            f"{where}: NVFP4 activations here use a calibrated, static input_global_scale; "
-            "fxquant's NVFP4 computes the activation's tensor scale at run time, so only "
-            "NVFP4A16 (weights only) loads"
+            return MXFP4(activations=True, scale_rule="even")
+        raise _refuse(
+            f"{key}.input_activations",
+            dict(a),
+            "MXFP4 weights map alone or with dynamic MXFP4 activations (groups of 32)",
         )
-    expect(sname, scale, shape=(n, k // 16), dtype=torch.float8_e4m3fn)
-    gname = f"{module}.weight_global_scale"
-    gs = expect(gname, need(source, gname, f"{where} NVFP4"), shape=(1,), dtype=torch.float32)
-    # compressed-tensors divides by its global scale, fxquant multiplies by a tensor scale: the
-    # reciprocal is rounded once to fp32, so weights agree to fp32 rounding, not bit for bit
-    tensor_scale = (1.0 / gs.double()).float()
-    weight = QuantizedWeight(
-        {"qweight": packed, "scale": scale, "tensor_scale": tensor_scale}, None
+    raise _refuse(
+        f"{key}.weights",
+        dict(w),
+        "FP4 maps as NVFP4 (strategy 'tensor_group', group_size 16) or MXFP4 (strategy "
+        "'group', group_size 32, scale_dtype uint8)",
     )
-    return NVFP4(activations=False), weight, (n, k), {pname, gname}
 
 
-def _packed(source, module, where, w, a, scale):
-    if a is not None:
-        raise NotImplementedError(
-            f"{where}: packed integer weights with quantized activations "
-            f"({dict(a)}) have no fxquant form"
+def scheme_from_args(name: str, w: Mapping | None, a: Mapping | None) -> Scheme:
+    """The fxquant scheme that computes what config group ``name`` (its ``weights`` and
+    ``input_activations`` arguments) does when quantizing from float, or ``NotImplementedError``
+    saying why none does."""
+    if w is None:
+        raise _refuse(f"config_groups[{name!r}].weights", None, "weights must be quantized")
+    if w.get("type") == "float" and w.get("num_bits") == 4:
+        return _fp4_scheme(name, w, a)
+    if w.get("type") != "float" or w.get("num_bits") != 8:
+        raise _refuse(
+            f"config_groups[{name!r}].weights",
+            dict(w),
+            "only fp8 weights map: compressed-tensors scales symmetric integers by "
+            "amax / 127.5 (int8) or amax / 7.5 (int4), fxquant by amax / 127 and / 7",
         )
-    bits = w["num_bits"]
-    pname, shname = f"{module}.weight_packed", f"{module}.weight_shape"
-    packed = expect(pname, need(source, pname, f"{where} weights"), dtype=torch.int32)
-    shape_t = need(source, shname, f"{where}: the unpacked [N, K]")
-    if shape_t.numel() != 2:
-        raise CheckpointError(f"tensor {shname!r} has {shape_t.numel()} values, expected [N, K]")
-    n, k = (int(v) for v in shape_t.reshape(2))
-    expect(pname, packed, shape=(n, -(-k * bits // 32)))
-    offset = 1 << (bits - 1)
-    u = unpack_int32(packed, bits)[:, :k]
-    strategy, symmetric = w.get("strategy"), w.get("symmetric", True)
-    used = {pname, shname}
-    if bits == 8:  # W8A16: stored q + 128, per channel (or tensor)
-        if not symmetric:
-            raise NotImplementedError(f"{where}: asymmetric int8 weights have no fxquant form")
-        s = _per_channel(f"{module}.weight_scale", scale, strategy, n)
-        q = (u - offset).to(torch.int8)
-        return Int8WeightOnly(), QuantizedWeight({"qweight": q, "scale": s}, None), (n, k), used
-    if strategy == "group":
-        group_size = w.get("group_size")
-        if not isinstance(group_size, int) or group_size <= 0:
-            raise CheckpointError(
-                f"{where}: strategy 'group' needs a positive group_size, got {group_size!r}"
-            )
-    elif strategy in ("channel", "tensor"):
-        group_size = None
-        if strategy == "tensor":
-            scale = scale.float().reshape(1, 1).expand(n, 1)
-    else:
-        raise NotImplementedError(
-            f"{where}: int4 weight strategy {strategy!r} has no fxquant "
-            "form (group, channel and tensor load)"
+    ws = w.get("strategy")
+    if a is None:
+        if ws == "channel":
+            return Float8WeightOnly()
+        raise _refuse(
+            f"config_groups[{name!r}].weights.strategy",
+            ws,
+            "fp8 weight-only maps with strategy 'channel' only",
         )
-    groups = 1 if group_size is None else -(-k // group_size)
-    expect(f"{module}.weight_scale", scale, shape=(n, groups))
-    if symmetric:
-        zero = torch.full((n, groups), offset, dtype=torch.int32)
-    else:
-        zname = f"{module}.weight_zero_point"
-        zp = expect(zname, need(source, zname, f"{where}: asymmetric weights"), dtype=torch.int32)
-        expect(zname, zp, shape=(-(-n * bits // 32), groups))
-        # packed along N: unpack the transpose, then back; stored zp + 8 is z itself
-        zero = unpack_int32(zp.t().contiguous(), bits)[:, :n].t()
-        used.add(zname)
-    scheme, weight = int_weight(where, u, scale, zero, group_size, bits=bits)
-    return scheme, weight, (n, k), used
+    if a.get("type") != "float" or a.get("num_bits") != 8 or a.get("dynamic") is not True:
+        raise _refuse(
+            f"config_groups[{name!r}].input_activations",
+            dict(a),
+            "only dynamic fp8 activations map (static ones need calibration)",
+        )
+    ast = a.get("strategy")
+    if ws == "channel" and ast == "token":
+        return Float8Dynamic(granularity="row")
+    if ws == "tensor" and ast == "tensor":
+        return Float8Dynamic(granularity="tensor")
+    if ws == "block" and ast == "group":
+        bs = block_structure(w)
+        g = a.get("group_size")
+        if bs and len(bs) == 2 and bs[0] == bs[1] == g and g in (32, 64, 128, 256):
+            return Float8Block(block_size=int(g))
+    raise _refuse(
+        f"config_groups[{name!r}]",
+        f"weights {ws} / activations {ast}",
+        "maps: channel/token, tensor/tensor, b×b block / 1×b group (b = 32..256)",
+    )
+
+
+def target_pattern(target: str) -> str | None:
+    """A compressed-tensors target or ignore entry as a module-name regex (None: a class)."""
+    if target.startswith("re:"):
+        return target[3:]
+    if target in ("Linear", "torch.nn.Linear"):
+        return None
+    return re.escape(target)
 
 
 # --------------------------------------------------------------------------------------------
@@ -559,7 +361,6 @@ def _layer_entry(scheme: Scheme, c: dict[str, torch.Tensor], n: int, k: int):
 def _quantized_layers(ep: ExportedProgram):
     """(module name, scheme, {constant name: tensor}, N, K, constant fqns) per quantized weight."""
     from fxquant.core.config import scheme_from_dict
-    from fxquant.passes.rewrite import META_KEY
 
     by_node = {
         s.arg.name: s.target for s in ep.graph_signature.input_specs if hasattr(s.arg, "name")
@@ -567,29 +368,26 @@ def _quantized_layers(ep: ExportedProgram):
     state = ep.state_dict
     seen: dict[str, tuple] = {}
     for node in ep.graph.nodes:
-        row = node.meta.get("custom", {}).get(META_KEY)
-        if node.op != "call_function" or row is None:
-            continue
-        row = json.loads(row)
-        if row["status"] != "quantized":
+        row = LayerRow.from_node(node)
+        if node.op != "call_function" or row is None or row.status != "quantized":
             continue
         fqns = [by_node.get(a.name) for a in node.args if isinstance(a, torch.fx.Node)]
         qfqn = next((f for f in fqns if f and f.endswith("qweight")), None)
         if qfqn is None:
-            raise CheckpointError(f"layer {row['name']!r}: no quantized weight constant found")
+            raise CheckpointError(f"layer {row.name!r}: no quantized weight constant found")
         prefix = qfqn.removesuffix("qweight")
         if prefix in seen:
             continue  # a weight shared by two layers is written once
-        scheme = scheme_from_dict(row["scheme"])
-        n, k = row["out_features"], row["in_features"]
-        names = list(scheme.quantize(torch.zeros(n, k)).tensors)
+        scheme = scheme_from_dict(row.scheme)
+        n, k = row.out_features, row.in_features
+        names = list(layout_of(scheme, (n, k)))
         consts = {name: state[prefix + name] for name in names}
-        if row.get("float_weight_kept"):
+        if row.float_weight_kept:
             raise NotImplementedError(
-                f"{row['weight']!r} is quantized for {row['name']!r} and kept in float for "
+                f"{row.weight!r} is quantized for {row.name!r} and kept in float for "
                 "another use (a tied weight): a compressed-tensors module holds one form"
             )
-        module = row["weight"].removesuffix(".weight")
+        module = row.weight.removesuffix(".weight")
         seen[prefix] = (module, scheme, consts, n, k, {prefix + name for name in names})
     return list(seen.values())
 

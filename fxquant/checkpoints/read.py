@@ -82,7 +82,7 @@ def _read_with_config(source: TensorSource, qcfg: Mapping[str, Any] | None) -> L
     method = qcfg.get("quant_method")
     method = getattr(method, "value", method)
     if method == "compressed-tensors":
-        from fxquant.checkpoints.compressed_tensors import read_compressed_tensors
+        from fxquant.checkpoints.compressed_tensors_read import read_compressed_tensors
 
         return read_compressed_tensors(source, qcfg)
     if method == "fp8":

@@ -1,0 +1,75 @@
+"""The Hugging Face configs fxquant refuses whole, each with why: ``from_hf`` raises
+``NotImplementedError`` with that reason, and docs/hf_configs.md prints it. A method moves out of
+here into its own module when a mapping for it is built."""
+
+from __future__ import annotations
+
+from fxquant.hf.base import refuses
+
+refuses(
+    "auto-round",
+    "AutoRoundConfig",
+    "AutoRound tunes rounding with signed gradient descent over calibration data (not built); "
+    "its checkpoints use the GPTQ/AWQ layouts, whose loaders are not built",
+)
+
+refuses(
+    "sinq",
+    "SinqConfig",
+    "SINQ's Sinkhorn-normalised dual scales are not built",
+)
+
+refuses(
+    "higgs",
+    "HiggsConfig",
+    "HIGGS needs a Hadamard rotation and vector quantization onto Gaussian-optimal grids: "
+    "not built",
+)
+
+refuses(
+    "aqlm",
+    "AqlmConfig",
+    "AQLM's additive codebooks (weights as sums of learned codewords) have no fxquant format",
+)
+
+refuses(
+    "vptq",
+    "VptqConfig",
+    "VPTQ's vector codebooks with residual and outlier codebooks have no fxquant format",
+)
+
+refuses(
+    "spqr",
+    "SpQRConfig",
+    "SpQR's 3-bit groups with bilevel scales and sparse fp16 outliers have no fxquant format",
+)
+
+refuses(
+    "fp_quant",
+    "FPQuantConfig",
+    "FP-Quant rotates each group of weights and activations by a Hadamard (or GSR) transform "
+    "before MXFP4/NVFP4 quantization: fxquant has both formats but no rotation pass; "
+    "transform_init='identity' is refused too, as its abs_max / QuEST scale rules are not checked "
+    "against fxquant's",
+)
+
+refuses(
+    "metal",
+    "MetalConfig",
+    "Apple Metal's affine groups (float scale and bias per group) have no fxquant format yet",
+)
+
+refuses(
+    "quark",
+    "QuarkConfig",
+    "Quark configs name AMD Quark's own per-layer schemes; no mapping is built yet",
+)
+
+refuses(
+    "gguf",
+    "GgufConfig",
+    "GGUF is a checkpoint format, not a way to quantize a float model: "
+    "`fxquant.load_quantized(ep, 'model.gguf')` loads Q4_0, Q6_K and Q8_0 exactly and Q4_1 / "
+    "Q4_K with float zero points into fxquant constants (5-bit types refused: no 5-bit "
+    "format); `fxquant quantize model.gguf` dequantizes and requantizes instead",
+)
