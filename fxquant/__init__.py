@@ -15,7 +15,8 @@ import sys
 import types
 from typing import TYPE_CHECKING
 
-from fxquant.core import ops  # noqa: F401  (registers the fxquant:: ops)
+from fxquant.core import ops  # noqa: F401  (registers the fxquant:: ops and declares the schemes)
+from fxquant.core.scheme import SCHEMES
 
 # Everything else loads on first use (PEP 562), so a process that only serves a package
 # (``fxquant generate``, ``fxquant.runtime``) never imports the passes, and ``import fxquant``
@@ -42,32 +43,14 @@ _EXPORTS = {
     "load_program": "fxquant.safe_load",
     "LLMPackage": "fxquant.runtime",
     "generate": "fxquant.runtime",
-    **{
-        name: "fxquant.core.config"
-        for name in (
-            "MXFP4",
-            "MXFP8",
-            "NVFP4",
-            "RECIPES",
-            "BitNetTernary",
-            "Bnb4WeightOnly",
-            "Float8Block",
-            "Float8Dynamic",
-            "Float8Recipe",
-            "Float8Static",
-            "Float8WeightOnly",
-            "Int4WeightOnly",
-            "Int8DynamicActivation",
-            "Int8DynamicActivationInt4",
-            "Int8WeightOnly",
-            "IntxWeightOnly",
-            "LLMInt8",
-            "QuantConfig",
-            "Scheme",
-            "from_recipe_name",
-        )
-    },
+    "QuantConfig": "fxquant.core.config",
+    "RECIPES": "fxquant.core.scheme",
+    "Scheme": "fxquant.core.scheme",
+    "from_recipe_name": "fxquant.core.scheme",
 }
+# Every declared scheme class (fxquant/core/schemes/), from its own module: a new scheme is a
+# public name with no line here.
+_EXPORTS.update({name: cls.__module__ for name, cls in SCHEMES.items()})
 
 
 class _Package(types.ModuleType):
@@ -102,82 +85,22 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_EXPORTS))
 
 
-if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerly
-    from fxquant.api import aot_compile, quantize
-    from fxquant.calibration.api import calibrate
-    from fxquant.calibration.methods import AWQ, GPTQ, SmoothQuant
-    from fxquant.checkpoints import load_quantized, read_quantized, save_compressed_tensors
-    from fxquant.core.config import (
-        MXFP4,
-        MXFP8,
-        NVFP4,
-        RECIPES,
-        BitNetTernary,
-        Bnb4WeightOnly,
-        Float8Block,
-        Float8Dynamic,
-        Float8Recipe,
-        Float8Static,
-        Float8WeightOnly,
-        Int4WeightOnly,
-        Int8DynamicActivation,
-        Int8DynamicActivationInt4,
-        Int8WeightOnly,
-        IntxWeightOnly,
-        LLMInt8,
-        QuantConfig,
-        Scheme,
-        from_recipe_name,
-    )
-    from fxquant.hf import calibration_from_hf, from_hf
-    from fxquant.llm import export_llm, llm_info
-    from fxquant.report import Report, report
-    from fxquant.runtime import LLMPackage, generate
-    from fxquant.training.accelerate import from_accelerate
-    from fxquant.training.state import fp8_state_dict, load_fp8_state_dict
+if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerly (the table
+    # above is what runs; ruff's F401 cannot see that __all__ lists them)
+    from fxquant.api import aot_compile, quantize  # noqa: F401
+    from fxquant.calibration.api import calibrate  # noqa: F401
+    from fxquant.calibration.methods import AWQ, GPTQ, SmoothQuant  # noqa: F401
+    from fxquant.checkpoints import load_quantized, read_quantized, save_compressed_tensors  # noqa: F401
+    from fxquant.core.config import QuantConfig  # noqa: F401
+    from fxquant.core.scheme import RECIPES, Scheme, from_recipe_name  # noqa: F401
+    from fxquant.core.schemes import *  # noqa: F403  (the scheme classes)
+    from fxquant.hf import calibration_from_hf, from_hf  # noqa: F401
+    from fxquant.llm import export_llm, llm_info  # noqa: F401
+    from fxquant.report import Report, report  # noqa: F401
+    from fxquant.runtime import LLMPackage, generate  # noqa: F401
+    from fxquant.training.accelerate import from_accelerate  # noqa: F401
+    from fxquant.training.state import fp8_state_dict, load_fp8_state_dict  # noqa: F401
 
 from fxquant.version import __version__ as __version__  # noqa: E402  (re-exported)
 
-__all__ = [
-    "AWQ",
-    "GPTQ",
-    "LLMPackage",
-    "RECIPES",
-    "BitNetTernary",
-    "Bnb4WeightOnly",
-    "Float8Block",
-    "Float8Dynamic",
-    "Float8Recipe",
-    "Float8Static",
-    "Float8WeightOnly",
-    "Int4WeightOnly",
-    "Int8DynamicActivation",
-    "Int8DynamicActivationInt4",
-    "Int8WeightOnly",
-    "IntxWeightOnly",
-    "LLMInt8",
-    "MXFP4",
-    "MXFP8",
-    "NVFP4",
-    "QuantConfig",
-    "Report",
-    "Scheme",
-    "SmoothQuant",
-    "aot_compile",
-    "calibrate",
-    "calibration_from_hf",
-    "export_llm",
-    "fp8_state_dict",
-    "from_accelerate",
-    "from_hf",
-    "from_recipe_name",
-    "generate",
-    "llm_info",
-    "load_fp8_state_dict",
-    "load_program",
-    "load_quantized",
-    "quantize",
-    "read_quantized",
-    "report",
-    "save_compressed_tensors",
-]
+__all__ = sorted(_EXPORTS)  # noqa: PLE0605  (built from the table above)
