@@ -83,63 +83,44 @@ def _(x, weight, bias, eps, rms, quant_dtype, group_size, scale_ub):
     return q, x.new_empty((*x.shape[:-1], groups), dtype=torch.float32)
 
 
-def _scaled_out(xq: Tensor, n: int, out_dtype: torch.dtype) -> Tensor:
-    return xq.new_empty((*xq.shape[:-1], n), dtype=out_dtype)
-
-
-@torch.library.custom_op(f"{_LIB}::int8_scaled_linear", mutates_args=())
-def int8_scaled_linear(
-    xq: Tensor,
-    xs: Tensor,
-    weight: Tensor,
-    scale: Tensor,
-    bias: Tensor | None,
-    out_dtype: torch.dtype,
-) -> Tensor:
-    """int8 xq [..., K] with per-token scale xs [..., 1] · int8 W [N, K] with ``scale`` [N]."""
-    return ref.int8_scaled_linear(xq, xs, weight, scale, bias, out_dtype=out_dtype)
-
-
-@int8_scaled_linear.register_fake
-def _(xq, xs, weight, scale, bias, out_dtype):
-    return _scaled_out(xq, weight.shape[0], out_dtype)
-
-
-@torch.library.custom_op(f"{_LIB}::float8_scaled_linear", mutates_args=())
-def float8_scaled_linear(
-    xq: Tensor,
-    xs: Tensor,
-    weight: Tensor,
-    scale: Tensor,
-    bias: Tensor | None,
-    out_dtype: torch.dtype,
-) -> Tensor:
-    """e4m3 xq [..., K] with per-token scale xs [..., 1] · e4m3 W [N, K] with ``scale`` [N]."""
-    return ref.float8_scaled_linear(xq, xs, weight, scale, bias, out_dtype=out_dtype)
-
-
-@float8_scaled_linear.register_fake
-def _(xq, xs, weight, scale, bias, out_dtype):
-    return _scaled_out(xq, weight.shape[0], out_dtype)
-
-
-@torch.library.custom_op(f"{_LIB}::float8_block_scaled_linear", mutates_args=())
-def float8_block_scaled_linear(
-    xq: Tensor,
-    xs: Tensor,
-    weight: Tensor,
-    scale: Tensor,
-    bias: Tensor | None,
-    block_size: int,
-    out_dtype: torch.dtype,
-) -> Tensor:
-    """e4m3 xq [..., K] with 1×b group scales xs [..., ceil(K/b)] · e4m3 W [N, K] with b×b tile
-    scales."""
-    return ref.float8_block_scaled_linear(
-        xq, xs, weight, scale, bias, block_size=block_size, out_dtype=out_dtype
+def _scaled_linear(name: str, reference, *, params: str = "", doc: str) -> None:
+    """Define ``fxquant::<name>(Tensor xq, Tensor xs, Tensor weight, Tensor scale, Tensor? bias,
+    <params>, ScalarType out_dtype) -> Tensor``: a linear reading an activation that a fused
+    norm already quantized (``xq``, with its scales ``xs``). The schema is the one these ops
+    were always defined with; ``reference`` takes ``params`` and ``out_dtype`` by keyword."""
+    names = [p.split()[1] for p in params.split(", ") if p]
+    schema = (
+        "(Tensor xq, Tensor xs, Tensor weight, Tensor scale, Tensor? bias, "
+        + "".join(f"{p}, " for p in params.split(", ") if p)
+        + "ScalarType out_dtype) -> Tensor"
     )
 
+    def kernel(xq, xs, weight, scale, bias, *rest):
+        kw = dict(zip([*names, "out_dtype"], rest, strict=True))
+        return reference(xq, xs, weight, scale, bias, **kw)
 
-@float8_block_scaled_linear.register_fake
-def _(xq, xs, weight, scale, bias, block_size, out_dtype):
-    return _scaled_out(xq, weight.shape[0], out_dtype)
+    kernel.__name__, kernel.__doc__ = name, doc
+    op = torch.library.custom_op(f"{_LIB}::{name}", kernel, mutates_args=(), schema=schema)
+
+    @op.register_fake
+    def _(xq, xs, weight, scale, bias, *rest):
+        return xq.new_empty((*xq.shape[:-1], weight.shape[0]), dtype=rest[-1])
+
+
+_scaled_linear(
+    "int8_scaled_linear",
+    ref.int8_scaled_linear,
+    doc="int8 xq [..., K] with per-token scale xs [..., 1] · int8 W [N, K] with ``scale`` [N].",
+)
+_scaled_linear(
+    "float8_scaled_linear",
+    ref.float8_scaled_linear,
+    doc="e4m3 xq [..., K] with per-token scale xs [..., 1] · e4m3 W [N, K] with ``scale`` [N].",
+)
+_scaled_linear(
+    "float8_block_scaled_linear",
+    ref.float8_block_scaled_linear,
+    params="SymInt block_size",
+    doc="e4m3 xq [..., K] with 1×b group scales xs [..., ceil(K/b)] · e4m3 W [N, K] with b×b "
+    "tile scales.",
+)
