@@ -19,7 +19,9 @@ On CPU the implementations are registered by op name, one module per scheme fami
 with the measurements and kernel preconditions that shaped it: aten compositions (``"cpu"``)
 and, where fxquant's native kernels build (``fxquant.kernels.cpu``), compositions around them
 (``"cpu-native"``, which override the aten ones and bring their own prepack rules and sibling
-fusion, ``passes/cpu/siblings.py``).
+fusion, ``passes/cpu/siblings.py``). The native kernels pick their own path by M (a GEMV for
+decode, dequantize-a-chunk + MKL for prefill), so one CPU graph serves every M with no
+``torch.cond``.
 
 On CUDA (``lowerings("cuda")``, the table in ``lower_cuda.py``) there is no prepack: each
 semantic op becomes the Triton ops of ``fxquant.kernels`` on the rewrite's own layouts, with
