@@ -35,7 +35,8 @@ import torch._inductor.config as inductor_config
 import torch.nn.functional as F
 
 import fxquant.api
-from fxquant.passes import lower as fxlower
+from fxquant.passes.cpu import int4 as cpu_int4
+from fxquant.passes.cpu import int8 as cpu_int8
 
 BF16 = torch.bfloat16
 E4M3 = torch.float8_e4m3fn
@@ -44,7 +45,7 @@ EPS = 1e-12
 
 
 # --------------------------------------------------------------------------- winners
-# The compositions fxquant lowers to, called from fxquant.passes.lower itself (not copies), so
+# The compositions fxquant lowers to, called from fxquant.passes.cpu itself (not copies), so
 # this script times what the lowering emits. All weight-side tensors are prepared once (see
 # `prepare`) and must be stored buffers, never computed in-graph: Inductor's
 # `_weight_int8pack_mm` lowering does not realize its scale argument, so a scale computed in
@@ -54,14 +55,14 @@ EPS = 1e-12
 
 def lower_int8_woq(x, wq, scale, bias, ones_bf16):
     """int8 weight-only. wq int8 [N, K]; scale fp32 [N]; ones_bf16 bf16 [N] (all ones)."""
-    return fxlower._cpu_int8_weight_only(x, wq, scale, ones_bf16, bias)
+    return cpu_int8._cpu_int8_weight_only(x, wq, scale, ones_bf16, bias)
 
 
 def lower_int4_woq(x, w_packed, scale_zero_bf16, bias, group_size: int):
     """int4 grouped weight-only. w_packed uint8 [N, K/2] from _convert_weight_to_int4pack_for_cpu;
     scale_zero_bf16 bf16 [K/g, N, 2] with w = (q - 8) * scale + zero, q in [0, 15]."""
     n = w_packed.shape[0]
-    return fxlower._cpu_int4_weight_only(x, w_packed, scale_zero_bf16, bias, group_size, n)
+    return cpu_int4._cpu_int4_weight_only(x, w_packed, scale_zero_bf16, bias, group_size, n)
 
 
 def quantize_act_int8(x):
@@ -73,7 +74,7 @@ def quantize_act_int8(x):
 def lower_w8a8(x, wq, scale, bias, ones_bf16):
     """int8 dynamic activation x int8 weight. Same weight tensors as lower_int8_woq;
     xq (integers in [-127, 127]) is exact in bf16."""
-    return fxlower._cpu_int8_dynamic(x, wq, scale, ones_bf16, bias)
+    return cpu_int8._cpu_int8_dynamic(x, wq, scale, ones_bf16, bias)
 
 
 def lower_fp8_woq(x, wq, scale, bias):

@@ -96,7 +96,7 @@ def _crc_skipped(zf: zipfile.ZipFile) -> bool:
 def _register_lowered_ops() -> None:
     # a prepacked / lowered program names the CPU device ops, registered by their module
     with contextlib.suppress(Exception):  # no lowering here: the load then names the op
-        import fxquant.passes.lower_native  # noqa: F401
+        import fxquant.passes.cpu  # noqa: F401
 
 
 def _why(path: Path, e: Exception, entry: str | None) -> str:

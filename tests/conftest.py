@@ -136,14 +136,13 @@ SMOLLM2_PPL_1024 = 31.716
 def cpu_kernels(request, monkeypatch):
     """Run a test on both CPU lowerings: the native kernels (fxquant.kernels.cpu, the default
     where they build) and the aten compositions that stand in where no compiler works."""
-    from fxquant.passes import lower_native
+    import fxquant.kernels.cpu as native
+    from fxquant.passes import cpu
 
-    if request.param == "native" and not lower_native.available():
-        pytest.skip(
-            "native CPU kernels unavailable: " + str(lower_native.native.unavailable_reason())
-        )
+    if request.param == "native" and not cpu.available():
+        pytest.skip("native CPU kernels unavailable: " + str(native.unavailable_reason()))
     if request.param == "aten":
-        monkeypatch.setattr(lower_native, "available", lambda: False)
+        monkeypatch.setattr(cpu, "available", lambda: False)
     return request.param
 
 

@@ -15,10 +15,10 @@ import pytest
 import torch
 
 import fxquant.kernels.cpu as native
-import fxquant.passes.lower_native  # noqa: F401  (registers fxquant::cpu_native_int4_linear)
 from fxquant.core import reference as ref
 from fxquant.core import reference_lowbit as ref_lowbit
-from fxquant.passes.lower_native import e4m3_values, prepack_codes
+from fxquant.passes.cpu.float8 import e4m3_values
+from fxquant.passes.cpu.int4 import prepack_codes  # (registers fxquant::cpu_native_int4_linear)
 
 pytestmark = pytest.mark.skipif(
     not native.available(), reason=f"native CPU kernels unavailable: {native.unavailable_reason()}"

@@ -103,9 +103,9 @@ _BF16 = ("int8wo", "int4wo", "w8a8", "w4a8", "int3wo", "int2wo", "hqq-int4")
 
 @pytest.mark.parametrize("kernels", ["native", "aten"])
 def test_every_recipe_lowers_every_k_from_1_to_200(kernels, tmp_path):
-    from fxquant.passes import lower_native
+    from fxquant.passes import cpu
 
-    if kernels == "native" and not lower_native.available():
+    if kernels == "native" and not cpu.available():
         pytest.skip("native CPU kernels unavailable")
     env = dict(os.environ, FXQUANT_NATIVE="1" if kernels == "native" else "0")
     recipes = list(fxquant.RECIPES)

@@ -1,0 +1,241 @@
+"""The CPU lowering of the int4 family (``fxquant/core/schemes/int4.py``): int4 weight-only
+(``int4_weight_only_linear``) and W4A8 (``int8_dynamic_int4_linear``, int4 weights × int8
+activations per token). Both store the same weight, so each kernel has one prepacked layout and
+two device ops; the int2 / int3 / float-zero int4 codes of the lowbit family
+(``fxquant.passes.cpu.lowbit``) run on the same device ops.
+
+Where it sits: registered by op name (``fxquant.core.registry``, ``fxquant.passes.cpu.prepack``)
+and read by the lowering pass (``fxquant.passes.lower``).
+
+**aten kernels** (``"cpu"``), measured on the dev CPU (AVX2, 2 cores, no VNNI) by
+``benchmarks/cpu_kernels.py`` (results in ``benchmarks/results/cpu_kernels.json``): int4 uses
+``_weight_int4pack_mm_for_cpu`` with the weight repacked by
+``_convert_weight_to_int4pack_for_cpu`` and a bf16 [K/g, N, 2] scale/zero table; it needs N
+divisible by 16 (padded here) and K a multiple of the group (padded at quantize time). W4A8
+takes the same kernel with the int8 codes of its per-token activation as the bf16 input (exact
+in bf16) and the token scale after.
+
+**Native kernels** (``"cpu-native"``, ``fxquant.kernels.cpu``): the weight is repacked once into
+the kernel's nibble layout with ``offset = -z * s`` (``prepack_codes``), which takes any code in
+[0, 15] and any zero point, integer or float: fp32 numerics, no bf16 rounding, no code
+shifting. W4A8 takes the same layout into the int4 × int8 kernel, its activation quantized per
+token here in aten ops exactly as the reference does. The kernels pick their own path by M (a
+GEMV for decode, dequantize-a-chunk + MKL for prefill), so one graph serves every M with no
+``torch.cond``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.fx as fx
+import torch.nn.functional as F
+from torch import Tensor
+
+import fxquant.core.ops  # noqa: F401  (registers the fxquant:: ops)
+import fxquant.kernels.cpu as native
+from fxquant.core import reference as ref
+from fxquant.core.registry import lowering
+from fxquant.passes.cpu.common import BF16, NATIVE, epilogue, finish, rows
+from fxquant.passes.cpu.prepack import prepack_rule
+
+fxq = torch.ops.fxquant
+_INT4_N_MULTIPLE = 16  # _convert_weight_to_int4pack_for_cpu: "expect N to be dividable by 16"
+_GROUPED = ("weight", "scale", "zero")  # the constant arguments both ops' prepack rules read
+
+
+# --------------------------------------------------------------------------------------------
+# aten: semantic ops without a prepack (weights the pass cannot see) lower to the reference math
+# --------------------------------------------------------------------------------------------
+
+
+@lowering("cpu", "int4_weight_only_linear")
+def _int4_weight_only_linear(x, weight, scale, zero, bias, group_size):
+    return ref.int4_weight_only_linear(x, weight, scale, zero, bias, group_size=group_size)
+
+
+@lowering("cpu", "int8_dynamic_int4_linear")
+def _int8_dynamic_int4_linear(x, weight, scale, zero, bias, group_size):
+    return ref.int8_dynamic_int4_linear(x, weight, scale, zero, bias, group_size=group_size)
+
+
+# --------------------------------------------------------------------------------------------
+# aten: the device ops (what prepack emits), on _weight_int4pack_mm_for_cpu
+# --------------------------------------------------------------------------------------------
+
+
+@lowering("cpu", "cpu_int4_weight_only_linear")
+def _cpu_int4_weight_only(x, packed, scale_zero, bias, group_size, out_features):
+    x2 = x.reshape(-1, x.shape[-1])
+    kp = scale_zero.shape[0] * group_size
+    if x2.shape[-1] != kp:
+        x2 = F.pad(x2, (0, kp - x2.shape[-1]))
+    y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2.to(BF16), packed, group_size, scale_zero)
+    return epilogue(y.float(), x, out_features, bias)
+
+
+@lowering("cpu", "cpu_int8_dynamic_int4_linear")
+def _cpu_int8_dynamic_int4(x, packed, scale_zero, bias, group_size, out_features):
+    # W4A8 on the int4 kernel: the int8 codes are exact in its bf16 input, xs goes in after
+    xq, xs = ref.quantize_int8_per_token(x.reshape(-1, x.shape[-1]))
+    kp = scale_zero.shape[0] * group_size
+    if xq.shape[-1] != kp:
+        xq = F.pad(xq, (0, kp - xq.shape[-1]))
+    y = torch.ops.aten._weight_int4pack_mm_for_cpu(xq.to(BF16), packed, group_size, scale_zero)
+    return epilogue(y.float() * xs, x, out_features, bias)
+
+
+@torch.library.custom_op("fxquant::cpu_int4_weight_only_linear", mutates_args=())
+def cpu_int4_weight_only_linear(
+    x: Tensor,
+    packed: Tensor,
+    scale_zero: Tensor,
+    bias: Tensor | None,
+    group_size: int,
+    out_features: int,
+) -> Tensor:
+    return _cpu_int4_weight_only(x, packed, scale_zero, bias, group_size, out_features)
+
+
+@torch.library.custom_op("fxquant::cpu_int8_dynamic_int4_linear", mutates_args=())
+def cpu_int8_dynamic_int4_linear(
+    x: Tensor,
+    packed: Tensor,
+    scale_zero: Tensor,
+    bias: Tensor | None,
+    group_size: int,
+    out_features: int,
+) -> Tensor:
+    return _cpu_int8_dynamic_int4(x, packed, scale_zero, bias, group_size, out_features)
+
+
+@cpu_int4_weight_only_linear.register_fake
+@cpu_int8_dynamic_int4_linear.register_fake
+def _(x, packed, scale_zero, bias, group_size, out_features):
+    return x.new_empty((*x.shape[:-1], out_features))
+
+
+# --------------------------------------------------------------------------------------------
+# aten: prepack rules (semantic node → device node with new constants, computed once)
+# --------------------------------------------------------------------------------------------
+
+
+def aten_int4_layout(u: Tensor, scale: Tensor, zp: Tensor) -> tuple[Tensor, Tensor]:
+    """Codes u [N, Kp] (int32, in [0, 15]) with w = (u - 8) * scale + zp, scale and zp
+    [N, Kp/g] → (packed, scale_zero): the kernel's weight and bf16 [Kp/g, N', 2] table, N
+    padded to a multiple of 16 with zero rows."""
+    n_pad = -u.shape[0] % _INT4_N_MULTIPLE
+    u = F.pad(u, (0, 0, 0, n_pad))
+    s = F.pad(scale, (0, 0, 0, n_pad))
+    zp = F.pad(zp, (0, 0, 0, n_pad))
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(u, 1)
+    scale_zero = torch.stack([s, zp], dim=-1).transpose(0, 1).contiguous().to(BF16)
+    return packed, scale_zero
+
+
+@prepack_rule("cpu", "int4_weight_only_linear", "int8_dynamic_int4_linear", consts=_GROUPED)
+def _prepack_int4(node: fx.Node, args, consts):
+    # int4 weight-only and W4A8 store the same weight: one layout, two device ops
+    device_op = fxq.cpu_int4_weight_only_linear.default
+    if node.target == fxq.int8_dynamic_int4_linear.default:
+        device_op = fxq.cpu_int8_dynamic_int4_linear.default
+    weight, scale, zero = consts["weight"], consts["scale"], consts["zero"]
+    # The CPU kernel dequantizes w = (u - 8) * s + zp; ours is w = (u - z) * s: zp = (8 - z) * s.
+    u = ref.unpack_int4(weight).to(torch.int32)
+    packed, scale_zero = aten_int4_layout(u, scale, (8 - zero.float()) * scale)
+    out_features = weight.shape[0]
+    return device_op, (
+        args["x"],
+        ("packed", packed),
+        ("scale_zero", scale_zero),
+        args["bias"],
+        args["group_size"],
+        out_features,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Native kernels: the int4-layout device ops (what prepack emits) and the prepack rules
+# --------------------------------------------------------------------------------------------
+
+
+@lowering(NATIVE, "cpu_native_int4_linear")
+def _cpu_native_int4(x, weight, scale, offset, bias, group_size, out_features):
+    x2 = native.pad_columns(rows(x), 2 * weight.shape[1]).contiguous()
+    y = fxq.native_int4_weight_only_linear(x2, weight, scale, offset, group_size)
+    return finish(y, x, out_features, bias)
+
+
+@lowering(NATIVE, "cpu_native_int8_int4_linear")
+def _cpu_native_int8_int4(x, weight, scale, offset, bias, group_size, out_features):
+    # zero columns leave each token's amax (so its scale) and every sum as they were
+    x2 = native.pad_columns(rows(x), 2 * weight.shape[1])
+    xq, xs = ref.quantize_int8_per_token(x2)
+    y = fxq.native_int8_int4_linear(
+        xq.contiguous(), xs.reshape(-1).contiguous(), weight, scale, offset, group_size
+    )
+    return finish(y, x, out_features, bias)
+
+
+@torch.library.custom_op("fxquant::cpu_native_int4_linear", mutates_args=())
+def cpu_native_int4_linear(
+    x: Tensor,
+    weight: Tensor,
+    scale: Tensor,
+    offset: Tensor,
+    bias: Tensor | None,
+    group_size: int,
+    out_features: int,
+) -> Tensor:
+    return _cpu_native_int4(x, weight, scale, offset, bias, group_size, out_features)
+
+
+@torch.library.custom_op("fxquant::cpu_native_int8_int4_linear", mutates_args=())
+def cpu_native_int8_int4_linear(
+    x: Tensor,
+    weight: Tensor,
+    scale: Tensor,
+    offset: Tensor,
+    bias: Tensor | None,
+    group_size: int,
+    out_features: int,
+) -> Tensor:
+    return _cpu_native_int8_int4(x, weight, scale, offset, bias, group_size, out_features)
+
+
+@cpu_native_int4_linear.register_fake
+@cpu_native_int8_int4_linear.register_fake
+def _(x, weight, scale, offset, bias, group_size, out_features):
+    return x.new_empty((*x.shape[:-1], out_features))
+
+
+def prepack_codes(
+    u: Tensor, scale: Tensor, zero: Tensor, *, group_size: int
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Codes u [N, Kp] in [0, 15] with w = (u - z) * s → the int4 kernel's three constants."""
+    return native.prepack_int4(ref.pack_int4(u), scale, zero, group_size=group_size)
+
+
+def native_int4_args(args, layout: tuple[Tensor, Tensor, Tensor], out_features: int) -> tuple:
+    """The ``cpu_native_*int4_linear`` arguments: the node's x, bias and group size around the
+    kernel's three new constants."""
+    w, s, o = layout
+    return (
+        args["x"],
+        ("weight", w),
+        ("scale", s),
+        ("offset", o),
+        args["bias"],
+        args["group_size"],
+        out_features,
+    )
+
+
+@prepack_rule(NATIVE, "int4_weight_only_linear", "int8_dynamic_int4_linear", consts=_GROUPED)
+def _native_prepack_int4(node: fx.Node, args, consts):
+    # int4 weight-only and W4A8 store the same weight: one kernel layout, two device ops
+    device_op = fxq.cpu_native_int4_linear.default
+    if node.target == fxq.int8_dynamic_int4_linear.default:
+        device_op = fxq.cpu_native_int8_int4_linear.default
+    weight, scale, zero = consts["weight"], consts["scale"], consts["zero"]
+    layout = native.prepack_int4(weight, scale, zero, group_size=args["group_size"])
+    return device_op, native_int4_args(args, layout, weight.shape[0])

@@ -1,0 +1,200 @@
+"""The CPU lowering of the int8 family (``fxquant/core/schemes/int8.py``): int8 weight-only
+(``int8_weight_only_linear``), w8a8 (``int8_dynamic_linear``) and the int8 linear that reads an
+activation a fused norm already quantized (``int8_scaled_linear``, ``fxquant.passes.fuse``).
+
+Where it sits: registered by op name (``fxquant.core.registry``, ``fxquant.passes.cpu.prepack``)
+and read by the lowering pass (``fxquant.passes.lower``).
+
+**aten kernels** (``"cpu"``), measured on the dev CPU (AVX2, 2 cores, no VNNI) by
+``benchmarks/cpu_kernels.py`` (results in ``benchmarks/results/cpu_kernels.json``): all three
+use ``_weight_int8pack_mm``, which is fast only with bf16 activations (fp32 takes a scalar path
+10-30× slower) and returns bf16; the kernel gets a stored bf16 vector of ones and the fp32
+per-channel (and per-token) scales are applied in the epilogue. w8a8's quantized activations
+are integers in [-127, 127], exact in bf16 (so are the fused norm's, which ``int8_scaled_linear``
+takes with their scale); int8 weight-only rounds x to bf16. Either way the bf16 rounding adds a
+relative error of ~2-4e-3 per layer, under the ~8e-3 of int8 quantization itself
+(tests/test_lower.py bounds it). The kernel reads K in steps of 16, so the prepack pads K with
+zero columns to a multiple of 16 (shorter rows crashed it or summed past their end). The ones
+and the padded weight are stored constants, never computed in the graph: Inductor's lowering
+of ``_weight_int8pack_mm`` does not realize a computed scale argument and fails with
+``LoweringException: AssertionError: Pointwise`` under AOTInductor.
+
+**Native kernels** (``"cpu-native"``, ``fxquant.kernels.cpu``): each op is a short aten
+composition around one ``fxquant::native_*`` op on the rewrite's own weights ([N, K] int8,
+per-channel fp32 scales), so no prepack: activations flattened to fp32 rows (w8a8's quantized
+here in aten ops exactly as the reference does), the GEMM in the kernel, the bias and the
+caller's dtype in the epilogue, which Inductor fuses.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.fx as fx
+import torch.nn.functional as F
+from torch import Tensor
+
+import fxquant.core.ops  # noqa: F401  (registers the fxquant:: ops)
+from fxquant.core import reference as ref
+from fxquant.core.registry import lowering
+from fxquant.passes.cpu.common import BF16, NATIVE, epilogue, finish, row_scales, rows
+from fxquant.passes.cpu.prepack import prepack_rule
+
+fxq = torch.ops.fxquant
+_INT8_K_MULTIPLE = 16  # _weight_int8pack_mm's K step (see _int8_k16)
+
+
+# --------------------------------------------------------------------------------------------
+# aten: semantic ops without a prepack (weights the pass cannot see) lower to the reference math
+# --------------------------------------------------------------------------------------------
+
+lowering("cpu", "int8_weight_only_linear")(ref.int8_weight_only_linear)
+lowering("cpu", "int8_dynamic_linear")(ref.int8_dynamic_linear)
+
+
+@lowering("cpu", "int8_scaled_linear")
+def _int8_scaled_linear(xq, xs, weight, scale, bias, out_dtype):
+    return ref.int8_scaled_linear(xq, xs, weight, scale, bias, out_dtype=out_dtype)
+
+
+# --------------------------------------------------------------------------------------------
+# aten: the device ops (what prepack emits), on _weight_int8pack_mm
+# --------------------------------------------------------------------------------------------
+
+
+def _pad_k(x2: Tensor, qweight: Tensor) -> Tensor:
+    # the prepacked int8 weight has K padded to a multiple of 16 (see _int8_k16)
+    k = qweight.shape[1]
+    return x2 if x2.shape[-1] == k else F.pad(x2, (0, k - x2.shape[-1]))
+
+
+@lowering("cpu", "cpu_int8_weight_only_linear")
+def _cpu_int8_weight_only(x, qweight, scale, ones, bias):
+    x2 = _pad_k(x.reshape(-1, x.shape[-1]).to(BF16), qweight)
+    y = torch.ops.aten._weight_int8pack_mm(x2, qweight, ones).float() * scale
+    return epilogue(y, x, qweight.shape[0], bias)
+
+
+@lowering("cpu", "cpu_int8_dynamic_linear")
+def _cpu_int8_dynamic(x, qweight, scale, ones, bias):
+    xq, xs = ref.quantize_int8_per_token(x.reshape(-1, x.shape[-1]))
+    y = torch.ops.aten._weight_int8pack_mm(_pad_k(xq.to(BF16), qweight), qweight, ones).float()
+    return epilogue(y * (xs * scale), x, qweight.shape[0], bias)
+
+
+@lowering("cpu", "cpu_int8_scaled_linear")
+def _cpu_int8_scaled(xq, xs, qweight, scale, ones, bias, out_dtype):
+    # int8 values are exact in bf16, the input the fast kernel wants (see the module docstring)
+    x2 = _pad_k(xq.reshape(-1, xq.shape[-1]).to(BF16), qweight)
+    y = torch.ops.aten._weight_int8pack_mm(x2, qweight, ones).float() * (xs.reshape(-1, 1) * scale)
+    return epilogue(y, xq, qweight.shape[0], bias, out_dtype)
+
+
+@torch.library.custom_op("fxquant::cpu_int8_weight_only_linear", mutates_args=())
+def cpu_int8_weight_only_linear(
+    x: Tensor, qweight: Tensor, scale: Tensor, ones: Tensor, bias: Tensor | None
+) -> Tensor:
+    return _cpu_int8_weight_only(x, qweight, scale, ones, bias)
+
+
+@torch.library.custom_op("fxquant::cpu_int8_dynamic_linear", mutates_args=())
+def cpu_int8_dynamic_linear(
+    x: Tensor, qweight: Tensor, scale: Tensor, ones: Tensor, bias: Tensor | None
+) -> Tensor:
+    return _cpu_int8_dynamic(x, qweight, scale, ones, bias)
+
+
+@cpu_int8_weight_only_linear.register_fake
+@cpu_int8_dynamic_linear.register_fake
+def _(x, qweight, scale, ones, bias):
+    return x.new_empty((*x.shape[:-1], qweight.shape[0]))
+
+
+@torch.library.custom_op("fxquant::cpu_int8_scaled_linear", mutates_args=())
+def cpu_int8_scaled_linear(
+    xq: Tensor,
+    xs: Tensor,
+    qweight: Tensor,
+    scale: Tensor,
+    ones: Tensor,
+    bias: Tensor | None,
+    out_dtype: torch.dtype,
+) -> Tensor:
+    return _cpu_int8_scaled(xq, xs, qweight, scale, ones, bias, out_dtype)
+
+
+@cpu_int8_scaled_linear.register_fake
+def _(xq, xs, qweight, scale, ones, bias, out_dtype):
+    return xq.new_empty((*xq.shape[:-1], qweight.shape[0]), dtype=out_dtype)
+
+
+# --------------------------------------------------------------------------------------------
+# aten: prepack rules (semantic node → device node with new constants, computed once)
+# --------------------------------------------------------------------------------------------
+
+
+def _int8_k16(weight_node, weight: Tensor):
+    # _weight_int8pack_mm reads K in steps of 16: any other K reads past each row (measured on
+    # torch 2.13, AVX2: wrong sums at K = 100, a segfault at K = 1..15). Zero columns, which the
+    # compositions match with zero activations, change no sum.
+    k_pad = -weight.shape[1] % _INT8_K_MULTIPLE
+    return weight_node if not k_pad else ("qweight_k16", F.pad(weight, (0, k_pad)))
+
+
+def _ones(weight: Tensor) -> tuple[str, Tensor]:
+    return "ones", torch.ones(weight.shape[0], dtype=BF16)
+
+
+@prepack_rule("cpu", "int8_weight_only_linear", "int8_dynamic_linear", consts=("weight", "scale"))
+def _prepack_int8(node: fx.Node, args, consts):
+    # both store the same weight: one layout, two device ops
+    device_op = fxq.cpu_int8_weight_only_linear.default
+    if node.target == fxq.int8_dynamic_linear.default:
+        device_op = fxq.cpu_int8_dynamic_linear.default
+    weight = _int8_k16(args["weight"], consts["weight"])
+    return device_op, (args["x"], weight, args["scale"], _ones(consts["weight"]), args["bias"])
+
+
+@prepack_rule("cpu", "int8_scaled_linear", consts=("weight", "scale"))
+def _prepack_int8_scaled(node: fx.Node, args, consts):
+    weight = _int8_k16(args["weight"], consts["weight"])
+    return fxq.cpu_int8_scaled_linear.default, (
+        args["xq"],
+        args["xs"],
+        weight,
+        args["scale"],
+        _ones(consts["weight"]),
+        args["bias"],
+        args["out_dtype"],
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Native kernels: the rewrite's weights as they are, no prepack
+# --------------------------------------------------------------------------------------------
+
+
+@lowering(NATIVE, "int8_weight_only_linear")
+def _native_int8_weight_only(x, weight, scale, bias):
+    y = fxq.native_int8_weight_only_linear(rows(x), weight, row_scales(scale, weight.shape[0]))
+    return finish(y, x, weight.shape[0], bias)
+
+
+def _native_int8_scaled_rows(xq2: Tensor, xs2: Tensor, weight: Tensor, scale: Tensor) -> Tensor:
+    return fxq.native_int8_scaled_linear(
+        xq2.contiguous(),
+        xs2.reshape(-1).float().contiguous(),
+        weight,
+        row_scales(scale, weight.shape[0]),
+    )
+
+
+@lowering(NATIVE, "int8_dynamic_linear")
+def _native_int8_dynamic(x, weight, scale, bias):
+    xq, xs = ref.quantize_int8_per_token(x.reshape(-1, x.shape[-1]))
+    return finish(_native_int8_scaled_rows(xq, xs, weight, scale), x, weight.shape[0], bias)
+
+
+@lowering(NATIVE, "int8_scaled_linear")
+def _native_int8_scaled(xq, xs, weight, scale, bias, out_dtype):
+    y = _native_int8_scaled_rows(xq.reshape(-1, xq.shape[-1]), xs, weight, scale)
+    return finish(y, xq, weight.shape[0], bias, out_dtype)
