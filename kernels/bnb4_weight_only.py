@@ -27,16 +27,9 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from fxquant.kernels import configs
-from fxquant.kernels.int8_weight_only import (
-    GROUP_M,
-    as_operand,
-    dot_f32,
-    gemm_grid,
-    output_buffer,
-    store_tile,
-    tile_coords,
-)
+from fxquant.core.registry import lowering
+from fxquant.kernels import gemm
+from fxquant.kernels.gemm import as_operand, dot_f32, program_tile, store_tile
 
 NESTED_BLOCK_SIZE = 256  # bnb's double-quant block (fxquant.core.reference_bnb.NESTED_BLOCK_SIZE)
 BLOCK_SIZES = (64, 128, 256, 512, 1024, 2048, 4096)
@@ -100,10 +93,7 @@ def _bnb4_gemm_kernel(
     BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr,
 ):
-    pid_m, pid_n = tile_coords(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
-    pid_k = tl.program_id(1)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m, offs_n, pid_k = program_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     offs_k = tl.arange(0, BLOCK_K)
     mask_m = offs_m < M
     mask_n = offs_n < N
@@ -137,14 +127,9 @@ def _bnb4_gemm_kernel(
     store_tile(y_ptr, acc, bias_ptr, offs_m, offs_n, M, N, pid_k, HAS_BIAS, SPLIT_K)
 
 
-_decode_kernel = triton.autotune(
-    configs=configs.decode_configs(),
-    key=["N", "K", "BLOCK_SIZE", "NESTED"],
-    reset_to_zero=["y_ptr"],
-)(_bnb4_gemm_kernel)
-_prefill_kernel = triton.autotune(
-    configs=configs.prefill_configs(), key=["M", "N", "K", "BLOCK_SIZE", "NESTED"]
-)(_bnb4_gemm_kernel)
+_decode_kernel, _prefill_kernel = gemm.decode_and_prefill(
+    _bnb4_gemm_kernel, key=["N", "K", "BLOCK_SIZE", "NESTED"]
+)
 
 
 # --------------------------------------------------------------------------------------------
@@ -197,37 +182,26 @@ def bnb4_linear(
     _check(weight, absmax, quant_map, nested, block_size, k)
     n = weight.shape[0]
     x2 = x.reshape(-1, k).contiguous()
-    m = x2.shape[0]
     is_nested = nested_absmax is not None
     # unused pointers stand in with a tensor that exists (never read: NESTED is constexpr)
     na, nc, no = (t.contiguous() for t in nested) if is_nested else (absmax,) * 3
-    decode = configs.is_decode(m, decode)
-    y = output_buffer(m, n, x=x, decode=decode)
-    kernel, split = (_decode_kernel, {}) if decode else (_prefill_kernel, {"SPLIT_K": 1})
-    torch.library.wrap_triton(kernel)[gemm_grid(m, n)](
-        x2,
-        weight.contiguous(),
-        absmax.contiguous(),
-        quant_map.contiguous(),
-        na,
-        nc,
-        no,
-        absmax if bias is None else bias.contiguous(),
-        y,
-        m,
+    y = gemm.launch(
+        (_decode_kernel, _prefill_kernel),
+        (x2, weight.contiguous(), absmax.contiguous(), quant_map.contiguous(), na, nc, no),
+        bias,
+        x2.shape[0],
         n,
         k,
-        HAS_BIAS=bias is not None,
+        out_dtype=x.dtype,
+        decode=decode,
         NESTED=is_nested,
         BLOCK_SIZE=block_size,
-        GROUP_M=GROUP_M,
-        **split,
     )
-    return y.to(x.dtype).reshape(*x.shape[:-1], n)
+    return y.reshape(*x.shape[:-1], n)
 
 
 # --------------------------------------------------------------------------------------------
-# Op
+# Op and lowering
 # --------------------------------------------------------------------------------------------
 
 
@@ -257,4 +231,23 @@ def triton_bnb4_weight_only_linear(
         bias,
         block_size=block_size,
         decode=decode,
+    )
+
+
+@lowering("cuda", "bnb4_weight_only_linear")
+def lower_bnb4_weight_only_linear(
+    x, weight, absmax, quant_map, nested_absmax, nested_quant_map, nested_offset, bias, block_size
+):
+    op = torch.ops.fxquant.triton_bnb4_weight_only_linear.default
+    return gemm.linear(
+        op,
+        x,
+        weight,
+        absmax,
+        quant_map,
+        nested_absmax,
+        nested_quant_map,
+        nested_offset,
+        bias,
+        block_size,
     )

@@ -1,8 +1,9 @@
 """MXFP4 GEMM: y = x · dequant(W)ᵀ + bias, W packed e2m1 [N, K/2] with E8M0 scales per 1×32.
 
-Where it sits: ``fxquant.passes.lower_cuda`` maps ``fxquant::mxfp4_linear`` onto
-``fxquant::triton_mxfp4_linear`` below (quantizing x to MXFP4 first, in aten ops Inductor fuses,
-when the scheme quantizes activations). ``kernels.nvfp4`` runs the same kernel with e4m3 block
+Where it sits: the CUDA lowering at the end of this file (collected by
+``fxquant.passes.lower_cuda``) maps ``fxquant::mxfp4_linear`` onto ``fxquant::triton_mxfp4_linear``
+below (quantizing x to MXFP4 first, in aten ops Inductor fuses, when the scheme quantizes
+activations); the kernel returns fp32. ``kernels.nvfp4`` runs the same kernel with e4m3 block
 scales and a tensor scale. The oracle is ``fxquant.core.reference_mx.mxfp4_linear`` /
 ``nvfp4_linear``.
 
@@ -23,6 +24,10 @@ import triton
 import triton.language as tl
 from torch import Tensor
 from torch.library import triton_op, wrap_triton
+
+from fxquant.core import reference_mx as ref_mx
+from fxquant.core.registry import lowering
+from fxquant.kernels import gemm
 
 _BLOCK_K = 32  # values of K per step: 16 bytes, so each of the two dots is 16 deep
 
@@ -156,3 +161,12 @@ def triton_mxfp4_linear(x: Tensor, weight: Tensor, scale: Tensor, bias: Tensor |
     """x [M, K] float (already MXFP4-quantized where the scheme quantizes activations) · packed
     e2m1 W [N, K/2] with E8M0 (uint8) scales [N, K/32] → fp32 [M, N]."""
     return fp4_linear(x, weight, scale, None, bias, block=32)
+
+
+@lowering("cuda", "mxfp4_linear")
+def lower_mxfp4_linear(x, weight, scale, bias, activations, scale_rule):
+    x2 = gemm.rows(x)
+    if activations:
+        x2 = ref_mx.mx_fake_quantize(x2, elem="e2m1", rule=scale_rule)
+    y = torch.ops.fxquant.triton_mxfp4_linear(x2, weight, scale, bias)
+    return y.reshape(*x.shape[:-1], weight.shape[0]).to(x.dtype)

@@ -1,10 +1,10 @@
 """MXFP4 grouped GEMM (mixture-of-experts, gpt-oss' experts): row s of x [S, K] times its
 expert's packed e2m1 W [E, N, K/2] with E8M0 scales per 1×32 [E, N, K/32] → [S, N].
 
-Where it sits: ``fxquant.passes.lower_cuda`` maps ``fxquant::mxfp4_grouped_mm`` (the op the
-rewrite puts where an exported MoE layer had its grouped_mm) onto
-``fxquant::triton_mxfp4_grouped_mm`` below. The oracle is
-``fxquant.core.reference_mx.mxfp4_grouped_mm``.
+Where it sits: the CUDA lowering at the end of this file (collected by
+``fxquant.passes.lower_cuda``) maps ``fxquant::mxfp4_grouped_mm`` (the op the rewrite puts where
+an exported MoE layer had its grouped_mm) onto ``fxquant::triton_mxfp4_grouped_mm`` below. The
+oracle is ``fxquant.core.reference_mx.mxfp4_grouped_mm``.
 
 The rows of x are sorted by expert and ``offs`` [E] holds each expert's cumulative row end, so
 expert e owns rows ``[offs[e-1], offs[e])`` (``offs[-1]`` taken as 0). The grid is
@@ -29,6 +29,7 @@ import triton.language as tl
 from torch import Tensor
 from torch.library import triton_op, wrap_triton
 
+from fxquant.core.registry import lowering
 from fxquant.kernels.mxfp4 import e2m1_to_f32, e8m0_to_f32
 
 _MX_BLOCK = 32  # K values per E8M0 scale
@@ -156,3 +157,9 @@ def triton_mxfp4_grouped_mm(x: Tensor, weight: Tensor, scale: Tensor, offs: Tens
         BLOCK_K=_BLOCK_K,
     )
     return out
+
+
+@lowering("cuda", "mxfp4_grouped_mm")
+def lower_mxfp4_grouped_mm(x, weight, scale, offs):
+    # the kernel takes the op as it is (x [S, K] sorted by expert) and returns x's dtype
+    return torch.ops.fxquant.triton_mxfp4_grouped_mm(x, weight, scale, offs)

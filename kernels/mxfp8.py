@@ -1,8 +1,9 @@
 """MXFP8 GEMM: y = x · dequant(W)ᵀ + bias, W e4m3 [N, K] with E8M0 scales per 1×32.
 
-Where it sits: ``fxquant.passes.lower_cuda`` maps ``fxquant::mxfp8_linear`` onto
-``fxquant::triton_mxfp8_linear`` below, after quantizing x to MXFP8 per token in aten ops
-(Inductor fuses the block amax, exponent and cast). The oracle is
+Where it sits: the CUDA lowering at the end of this file (collected by
+``fxquant.passes.lower_cuda``) maps ``fxquant::mxfp8_linear`` onto ``fxquant::triton_mxfp8_linear``
+below, after quantizing x to MXFP8 per token in aten ops (Inductor fuses the block amax,
+exponent and cast); the kernel returns fp32. The oracle is
 ``fxquant.core.reference_mx.mxfp8_linear``.
 
 One K step is one 32-wide scale block: the e4m3 tile is upcast, multiplied by each column's
@@ -19,6 +20,9 @@ import triton.language as tl
 from torch import Tensor
 from torch.library import triton_op, wrap_triton
 
+from fxquant.core import reference_mx as ref_mx
+from fxquant.core.registry import lowering
+from fxquant.kernels import gemm
 from fxquant.kernels.mxfp4 import block_sizes, e8m0_to_f32
 
 _BLOCK_K = 32  # the MX block: one scale per weight row and K step
@@ -103,3 +107,10 @@ def triton_mxfp8_linear(x: Tensor, weight: Tensor, scale: Tensor, bias: Tensor |
     """x [M, K] float (MXFP8-dequantized) · e4m3 W [N, K] with E8M0 (uint8) scales [N, K/32]
     → fp32 [M, N]."""
     return mxfp8_linear(x, weight, scale, bias)
+
+
+@lowering("cuda", "mxfp8_linear")
+def lower_mxfp8_linear(x, weight, scale, bias, scale_rule):
+    xd = ref_mx.mx_fake_quantize(gemm.rows(x), elem="e4m3", rule=scale_rule)
+    y = torch.ops.fxquant.triton_mxfp8_linear(xd, weight, scale, bias)
+    return y.reshape(*x.shape[:-1], weight.shape[0]).to(x.dtype)

@@ -33,6 +33,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from fxquant.core.registry import lowering
 from fxquant.kernels import configs, rounding
 from fxquant.kernels.rounding import round_half_even, round_to_e4m3
 
@@ -382,7 +383,7 @@ def norm_quant(
 
 
 # --------------------------------------------------------------------------------------------
-# Op
+# Op and lowering
 # --------------------------------------------------------------------------------------------
 
 
@@ -411,3 +412,11 @@ def triton_norm_quant(
         scale_ub=scale_ub,
         return_normed=return_normed,
     )
+
+
+@lowering("cuda", "norm_quant")
+def lower_norm_quant(x, weight, bias, eps, rms, quant_dtype, group_size, scale_ub):
+    q, scale, _ = torch.ops.fxquant.triton_norm_quant(
+        x, weight, bias, eps, rms, quant_dtype, group_size, scale_ub, False
+    )
+    return q, scale

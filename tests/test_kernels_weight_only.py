@@ -29,6 +29,7 @@ from fxquant.kernels import configs  # noqa: E402
 from fxquant.kernels import float8_weight_only as f8wo  # noqa: E402, F401  (registers the op)
 from fxquant.kernels import int4_weight_only as i4wo  # noqa: E402
 from fxquant.kernels import int8_weight_only as i8wo  # noqa: E402
+from fxquant.kernels import intx_weight_only as intx  # noqa: E402  (int4's GEMM kernel)
 
 pytestmark = pytest.mark.interpreter
 
@@ -161,7 +162,7 @@ def test_int4_matches_reference(x_shape, n, group_size, symmetric, dtype, bias):
     ],
 )
 def test_int4_k_steps_and_split_k(kernel, config, m, group_size, monkeypatch):
-    monkeypatch.setattr(getattr(i4wo, kernel), "configs", config)
+    monkeypatch.setattr(getattr(intx, kernel), "configs", config)
     args, expected = _int4((m, 100), 37, group_size, False, torch.bfloat16, True)
     _check(fxq.triton_int4_weight_only_linear(*args), expected, (m, 100), 37)
 
@@ -253,7 +254,7 @@ def test_int4_gemm_outputs_are_the_dedicated_kernels_bit_for_bit(name, monkeypat
         kernel, (bm, bn, bk), split_k = path
         extra = {"SPLIT_K": split_k} if kernel == "decode" else {}
         monkeypatch.setattr(
-            getattr(i4wo, f"_{kernel}_kernel"), "configs", _one_config(bm, bn, bk, **extra)
+            getattr(intx, f"_{kernel}_kernel"), "configs", _one_config(bm, bn, bk, **extra)
         )
     want = torch.load(INT4_FIXTURE, weights_only=True)[name]
     assert torch.equal(_fingerprint(x, p, s, z, b), want["inputs"])
