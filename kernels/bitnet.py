@@ -132,12 +132,12 @@ def bitnet_linear(
     weight: Tensor,
     weight_scale: Tensor,
     bias: Tensor | None,
-    *,
     decode: bool | None = None,
 ) -> Tensor:
-    """x [..., K] · packed ternary W [N/4, K] → [..., N] in x's dtype."""
-    if x.dtype not in (torch.bfloat16, torch.float16, torch.float32):
-        raise ValueError(f"x dtype is {x.dtype}; allowed: bfloat16, float16, float32")
+    """x [..., K] · packed ternary W [N/4, K] → [..., N] in x's dtype: the CUDA lowering of
+    ``fxquant::bitnet_linear`` (same arguments, then ``decode``: force the decode (True) or
+    prefill (False) GEMM; None picks from M)."""
+    gemm.check_activation(x)
     k = x.shape[-1]
     if weight.dtype != torch.uint8 or weight.dim() != 2 or weight.shape[1] != k:
         raise ValueError(
@@ -169,17 +169,10 @@ def bitnet_linear(
 # --------------------------------------------------------------------------------------------
 
 
-@torch.library.triton_op("fxquant::triton_bitnet_linear", mutates_args=())
-def triton_bitnet_linear(
-    x: Tensor,
-    weight: Tensor,
-    weight_scale: Tensor,
-    bias: Tensor | None,
-    decode: bool | None = None,
-) -> Tensor:
-    """CUDA lowering of ``fxquant::bitnet_linear`` (same arguments, then ``decode``: force the
-    decode (True) or prefill (False) GEMM; None picks from M)."""
-    return bitnet_linear(x, weight, weight_scale, bias, decode=decode)
+# The launcher is the op's body: its signature is the op's schema.
+triton_bitnet_linear = torch.library.triton_op(
+    "fxquant::triton_bitnet_linear", bitnet_linear, mutates_args=()
+)
 
 
 @lowering("cuda", "bitnet_linear")

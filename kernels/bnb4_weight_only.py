@@ -29,7 +29,7 @@ from torch import Tensor
 
 from fxquant.core.registry import lowering
 from fxquant.kernels import gemm
-from fxquant.kernels.gemm import as_operand, dot_f32, program_tile, store_tile
+from fxquant.kernels.gemm import as_operand, dot_f32, load_a, program_tile, store_tile
 
 NESTED_BLOCK_SIZE = 256  # bnb's double-quant block (fxquant.core.reference_bnb.NESTED_BLOCK_SIZE)
 BLOCK_SIZES = (64, 128, 256, 512, 1024, 2048, 4096)
@@ -102,12 +102,7 @@ def _bnb4_gemm_kernel(
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(pid_k * BLOCK_K, K, BLOCK_K * SPLIT_K):
         k = k0 + offs_k
-        mask_k = k < K
-        a = tl.load(
-            x_ptr + offs_m[:, None] * K + k[None, :],
-            mask=mask_m[:, None] & mask_k[None, :],
-            other=0.0,
-        )
+        a, mask_k = load_a(x_ptr, offs_m, mask_m, k, K)
         w = _decode_tile(
             w_ptr,
             absmax_ptr,
@@ -168,15 +163,13 @@ def bnb4_linear(
     nested_quant_map: Tensor | None,
     nested_offset: Tensor | None,
     bias: Tensor | None,
-    *,
     block_size: int,
     decode: bool | None = None,
 ) -> Tensor:
-    """x [..., K] · bnb 4-bit W (N = weight.shape[0]) → [..., N] in x's dtype.
-
-    ``decode`` forces the decode (True) or prefill (False) kernel; None picks from M."""
-    if x.dtype not in (torch.bfloat16, torch.float16, torch.float32):
-        raise ValueError(f"x dtype is {x.dtype}; allowed: bfloat16, float16, float32")
+    """x [..., K] · bnb 4-bit W (N = weight.shape[0]) → [..., N] in x's dtype: the CUDA
+    lowering of ``fxquant::bnb4_weight_only_linear`` (same arguments, then ``decode``: force the
+    decode (True) or prefill (False) kernel; None picks from M)."""
+    gemm.check_activation(x)
     k = x.shape[-1]
     nested = (nested_absmax, nested_quant_map, nested_offset)
     _check(weight, absmax, quant_map, nested, block_size, k)
@@ -205,33 +198,10 @@ def bnb4_linear(
 # --------------------------------------------------------------------------------------------
 
 
-@torch.library.triton_op("fxquant::triton_bnb4_weight_only_linear", mutates_args=())
-def triton_bnb4_weight_only_linear(
-    x: Tensor,
-    weight: Tensor,
-    absmax: Tensor,
-    quant_map: Tensor,
-    nested_absmax: Tensor | None,
-    nested_quant_map: Tensor | None,
-    nested_offset: Tensor | None,
-    bias: Tensor | None,
-    block_size: int,
-    decode: bool | None = None,
-) -> Tensor:
-    """CUDA lowering of ``fxquant::bnb4_weight_only_linear`` (same arguments, then ``decode``:
-    force the decode (True) or prefill (False) kernel; None picks from M)."""
-    return bnb4_linear(
-        x,
-        weight,
-        absmax,
-        quant_map,
-        nested_absmax,
-        nested_quant_map,
-        nested_offset,
-        bias,
-        block_size=block_size,
-        decode=decode,
-    )
+# The launcher is the op's body: its signature is the op's schema.
+triton_bnb4_weight_only_linear = torch.library.triton_op(
+    "fxquant::triton_bnb4_weight_only_linear", bnb4_linear, mutates_args=()
+)
 
 
 @lowering("cuda", "bnb4_weight_only_linear")

@@ -106,9 +106,19 @@ def _check_block_size(block_size: int) -> None:
 
 
 def float8_block_scaled_mm(
-    xq, xs, weight, scale, bias, block_size: int, out_dtype, *, decode: bool | None = None
+    xq: Tensor,
+    xs: Tensor,
+    weight: Tensor,
+    scale: Tensor,
+    bias: Tensor | None,
+    block_size: int,
+    out_dtype: torch.dtype,
+    decode: bool | None = None,
 ) -> Tensor:
-    """The launcher: check the block size and operands, then ``gemm.launch``."""
+    """xq e4m3 [M, K] with xs fp32 [M, ceil(K/b)] · e4m3 W [N, K] with scale fp32
+    [ceil(N/b), ceil(K/b)]. Returns [M, N] in ``out_dtype``, accumulated in fp32.
+    ``decode`` forces the decode (True) or prefill (False) path; None picks from M.
+    """
     _check_block_size(block_size)
     fp8 = torch.float8_e4m3fn
     if xq.dtype != fp8 or weight.dtype != fp8 or xq.shape[-1] != weight.shape[-1]:
@@ -139,22 +149,10 @@ def float8_block_scaled_mm(
 # --------------------------------------------------------------------------------------------
 
 
-@triton_op("fxquant::triton_float8_block_scaled_mm", mutates_args=())
-def triton_float8_block_scaled_mm(
-    xq: Tensor,
-    xs: Tensor,
-    weight: Tensor,
-    scale: Tensor,
-    bias: Tensor | None,
-    block_size: int,
-    out_dtype: torch.dtype,
-    decode: bool | None = None,
-) -> Tensor:
-    """xq e4m3 [M, K] with xs fp32 [M, ceil(K/b)] · e4m3 W [N, K] with scale fp32
-    [ceil(N/b), ceil(K/b)]. Returns [M, N] in ``out_dtype``, accumulated in fp32.
-    ``decode`` forces the decode (True) or prefill (False) path; None picks from M.
-    """
-    return float8_block_scaled_mm(xq, xs, weight, scale, bias, block_size, out_dtype, decode=decode)
+# The launcher is the op's body: its signature is the op's schema.
+triton_float8_block_scaled_mm = triton_op(
+    "fxquant::triton_float8_block_scaled_mm", float8_block_scaled_mm, mutates_args=()
+)
 
 
 @triton_op("fxquant::triton_float8_block_linear", mutates_args=())

@@ -29,15 +29,6 @@ fxq = torch.ops.fxquant
 
 
 def float8_scaled_mm(
-    xq, xs, weight, scale, bias, out_dtype: torch.dtype, *, decode: bool | None = None
-) -> Tensor:
-    return scaled_mm(
-        xq, xs, weight, scale, bias, out_dtype, operand_dtype=torch.float8_e4m3fn, decode=decode
-    )
-
-
-@triton_op("fxquant::triton_float8_scaled_mm", mutates_args=())
-def triton_float8_scaled_mm(
     xq: Tensor,
     xs: Tensor,
     weight: Tensor,
@@ -51,7 +42,15 @@ def triton_float8_scaled_mm(
     Returns [M, N] in ``out_dtype``: (xq · Wᵀ) · xs · scale (+ bias), accumulated in fp32.
     ``decode`` forces the decode (True) or prefill (False) path; None picks from M.
     """
-    return float8_scaled_mm(xq, xs, weight, scale, bias, out_dtype, decode=decode)
+    return scaled_mm(
+        xq, xs, weight, scale, bias, out_dtype, operand_dtype=torch.float8_e4m3fn, decode=decode
+    )
+
+
+# The launcher is the op's body: its signature is the op's schema.
+triton_float8_scaled_mm = triton_op(
+    "fxquant::triton_float8_scaled_mm", float8_scaled_mm, mutates_args=()
+)
 
 
 @triton_op("fxquant::triton_float8_dynamic_linear", mutates_args=())

@@ -2,10 +2,12 @@
 epilogue, the decode/prefill pair of autotuned kernels and their launch, and the CUDA lowering's
 choice between the two paths.
 
-Where it sits: under every GEMM kernel file (``int8_weight_only``, ``intx_weight_only`` and
-``int4_weight_only``, ``bnb4_weight_only``, ``bitnet``, ``int8_dynamic``, ``float8_block``);
-the CUDA lowerings each kernel file registers (``fxquant.passes.lower_cuda`` collects them) use
-the last section.
+Where it sits: under every GEMM kernel file. The autotuned decode/prefill GEMMs
+(``int8_weight_only``, ``intx_weight_only`` and ``int4_weight_only``, ``bnb4_weight_only``,
+``bitnet``, ``int8_dynamic``, ``float8_block``) use all of the first two sections; the MX
+kernels (``mxfp4``, ``mxfp8``, ``mxfp4_grouped``: one fixed tile, no split-K) the epilogue. The
+CUDA lowerings the kernel files register (``fxquant.passes.lower_cuda`` collects them) use the
+last section.
 
 Two launch shapes, picked by :func:`launch` from M (``configs.is_decode``) or by the caller:
 
@@ -64,6 +66,19 @@ def program_tile(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl
 
 
 @triton.jit
+def load_a(x_ptr, offs_m, mask_m, k, K):
+    """The A tile of a K step: row-major x [M, K] at rows ``offs_m`` and columns ``k``, zeros
+    outside; returned with k's mask."""
+    mask_k = k < K
+    a = tl.load(
+        x_ptr + offs_m[:, None] * K + k[None, :],
+        mask=mask_m[:, None] & mask_k[None, :],
+        other=0.0,
+    )
+    return a, mask_k
+
+
+@triton.jit
 def dot_f32(a, b):
     """a · b accumulated in fp32. fp32 operands use IEEE products, not TF32, so the GPU, the
     interpreter and the fp32 reference agree to fp32 rounding."""
@@ -97,14 +112,14 @@ def store_tile(
     SPLIT_K: tl.constexpr,
 ):
     """Add the bias (first K slice only) and write the tile: a store, or an fp32 atomic add
-    into zeros when SPLIT_K programs share the tile."""
+    into zeros when SPLIT_K programs share the tile. Rows at or past M are masked off."""
     mask_n = offs_n < N
     if HAS_BIAS:
         bias = tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
         if SPLIT_K > 1:
             bias = tl.where(pid_k == 0, bias, 0.0)
         acc += bias[None, :]
-    y_ptrs = y_ptr + offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
+    y_ptrs = y_ptr + offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]  # M·N may pass 2**31
     mask = (offs_m[:, None] < M) & mask_n[None, :]
     if SPLIT_K == 1:
         tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask)
@@ -115,6 +130,14 @@ def store_tile(
 # --------------------------------------------------------------------------------------------
 # Autotuning and launch
 # --------------------------------------------------------------------------------------------
+
+X_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def check_activation(x: Tensor) -> None:
+    """The activation dtypes the weight-only GEMMs take (the weight tile is cast to x's)."""
+    if x.dtype not in X_DTYPES:
+        raise ValueError(f"x dtype is {x.dtype}; allowed: bfloat16, float16, float32")
 
 
 def decode_and_prefill(

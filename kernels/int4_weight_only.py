@@ -22,6 +22,7 @@ large enough to pay for writing W out.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
 from torch import Tensor
@@ -86,9 +87,10 @@ def _check(weight: Tensor, scale: Tensor, zero: Tensor, group_size: int, k: int)
 
 
 def dequantize(
-    weight: Tensor, scale: Tensor, zero: Tensor, *, group_size: int, k: int, dtype: torch.dtype
+    weight: Tensor, scale: Tensor, zero: Tensor, group_size: int, k: int, dtype: torch.dtype
 ) -> Tensor:
-    """Packed int4 [N, Kp/2] → W [N, k] in ``dtype`` (the first k of the Kp columns)."""
+    """Packed int4 W [N, Kp/2] → [N, k] in ``dtype`` (the first k of the Kp columns): the dense
+    path's first half."""
     _check(weight, scale, zero, group_size, k)
     n = weight.shape[0]
     out = torch.empty((n, k), device=weight.device, dtype=dtype)
@@ -114,65 +116,37 @@ def int4_linear(
     scale: Tensor,
     zero: Tensor,
     bias: Tensor | None,
-    *,
     group_size: int,
     decode: bool | None = None,
 ) -> Tensor:
-    """x [..., K] · packed int4 W [N, Kp/2] → [..., N] in x's dtype (fused, or dequant + mm).
-
-    ``decode`` forces the fused decode (True) or prefill (False) kernel; None picks from M."""
-    if x.dtype not in (torch.bfloat16, torch.float16, torch.float32):
-        raise ValueError(f"x dtype is {x.dtype}; allowed: bfloat16, float16, float32")
+    """x [..., K] · packed int4 W [N, Kp/2] → [..., N] in x's dtype (fused, or dequant + mm):
+    the CUDA lowering of ``fxquant::int4_weight_only_linear`` (same arguments, then ``decode``:
+    force the fused decode (True) or prefill (False) kernel; None picks from M)."""
+    gemm.check_activation(x)
     k = x.shape[-1]
     _check(weight, scale, zero, group_size, k)
-    x2 = x.reshape(-1, k).contiguous()
-
+    x2 = x.reshape(-1, k)
     # As in configs.is_decode: only an M known without a shape guard leaves the fused kernel.
     if decode is None and statically_known_true(x2.shape[0] >= INT4_DENSE_MIN_M):
-        w = dequantize(weight, scale, zero, group_size=group_size, k=k, dtype=x.dtype)
+        w = dequantize(weight, scale, zero, group_size, k, x.dtype)
         b = None if bias is None else bias.to(x.dtype)
-        y = torch.nn.functional.linear(x2, w, b)
-    else:
-        y = intx_weight_only.intx_linear(
-            x2,
-            weight,
-            scale,
-            zero,
-            bias,
-            bits=4,
-            group_size=group_size,
-            int_zero=True,
-            decode=decode,
-        )
-    return y.reshape(*x.shape[:-1], weight.shape[0])
+        return F.linear(x2.contiguous(), w, b).reshape(*x.shape[:-1], weight.shape[0])
+    return intx_weight_only.launch(
+        x, weight, scale, zero, bias, bits=4, group_size=group_size, int_zero=True, decode=decode
+    )
 
 
 # --------------------------------------------------------------------------------------------
 # Ops and lowerings
 # --------------------------------------------------------------------------------------------
 
-
-@torch.library.triton_op("fxquant::triton_int4_weight_only_linear", mutates_args=())
-def triton_int4_weight_only_linear(
-    x: Tensor,
-    weight: Tensor,
-    scale: Tensor,
-    zero: Tensor,
-    bias: Tensor | None,
-    group_size: int,
-    decode: bool | None = None,
-) -> Tensor:
-    """CUDA lowering of ``fxquant::int4_weight_only_linear`` (same arguments, then ``decode``:
-    force the decode (True) or prefill (False) kernel; None picks from M)."""
-    return int4_linear(x, weight, scale, zero, bias, group_size=group_size, decode=decode)
-
-
-@torch.library.triton_op("fxquant::triton_int4_dequantize", mutates_args=())
-def triton_int4_dequantize(
-    weight: Tensor, scale: Tensor, zero: Tensor, group_size: int, k: int, dtype: torch.dtype
-) -> Tensor:
-    """Packed int4 W [N, Kp/2] → [N, k] in ``dtype``: the dense path's first half."""
-    return dequantize(weight, scale, zero, group_size=group_size, k=k, dtype=dtype)
+# The launcher is the op's body: its signature is the op's schema.
+triton_int4_weight_only_linear = torch.library.triton_op(
+    "fxquant::triton_int4_weight_only_linear", int4_linear, mutates_args=()
+)
+triton_int4_dequantize = torch.library.triton_op(
+    "fxquant::triton_int4_dequantize", dequantize, mutates_args=()
+)
 
 
 @lowering("cuda", "int4_weight_only_linear")

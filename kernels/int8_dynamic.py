@@ -92,17 +92,7 @@ _decode_kernel, _prefill_kernel = gemm.decode_and_prefill(
 # --------------------------------------------------------------------------------------------
 
 
-def scaled_mm(
-    xq: Tensor,
-    xs: Tensor,
-    weight: Tensor,
-    scale: Tensor,
-    bias: Tensor | None,
-    out_dtype: torch.dtype,
-    *,
-    operand_dtype: torch.dtype,
-    decode: bool | None = None,
-) -> Tensor:
+def scaled_mm(xq, xs, weight, scale, bias, out_dtype, *, operand_dtype, decode) -> Tensor:
     """The launcher of both scaled mms (int8 here, e4m3 in ``float8_dynamic``): check the
     operands, then ``gemm.launch``.
 
@@ -141,20 +131,6 @@ def scaled_mm(
 
 
 def int8_scaled_mm(
-    xq, xs, weight, scale, bias, out_dtype: torch.dtype, *, decode: bool | None = None
-) -> Tensor:
-    return scaled_mm(
-        xq, xs, weight, scale, bias, out_dtype, operand_dtype=torch.int8, decode=decode
-    )
-
-
-# --------------------------------------------------------------------------------------------
-# Ops and lowerings
-# --------------------------------------------------------------------------------------------
-
-
-@triton_op("fxquant::triton_int8_scaled_mm", mutates_args=())
-def triton_int8_scaled_mm(
     xq: Tensor,
     xs: Tensor,
     weight: Tensor,
@@ -168,7 +144,18 @@ def triton_int8_scaled_mm(
     Returns [M, N] in ``out_dtype``: (xq · Wᵀ) · xs · scale (+ bias), accumulated exactly in int32.
     ``decode`` forces the decode (True) or prefill (False) path; None picks from M.
     """
-    return int8_scaled_mm(xq, xs, weight, scale, bias, out_dtype, decode=decode)
+    return scaled_mm(
+        xq, xs, weight, scale, bias, out_dtype, operand_dtype=torch.int8, decode=decode
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Ops and lowerings
+# --------------------------------------------------------------------------------------------
+
+
+# The launcher is the op's body: its signature is the op's schema.
+triton_int8_scaled_mm = triton_op("fxquant::triton_int8_scaled_mm", int8_scaled_mm, mutates_args=())
 
 
 @triton_op("fxquant::triton_int8_dynamic_linear", mutates_args=())

@@ -21,7 +21,7 @@ from torch import Tensor
 
 from fxquant.core.registry import lowering
 from fxquant.kernels import gemm
-from fxquant.kernels.gemm import as_operand, dot_f32, program_tile, store_tile
+from fxquant.kernels.gemm import as_operand, dot_f32, load_a, program_tile, store_tile
 
 # --------------------------------------------------------------------------------------------
 # Kernel
@@ -54,12 +54,7 @@ def _channel_scaled_gemm_kernel(
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(pid_k * BLOCK_K, K, BLOCK_K * SPLIT_K):
         k = k0 + offs_k
-        mask_k = k < K
-        a = tl.load(
-            x_ptr + offs_m[:, None] * K + k[None, :],
-            mask=mask_m[:, None] & mask_k[None, :],
-            other=0.0,
-        )
+        a, mask_k = load_a(x_ptr, offs_m, mask_m, k, K)
         # W tile as [BLOCK_K, BLOCK_N] straight from the [N, K] layout; exact in x's dtype.
         b = tl.load(
             w_ptr + offs_n[None, :] * K + k[:, None],
@@ -101,8 +96,7 @@ def channel_scaled_linear(
     n, k = weight.shape
     if weight.dtype != weight_dtype:
         raise ValueError(f"weight dtype is {weight.dtype}; this op takes {weight_dtype}")
-    if x.dtype not in (torch.bfloat16, torch.float16, torch.float32):
-        raise ValueError(f"x dtype is {x.dtype}; allowed: bfloat16, float16, float32")
+    gemm.check_activation(x)
     if x.shape[-1] != k:
         raise ValueError(f"x has {x.shape[-1]} features but the weight [N, K] has K={k}")
     if tuple(scale.shape) != (n,) or scale.dtype != torch.float32:

@@ -35,7 +35,7 @@ from torch import Tensor
 
 from fxquant.core.registry import lowering
 from fxquant.kernels import gemm
-from fxquant.kernels.gemm import as_operand, dot_f32, program_tile, store_tile
+from fxquant.kernels.gemm import as_operand, dot_f32, load_a, program_tile, store_tile
 
 BITS = (2, 3, 4, 6)
 # 16 works for every width here; IntxWeightOnly allows it only with bits=6, because the
@@ -103,12 +103,7 @@ def _intx_gemm_kernel(
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(pid_k * STEP_K, K, STEP_K * SPLIT_K):
         k = k0 + offs_k
-        mask_k = k < K
-        a = tl.load(
-            x_ptr + offs_m[:, None] * K + k[None, :],
-            mask=mask_m[:, None] & mask_k[None, :],
-            other=0.0,
-        )
+        a, mask_k = load_a(x_ptr, offs_m, mask_m, k, K)
         u = unpack_codes(
             w_ptr, offs_n[None, :], k[:, None], mask_k[:, None] & mask_n[None, :], row_bytes, BITS
         )
@@ -170,35 +165,19 @@ def check(weight: Tensor, scale: Tensor, zero: Tensor, bits: int, group_size: in
         raise ValueError(f"{k} input features, but the packed weight holds Kp={kp}")
 
 
-def intx_linear(
-    x: Tensor,
-    weight: Tensor,
-    scale: Tensor,
-    zero: Tensor,
-    bias: Tensor | None,
-    *,
-    bits: int,
-    group_size: int,
-    int_zero: bool = False,
-    decode: bool | None = None,
-) -> Tensor:
+def launch(x: Tensor, weight, scale, zero, bias, *, bits, group_size, int_zero, decode) -> Tensor:
     """x [..., K] · packed W → [..., N] in x's dtype. ``int_zero`` puts (u - z) into the dot
-    (uint8 zero points only: int4's numerics). ``decode`` forces the decode (True) or prefill
-    (False) kernel; None picks from M."""
-    if x.dtype not in (torch.bfloat16, torch.float16, torch.float32):
-        raise ValueError(f"x dtype is {x.dtype}; allowed: bfloat16, float16, float32")
+    (uint8 zero points: int4's numerics); ``decode`` forces a path (``configs.is_decode``)."""
+    gemm.check_activation(x)
     k = x.shape[-1]
     check(weight, scale, zero, bits, group_size, k)
-    if int_zero and zero.dtype != torch.uint8:
-        raise ValueError(f"int_zero needs uint8 zero points; got {zero.dtype}")
-    n = weight.shape[0]
     x2 = x.reshape(-1, k).contiguous()
     y = gemm.launch(
         (_decode_kernel, _prefill_kernel),
         (x2, weight.contiguous(), scale.contiguous(), zero.contiguous()),
         bias,
         x2.shape[0],
-        n,
+        weight.shape[0],
         k,
         scale.shape[1],
         out_dtype=x.dtype,
@@ -207,16 +186,10 @@ def intx_linear(
         INT_ZERO=int_zero,
         GROUP_SIZE=group_size,
     )
-    return y.reshape(*x.shape[:-1], n)
+    return y.reshape(*x.shape[:-1], weight.shape[0])
 
 
-# --------------------------------------------------------------------------------------------
-# Op and lowering
-# --------------------------------------------------------------------------------------------
-
-
-@torch.library.triton_op("fxquant::triton_intx_weight_only_linear", mutates_args=())
-def triton_intx_weight_only_linear(
+def intx_linear(
     x: Tensor,
     weight: Tensor,
     scale: Tensor,
@@ -226,10 +199,30 @@ def triton_intx_weight_only_linear(
     group_size: int,
     decode: bool | None = None,
 ) -> Tensor:
-    """CUDA lowering of ``fxquant::intx_weight_only_linear`` (same arguments, then ``decode``)."""
-    return intx_linear(
-        x, weight, scale, zero, bias, bits=bits, group_size=group_size, decode=decode
+    """x [..., K] · packed W → [..., N] in x's dtype: the CUDA lowering of
+    ``fxquant::intx_weight_only_linear`` (same arguments, then ``decode``: force the decode
+    (True) or prefill (False) kernel; None picks from M)."""
+    return launch(
+        x,
+        weight,
+        scale,
+        zero,
+        bias,
+        bits=bits,
+        group_size=group_size,
+        int_zero=False,
+        decode=decode,
     )
+
+
+# --------------------------------------------------------------------------------------------
+# Op and lowering
+# --------------------------------------------------------------------------------------------
+
+# The launcher is the op's body: its signature is the op's schema.
+triton_intx_weight_only_linear = torch.library.triton_op(
+    "fxquant::triton_intx_weight_only_linear", intx_linear, mutates_args=()
+)
 
 
 @lowering("cuda", "intx_weight_only_linear")

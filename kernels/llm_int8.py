@@ -118,11 +118,12 @@ def llm_int8_linear(
     weight: Tensor,
     absmax: Tensor,
     bias: Tensor | None,
-    *,
     threshold: float,
     decode: bool | None = None,
 ) -> Tensor:
-    """x [..., K] · LLM.int8 W (int8 [N, K], row absmax fp32 [N]) → [..., N] in x's dtype."""
+    """x [..., K] · LLM.int8 W (int8 [N, K], row absmax fp32 [N]) → [..., N] in x's dtype: the
+    CUDA lowering of ``fxquant::llm_int8_linear`` (same arguments, then ``decode``: force the
+    decode (True) or prefill (False) GEMMs; None picks from M)."""
     k = x.shape[-1]
     n = weight.shape[0]
     x2 = x.reshape(-1, k)
@@ -137,18 +138,10 @@ def llm_int8_linear(
     return y.to(x.dtype).reshape(*x.shape[:-1], n)
 
 
-@triton_op("fxquant::triton_llm_int8_linear", mutates_args=())
-def triton_llm_int8_linear(
-    x: Tensor,
-    weight: Tensor,
-    absmax: Tensor,
-    bias: Tensor | None,
-    threshold: float,
-    decode: bool | None = None,
-) -> Tensor:
-    """CUDA lowering of ``fxquant::llm_int8_linear`` (same arguments, then ``decode``: force
-    the decode (True) or prefill (False) GEMMs; None picks from M)."""
-    return llm_int8_linear(x, weight, absmax, bias, threshold=threshold, decode=decode)
+# The launcher is the op's body: its signature is the op's schema.
+triton_llm_int8_linear = triton_op(
+    "fxquant::triton_llm_int8_linear", llm_int8_linear, mutates_args=()
+)
 
 
 @lowering("cuda", "llm_int8_linear")

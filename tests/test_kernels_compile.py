@@ -445,7 +445,7 @@ def _format_cases():
             )
         )
     for rows in (1, 128):
-        bm, bn = mxfp8.block_sizes(rows)
+        bm, bn = mxfp4.block_sizes(rows)  # mxfp8 launches with mxfp4.launch
         cases.append(
             _case(
                 f"mxfp8 linear M={rows}",
