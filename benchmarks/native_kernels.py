@@ -1,6 +1,6 @@
 """Where do fxquant's native CPU kernels beat fp32, and the ATen kernels, as M grows?
 
-The question behind the GEMV / dequantize-and-mm thresholds in ``kernels/cpu/linear.cpp``: all
+The question behind the GEMV / dequantize-and-mm thresholds in ``kernels/cpu/native.h``: all
 211 linears of SmolLM2-135M (30 blocks of q, k, v, o, gate, up, down, plus the 49152 × 576
 lm_head; random weights of the same shapes), called one after another as a decode step or a
 prefill calls them, for M in {1, 4, 8, 16, 32, 64, 128} rows. Candidates per M: fp32

@@ -24,14 +24,9 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from fxquant.kernels import configs
-from fxquant.kernels.int8_weight_only import (
-    GROUP_M,
-    gemm_grid,
-    output_buffer,
-    store_tile,
-    tile_coords,
-)
+from fxquant.core.registry import lowering
+from fxquant.kernels import gemm
+from fxquant.kernels.gemm import program_tile, store_tile
 from fxquant.kernels.rounding import round_half_even
 
 _EPS = tl.constexpr(1e-5)  # fxquant.core.reference_lowbit.BITNET_EPS (transformers' clamp)
@@ -82,10 +77,7 @@ def _ternary_gemm_kernel(
     BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr,
 ):
-    pid_m, pid_n = tile_coords(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
-    pid_k = tl.program_id(1)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m, offs_n, pid_k = program_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     mask_m = offs_m < M
     mask_n = offs_n < N
     rows = N // 4
@@ -116,12 +108,7 @@ def _ternary_gemm_kernel(
     store_tile(y_ptr, y, bias_ptr, offs_m, offs_n, M, N, pid_k, HAS_BIAS, SPLIT_K)
 
 
-_decode_kernel = triton.autotune(
-    configs=configs.decode_configs(), key=["N", "K"], reset_to_zero=["y_ptr"]
-)(_ternary_gemm_kernel)
-_prefill_kernel = triton.autotune(configs=configs.prefill_configs(), key=["M", "N", "K"])(
-    _ternary_gemm_kernel
-)
+_decode_kernel, _prefill_kernel = gemm.decode_and_prefill(_ternary_gemm_kernel, key=["N", "K"])
 
 
 # --------------------------------------------------------------------------------------------
@@ -145,12 +132,12 @@ def bitnet_linear(
     weight: Tensor,
     weight_scale: Tensor,
     bias: Tensor | None,
-    *,
     decode: bool | None = None,
 ) -> Tensor:
-    """x [..., K] · packed ternary W [N/4, K] → [..., N] in x's dtype."""
-    if x.dtype not in (torch.bfloat16, torch.float16, torch.float32):
-        raise ValueError(f"x dtype is {x.dtype}; allowed: bfloat16, float16, float32")
+    """x [..., K] · packed ternary W [N/4, K] → [..., N] in x's dtype: the CUDA lowering of
+    ``fxquant::bitnet_linear`` (same arguments, then ``decode``: force the decode (True) or
+    prefill (False) GEMM; None picks from M)."""
+    gemm.check_activation(x)
     k = x.shape[-1]
     if weight.dtype != torch.uint8 or weight.dim() != 2 or weight.shape[1] != k:
         raise ValueError(
@@ -163,41 +150,32 @@ def bitnet_linear(
         )
     n = 4 * weight.shape[0]
     x2 = x.reshape(-1, k).contiguous()
-    m = x2.shape[0]
     xq, inv = quantize_activation(x2)
-    decode = configs.is_decode(m, decode)
-    y = output_buffer(m, n, x=x, decode=decode)
-    kernel, split = (_decode_kernel, {}) if decode else (_prefill_kernel, {"SPLIT_K": 1})
-    torch.library.wrap_triton(kernel)[gemm_grid(m, n)](
-        xq,
-        inv,
-        weight.contiguous(),
-        weight_scale.contiguous(),
-        weight_scale if bias is None else bias.contiguous(),
-        y,
-        m,
+    y = gemm.launch(
+        (_decode_kernel, _prefill_kernel),
+        (xq, inv, weight.contiguous(), weight_scale.contiguous()),
+        bias,
+        x2.shape[0],
         n,
         k,
-        HAS_BIAS=bias is not None,
-        GROUP_M=GROUP_M,
-        **split,
+        out_dtype=x.dtype,
+        decode=decode,
     )
-    return y.to(x.dtype).reshape(*x.shape[:-1], n)
+    return y.reshape(*x.shape[:-1], n)
 
 
 # --------------------------------------------------------------------------------------------
-# Op
+# Op and lowering
 # --------------------------------------------------------------------------------------------
 
 
-@torch.library.triton_op("fxquant::triton_bitnet_linear", mutates_args=())
-def triton_bitnet_linear(
-    x: Tensor,
-    weight: Tensor,
-    weight_scale: Tensor,
-    bias: Tensor | None,
-    decode: bool | None = None,
-) -> Tensor:
-    """CUDA lowering of ``fxquant::bitnet_linear`` (same arguments, then ``decode``: force the
-    decode (True) or prefill (False) GEMM; None picks from M)."""
-    return bitnet_linear(x, weight, weight_scale, bias, decode=decode)
+# The launcher is the op's body: its signature is the op's schema.
+triton_bitnet_linear = torch.library.triton_op(
+    "fxquant::triton_bitnet_linear", bitnet_linear, mutates_args=()
+)
+
+
+@lowering("cuda", "bitnet_linear")
+def lower_bitnet_linear(x, weight, weight_scale, bias):
+    op = torch.ops.fxquant.triton_bitnet_linear.default
+    return gemm.linear(op, x, weight, weight_scale, bias)

@@ -27,16 +27,9 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from fxquant.kernels import configs
-from fxquant.kernels.int8_weight_only import (
-    GROUP_M,
-    as_operand,
-    dot_f32,
-    gemm_grid,
-    output_buffer,
-    store_tile,
-    tile_coords,
-)
+from fxquant.core.registry import lowering
+from fxquant.kernels import gemm
+from fxquant.kernels.gemm import as_operand, dot_f32, load_a, program_tile, store_tile
 
 NESTED_BLOCK_SIZE = 256  # bnb's double-quant block (fxquant.core.reference_bnb.NESTED_BLOCK_SIZE)
 BLOCK_SIZES = (64, 128, 256, 512, 1024, 2048, 4096)
@@ -100,10 +93,7 @@ def _bnb4_gemm_kernel(
     BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr,
 ):
-    pid_m, pid_n = tile_coords(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
-    pid_k = tl.program_id(1)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m, offs_n, pid_k = program_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     offs_k = tl.arange(0, BLOCK_K)
     mask_m = offs_m < M
     mask_n = offs_n < N
@@ -112,12 +102,7 @@ def _bnb4_gemm_kernel(
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(pid_k * BLOCK_K, K, BLOCK_K * SPLIT_K):
         k = k0 + offs_k
-        mask_k = k < K
-        a = tl.load(
-            x_ptr + offs_m[:, None] * K + k[None, :],
-            mask=mask_m[:, None] & mask_k[None, :],
-            other=0.0,
-        )
+        a, mask_k = load_a(x_ptr, offs_m, mask_m, k, K)
         w = _decode_tile(
             w_ptr,
             absmax_ptr,
@@ -137,14 +122,9 @@ def _bnb4_gemm_kernel(
     store_tile(y_ptr, acc, bias_ptr, offs_m, offs_n, M, N, pid_k, HAS_BIAS, SPLIT_K)
 
 
-_decode_kernel = triton.autotune(
-    configs=configs.decode_configs(),
-    key=["N", "K", "BLOCK_SIZE", "NESTED"],
-    reset_to_zero=["y_ptr"],
-)(_bnb4_gemm_kernel)
-_prefill_kernel = triton.autotune(
-    configs=configs.prefill_configs(), key=["M", "N", "K", "BLOCK_SIZE", "NESTED"]
-)(_bnb4_gemm_kernel)
+_decode_kernel, _prefill_kernel = gemm.decode_and_prefill(
+    _bnb4_gemm_kernel, key=["N", "K", "BLOCK_SIZE", "NESTED"]
+)
 
 
 # --------------------------------------------------------------------------------------------
@@ -183,70 +163,54 @@ def bnb4_linear(
     nested_quant_map: Tensor | None,
     nested_offset: Tensor | None,
     bias: Tensor | None,
-    *,
     block_size: int,
     decode: bool | None = None,
 ) -> Tensor:
-    """x [..., K] · bnb 4-bit W (N = weight.shape[0]) → [..., N] in x's dtype.
-
-    ``decode`` forces the decode (True) or prefill (False) kernel; None picks from M."""
-    if x.dtype not in (torch.bfloat16, torch.float16, torch.float32):
-        raise ValueError(f"x dtype is {x.dtype}; allowed: bfloat16, float16, float32")
+    """x [..., K] · bnb 4-bit W (N = weight.shape[0]) → [..., N] in x's dtype: the CUDA
+    lowering of ``fxquant::bnb4_weight_only_linear`` (same arguments, then ``decode``: force the
+    decode (True) or prefill (False) kernel; None picks from M)."""
+    gemm.check_activation(x)
     k = x.shape[-1]
     nested = (nested_absmax, nested_quant_map, nested_offset)
     _check(weight, absmax, quant_map, nested, block_size, k)
     n = weight.shape[0]
     x2 = x.reshape(-1, k).contiguous()
-    m = x2.shape[0]
     is_nested = nested_absmax is not None
     # unused pointers stand in with a tensor that exists (never read: NESTED is constexpr)
     na, nc, no = (t.contiguous() for t in nested) if is_nested else (absmax,) * 3
-    decode = configs.is_decode(m, decode)
-    y = output_buffer(m, n, x=x, decode=decode)
-    kernel, split = (_decode_kernel, {}) if decode else (_prefill_kernel, {"SPLIT_K": 1})
-    torch.library.wrap_triton(kernel)[gemm_grid(m, n)](
-        x2,
-        weight.contiguous(),
-        absmax.contiguous(),
-        quant_map.contiguous(),
-        na,
-        nc,
-        no,
-        absmax if bias is None else bias.contiguous(),
-        y,
-        m,
+    y = gemm.launch(
+        (_decode_kernel, _prefill_kernel),
+        (x2, weight.contiguous(), absmax.contiguous(), quant_map.contiguous(), na, nc, no),
+        bias,
+        x2.shape[0],
         n,
         k,
-        HAS_BIAS=bias is not None,
+        out_dtype=x.dtype,
+        decode=decode,
         NESTED=is_nested,
         BLOCK_SIZE=block_size,
-        GROUP_M=GROUP_M,
-        **split,
     )
-    return y.to(x.dtype).reshape(*x.shape[:-1], n)
+    return y.reshape(*x.shape[:-1], n)
 
 
 # --------------------------------------------------------------------------------------------
-# Op
+# Op and lowering
 # --------------------------------------------------------------------------------------------
 
 
-@torch.library.triton_op("fxquant::triton_bnb4_weight_only_linear", mutates_args=())
-def triton_bnb4_weight_only_linear(
-    x: Tensor,
-    weight: Tensor,
-    absmax: Tensor,
-    quant_map: Tensor,
-    nested_absmax: Tensor | None,
-    nested_quant_map: Tensor | None,
-    nested_offset: Tensor | None,
-    bias: Tensor | None,
-    block_size: int,
-    decode: bool | None = None,
-) -> Tensor:
-    """CUDA lowering of ``fxquant::bnb4_weight_only_linear`` (same arguments, then ``decode``:
-    force the decode (True) or prefill (False) kernel; None picks from M)."""
-    return bnb4_linear(
+# The launcher is the op's body: its signature is the op's schema.
+triton_bnb4_weight_only_linear = torch.library.triton_op(
+    "fxquant::triton_bnb4_weight_only_linear", bnb4_linear, mutates_args=()
+)
+
+
+@lowering("cuda", "bnb4_weight_only_linear")
+def lower_bnb4_weight_only_linear(
+    x, weight, absmax, quant_map, nested_absmax, nested_quant_map, nested_offset, bias, block_size
+):
+    op = torch.ops.fxquant.triton_bnb4_weight_only_linear.default
+    return gemm.linear(
+        op,
         x,
         weight,
         absmax,
@@ -255,6 +219,5 @@ def triton_bnb4_weight_only_linear(
         nested_quant_map,
         nested_offset,
         bias,
-        block_size=block_size,
-        decode=decode,
+        block_size,
     )

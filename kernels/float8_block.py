@@ -1,10 +1,12 @@
 """fp8 e4m3 with DeepSeek-V3-style block scales: 1×b activation groups × b×b weight tiles.
 
-Where it sits: the CUDA lowering (``fxquant.passes.lower``) maps ``fxquant::float8_block_linear``
-onto ``fxquant::triton_float8_block_linear`` (quantize x in 1×b groups with ``kernels.quantize``,
-then the GEMM here); where the norm-fusion pass already produced the grouped e4m3 activation and
-its scales, ``fxquant::triton_float8_block_scaled_mm`` takes them directly. The oracle is
-``fxquant.core.reference.float8_block_scaled_linear`` / ``float8_block_linear``.
+Where it sits: the CUDA lowerings at the end of this file (collected by
+``fxquant.passes.lower_cuda``) map ``fxquant::float8_block_linear`` onto the 1×b group quantizer
+of ``kernels.quantize`` and ``fxquant::triton_float8_block_scaled_mm`` here, and
+``fxquant::float8_block_scaled_linear`` (the norm-fusion pass already produced the grouped e4m3
+activation and its scales) onto that GEMM alone; ``fxquant::triton_float8_block_linear`` is both
+steps in one op. The oracle is ``fxquant.core.reference.float8_block_scaled_linear`` /
+``float8_block_linear``.
 
 A scale changes every b columns of K, so it cannot wait for the epilogue: BLOCK_K is b, each K
 step's e4m3 product is accumulated by ``tl.dot`` into a fresh fp32 tile, and that tile is added
@@ -12,10 +14,8 @@ to the running sum times its activation scales (one per row) and weight scales (
 column n uses weight-scale row n // b, so BLOCK_N need not divide b). Promoting every b products
 to a full fp32 sum also bounds the sm90 tensor cores' reduced-precision fp8 accumulation to one
 block. Ragged last blocks in M, N and K are masked; a short last K group has its own scale.
-Paths as in ``int8_dynamic``: decode (M known to be ≤ ``configs.DECODE_MAX_M``, split-K over K
-blocks into a zeroed fp32 buffer) and prefill (tiled); the configs depend on b, so each block
-size gets its own pair of autotuned kernels.
-"""
+Decode (split-K over K blocks) and prefill paths as in ``gemm``; the configs depend on b, so
+each block size gets its own pair of autotuned kernels."""
 
 from __future__ import annotations
 
@@ -25,13 +25,18 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
-from torch.library import triton_op, wrap_triton
+from torch.library import triton_op
 
-from fxquant.kernels import configs, quantize
-from fxquant.kernels.int8_weight_only import tile_coords
+from fxquant.core.registry import lowering
+from fxquant.kernels import configs, gemm, quantize
+from fxquant.kernels.gemm import program_tile, store_tile
 
-_GROUP_M = 8  # prefill: tiles of 8 consecutive M blocks share their weight columns in L2
+fxq = torch.ops.fxquant
 _MIN_BLOCK = 16  # tl.dot needs every tile dimension >= 16
+
+# --------------------------------------------------------------------------------------------
+# Kernel
+# --------------------------------------------------------------------------------------------
 
 
 @triton.jit
@@ -41,7 +46,7 @@ def _float8_block_scaled_mm_kernel(
     w_ptr,  # [N, K] float8_e4m3fn, contiguous
     ws_ptr,  # [NB, KB] fp32: one scale per b×b weight tile
     bias_ptr,  # [N] float (read only when HAS_BIAS)
-    out_ptr,  # [M, N]: the output dtype, or fp32 zeros when SPLIT_K > 1
+    y_ptr,  # [M, N]: the output dtype, or fp32 zeros when SPLIT_K > 1
     M,
     N,
     K,
@@ -54,10 +59,7 @@ def _float8_block_scaled_mm_kernel(
     SPLIT_K: tl.constexpr,
 ):
     # ---- tile of this program (grouped order) ---------------------------------------------
-    pid_m, pid_n = tile_coords(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
-    pid_k = tl.program_id(1)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m, offs_n, pid_k = program_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     mask_m = offs_m < M
     mask_n = offs_n < N
     x_rows = x_ptr + offs_m.to(tl.int64)[:, None] * K  # [BLOCK_M, 1]
@@ -74,38 +76,25 @@ def _float8_block_scaled_mm_kernel(
         xs = tl.load(xs_rows + kb, mask=mask_m, other=0.0)
         ws = tl.load(ws_rows + kb, mask=mask_n, other=0.0)
         acc += tl.dot(a, b) * xs[:, None] * ws[None, :]
-    # ---- epilogue: bias (once, from split 0) ------------------------------------------------
-    y = acc
-    if HAS_BIAS:
-        bias = tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
-        y += tl.where(pid_k == 0, bias, 0.0)[None, :]
-    out = out_ptr + offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
-    mask = mask_m[:, None] & mask_n[None, :]
-    if SPLIT_K > 1:
-        tl.atomic_add(out, y, mask=mask)
-    else:
-        tl.store(out, y.to(out_ptr.dtype.element_ty), mask=mask)
+    # ---- epilogue: bias (once, from split 0), store ------------------------------------------
+    store_tile(y_ptr, acc, bias_ptr, offs_m, offs_n, M, N, pid_k, HAS_BIAS, SPLIT_K)
 
 
 @functools.cache
 def _kernels(block_size: int):
     """(decode, prefill) autotuned kernels for one block size (BLOCK_K = block_size)."""
-    decode = triton.autotune(
-        configs=configs.block_scaled_decode_configs(block_size),
+    return gemm.decode_and_prefill(
+        _float8_block_scaled_mm_kernel,
         key=["N", "K"],
-        reset_to_zero=["out_ptr"],
-    )(_float8_block_scaled_mm_kernel)
-    prefill = triton.autotune(
-        configs=configs.block_scaled_prefill_configs(block_size), key=["N", "K"]
-    )(_float8_block_scaled_mm_kernel)
-    return decode, prefill
-
-
-def _grid(m: int, n: int):
-    return lambda meta: (
-        triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),
-        meta["SPLIT_K"],
+        prefill_key=["N", "K"],
+        decode_configs=configs.block_scaled_decode_configs(block_size),
+        prefill_configs=configs.block_scaled_prefill_configs(block_size),
     )
+
+
+# --------------------------------------------------------------------------------------------
+# Launchers
+# --------------------------------------------------------------------------------------------
 
 
 def _check_block_size(block_size: int) -> None:
@@ -117,40 +106,6 @@ def _check_block_size(block_size: int) -> None:
 
 
 def float8_block_scaled_mm(
-    xq, xs, weight, scale, bias, block_size: int, out_dtype, *, decode: bool | None = None
-) -> Tensor:
-    """The launcher: check the block size and operands, pick the path, allocate, launch."""
-    _check_block_size(block_size)
-    fp8 = torch.float8_e4m3fn
-    if xq.dtype != fp8 or weight.dtype != fp8 or xq.shape[-1] != weight.shape[-1]:
-        raise ValueError(
-            f"fp8 block scaled mm needs float8_e4m3fn xq [M, K] and weight [N, K]; got xq "
-            f"{xq.dtype} {tuple(xq.shape)}, weight {weight.dtype} {tuple(weight.shape)}"
-        )
-    xq, xs, weight = xq.contiguous(), xs.contiguous(), weight.contiguous()
-    scale = scale.contiguous()
-    m, k = xq.shape
-    n = weight.shape[0]
-    kb = -(-k // block_size)
-    decode_kernel, prefill_kernel = _kernels(block_size)
-    # Without a bias, scale stands in for bias_ptr: HAS_BIAS=False never reads it.
-    args = (xq, xs, weight, scale, scale if bias is None else bias.contiguous())
-    if configs.is_decode(m, decode):
-        # Split-K adds partial products into fp32, whatever the output dtype.
-        out = torch.zeros((m, n), dtype=torch.float32, device=xq.device)
-        wrap_triton(decode_kernel)[_grid(m, n)](
-            *args, out, m, n, k, kb, HAS_BIAS=bias is not None, GROUP_M=1
-        )
-        return out.to(out_dtype)
-    out = torch.empty((m, n), dtype=out_dtype, device=xq.device)
-    wrap_triton(prefill_kernel)[_grid(m, n)](
-        *args, out, m, n, k, kb, HAS_BIAS=bias is not None, GROUP_M=_GROUP_M, SPLIT_K=1
-    )
-    return out
-
-
-@triton_op("fxquant::triton_float8_block_scaled_mm", mutates_args=())
-def triton_float8_block_scaled_mm(
     xq: Tensor,
     xs: Tensor,
     weight: Tensor,
@@ -164,7 +119,40 @@ def triton_float8_block_scaled_mm(
     [ceil(N/b), ceil(K/b)]. Returns [M, N] in ``out_dtype``, accumulated in fp32.
     ``decode`` forces the decode (True) or prefill (False) path; None picks from M.
     """
-    return float8_block_scaled_mm(xq, xs, weight, scale, bias, block_size, out_dtype, decode=decode)
+    _check_block_size(block_size)
+    fp8 = torch.float8_e4m3fn
+    if xq.dtype != fp8 or weight.dtype != fp8 or xq.shape[-1] != weight.shape[-1]:
+        raise ValueError(
+            f"fp8 block scaled mm needs float8_e4m3fn xq [M, K] and weight [N, K]; got xq "
+            f"{xq.dtype} {tuple(xq.shape)}, weight {weight.dtype} {tuple(weight.shape)}"
+        )
+    xq, xs, weight = xq.contiguous(), xs.contiguous(), weight.contiguous()
+    scale = scale.contiguous()
+    m, k = xq.shape
+    n = weight.shape[0]
+    kb = -(-k // block_size)
+    return gemm.launch(
+        _kernels(block_size),
+        (xq, xs, weight, scale),
+        bias,
+        m,
+        n,
+        k,
+        kb,
+        out_dtype=out_dtype,
+        decode=decode,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Ops and lowerings
+# --------------------------------------------------------------------------------------------
+
+
+# The launcher is the op's body: its signature is the op's schema.
+triton_float8_block_scaled_mm = triton_op(
+    "fxquant::triton_float8_block_scaled_mm", float8_block_scaled_mm, mutates_args=()
+)
 
 
 @triton_op("fxquant::triton_float8_block_linear", mutates_args=())
@@ -175,4 +163,17 @@ def triton_float8_block_linear(
     _check_block_size(block_size)
     xq, xs = quantize.fp8_groups(x.reshape(-1, x.shape[-1]), block_size)
     y = float8_block_scaled_mm(xq, xs, weight, scale, bias, block_size, x.dtype)
+    return y.reshape(*x.shape[:-1], weight.shape[0])
+
+
+@lowering("cuda", "float8_block_scaled_linear")
+def lower_float8_block_scaled_linear(xq, xs, weight, scale, bias, block_size, out_dtype):
+    mm = fxq.triton_float8_block_scaled_mm.default
+    return gemm.scaled_linear(mm, xq, xs, weight, scale, bias, block_size, out_dtype)
+
+
+@lowering("cuda", "float8_block_linear")
+def lower_float8_block_linear(x, weight, scale, bias, block_size):
+    xq, xs = fxq.triton_quantize_fp8_groups(gemm.rows(x), block_size)
+    y = lower_float8_block_scaled_linear(xq, xs, weight, scale, bias, block_size, x.dtype)
     return y.reshape(*x.shape[:-1], weight.shape[0])

@@ -4,7 +4,7 @@ Where it sits: ``fxquant.passes.lower`` (device="cuda") replaces
 ``fxquant::float8_weight_only_linear`` by ``fxquant::triton_float8_weight_only_linear`` below.
 Only the weight dtype differs from int8 weight-only (e4m3 values are exact in bf16, fp16 and
 fp32), so the kernel, its decode/prefill launcher and its numerics are those of
-``int8_weight_only``; this file is the op.
+``int8_weight_only``; this file is the op and its lowering.
 """
 
 from __future__ import annotations
@@ -12,6 +12,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from fxquant.core.registry import lowering
+from fxquant.kernels import gemm
 from fxquant.kernels.int8_weight_only import channel_scaled_linear
 
 
@@ -25,3 +27,9 @@ def triton_float8_weight_only_linear(
     return channel_scaled_linear(
         x, weight, scale, bias, weight_dtype=torch.float8_e4m3fn, decode=decode
     )
+
+
+@lowering("cuda", "float8_weight_only_linear")
+def lower_float8_weight_only_linear(x, weight, scale, bias):
+    op = torch.ops.fxquant.triton_float8_weight_only_linear.default
+    return gemm.linear(op, x, weight, scale, bias)

@@ -1,19 +1,17 @@
 """w8a8: int8 activations (one scale per token) × int8 weights (one scale per output channel).
 
-Where it sits: the CUDA lowering (``fxquant.passes.lower``) maps ``fxquant::int8_dynamic_linear``
-onto ``fxquant::triton_int8_dynamic_linear`` (quantize per token with ``kernels.quantize``, then
-the GEMM here); where the norm-fusion pass already produced the int8 activation and its scales,
-``fxquant::triton_int8_scaled_mm`` takes them directly. The oracle is
-``fxquant.core.reference.int8_scaled_linear`` / ``int8_dynamic_linear``.
+Where it sits: the CUDA lowerings at the end of this file (collected by
+``fxquant.passes.lower_cuda``) map ``fxquant::int8_dynamic_linear`` onto the per-token quantizer
+of ``kernels.quantize`` and ``fxquant::triton_int8_scaled_mm`` here, and
+``fxquant::int8_scaled_linear`` (the norm-fusion pass already produced the int8 activation and
+its scales) onto that GEMM alone; ``fxquant::triton_int8_dynamic_linear`` is both steps in one
+op. The oracle is ``fxquant.core.reference.int8_scaled_linear`` / ``int8_dynamic_linear``.
 
 The GEMM multiplies int8 tiles into an int32 accumulator (exact: no rounding until the
 epilogue), then applies xs[m] · ws[n] (and the bias) in fp32, as the reference does. The same
-kernel, with ``INT8=False``, is the e4m3 GEMM of ``float8_dynamic``. Two paths, one kernel:
-decode (M ≤ ``configs.DECODE_MAX_M``: narrow M tiles, split-K) and prefill (tiled, grouped tile
-order for L2 reuse), picked by ``configs.is_decode`` or by the caller. With split-K the partial
-products, already scaled, are added into a zeroed fp32 buffer with ``atomic_add``, so decode
-outputs may differ between runs in the last bit.
-"""
+kernel, with ``INT8=False``, is the e4m3 GEMM of ``float8_dynamic``. Decode (M ≤ 16, split-K)
+and prefill paths as in ``gemm``: with split-K, decode outputs may differ between runs in the
+last bit."""
 
 from __future__ import annotations
 
@@ -21,12 +19,17 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
-from torch.library import triton_op, wrap_triton
+from torch.library import triton_op
 
-from fxquant.kernels import configs, quantize
-from fxquant.kernels.int8_weight_only import tile_coords
+from fxquant.core.registry import lowering
+from fxquant.kernels import gemm, quantize
+from fxquant.kernels.gemm import program_tile, store_tile
 
-_GROUP_M = 8  # prefill: tiles of 8 consecutive M blocks share their weight columns in L2
+fxq = torch.ops.fxquant
+
+# --------------------------------------------------------------------------------------------
+# Kernel
+# --------------------------------------------------------------------------------------------
 
 
 @triton.jit
@@ -36,7 +39,7 @@ def _scaled_mm_kernel(
     w_ptr,  # [N, K] x's dtype, contiguous
     ws_ptr,  # fp32 weight scale: [N] (stride_ws = 1) or [1] (stride_ws = 0)
     bias_ptr,  # [N] float (read only when HAS_BIAS)
-    out_ptr,  # [M, N]: the output dtype, or fp32 zeros when SPLIT_K > 1
+    y_ptr,  # [M, N]: the output dtype, or fp32 zeros when SPLIT_K > 1
     M,
     N,
     K,
@@ -51,10 +54,7 @@ def _scaled_mm_kernel(
     SPLIT_K: tl.constexpr,
 ):
     # ---- tile of this program (grouped order) ---------------------------------------------
-    pid_m, pid_n = tile_coords(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
-    pid_k = tl.program_id(1)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m, offs_n, pid_k = program_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     mask_m = offs_m < M
     mask_n = offs_n < N
     x_rows = x_ptr + offs_m.to(tl.int64)[:, None] * K  # [BLOCK_M, 1]
@@ -74,49 +74,27 @@ def _scaled_mm_kernel(
             a = tl.load(x_rows + offs_k[None, :], mask=mask_a, other=0.0)
             b = tl.load(w_cols + offs_k[:, None], mask=mask_b, other=0.0)
             acc = tl.dot(a, b, acc)
-    # ---- epilogue: activation × weight scales, bias (once, from split 0) -------------------
+    # ---- epilogue: activation × weight scales, bias (once, from split 0), store ------------
     xs = tl.load(xs_ptr + offs_m * stride_xs, mask=mask_m, other=0.0)
     ws = tl.load(ws_ptr + offs_n * stride_ws, mask=mask_n, other=0.0)
     y = acc.to(tl.float32) * xs[:, None] * ws[None, :]
-    if HAS_BIAS:
-        bias = tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
-        y += tl.where(pid_k == 0, bias, 0.0)[None, :]
-    out = out_ptr + offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
-    mask = mask_m[:, None] & mask_n[None, :]
-    if SPLIT_K > 1:
-        tl.atomic_add(out, y, mask=mask)
-    else:
-        tl.store(out, y.to(out_ptr.dtype.element_ty), mask=mask)
+    store_tile(y_ptr, y, bias_ptr, offs_m, offs_n, M, N, pid_k, HAS_BIAS, SPLIT_K)
 
 
-_decode_kernel = triton.autotune(
-    configs=configs.decode_configs(), key=["N", "K", "INT8"], reset_to_zero=["out_ptr"]
-)(_scaled_mm_kernel)
-_prefill_kernel = triton.autotune(configs=configs.prefill_configs(), key=["N", "K", "INT8"])(
-    _scaled_mm_kernel
+# M is not in the prefill key: one tuning serves every prefill length.
+_decode_kernel, _prefill_kernel = gemm.decode_and_prefill(
+    _scaled_mm_kernel, key=["N", "K", "INT8"], prefill_key=["N", "K", "INT8"]
 )
 
 
-def _grid(m: int, n: int):
-    return lambda meta: (
-        triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),
-        meta["SPLIT_K"],
-    )
+# --------------------------------------------------------------------------------------------
+# Launchers
+# --------------------------------------------------------------------------------------------
 
 
-def scaled_mm(
-    xq: Tensor,
-    xs: Tensor,
-    weight: Tensor,
-    scale: Tensor,
-    bias: Tensor | None,
-    out_dtype: torch.dtype,
-    *,
-    operand_dtype: torch.dtype,
-    decode: bool | None = None,
-) -> Tensor:
+def scaled_mm(xq, xs, weight, scale, bias, out_dtype, *, operand_dtype, decode) -> Tensor:
     """The launcher of both scaled mms (int8 here, e4m3 in ``float8_dynamic``): check the
-    operands, pick the path, allocate, launch.
+    operands, then ``gemm.launch``.
 
     A scale is read through a stride: 1 for one scale per row ([M, 1] activation, [N] weight),
     0 for one per tensor ([1]), so one compiled kernel serves every mix and nothing branches
@@ -138,31 +116,21 @@ def scaled_mm(
     n = weight.shape[0]
     # expand() gives a per-tensor scale stride 0 and leaves a per-row one at stride 1.
     strides = (xs.expand(m, 1).stride(0), scale.expand(n).stride(0))
-    # Without a bias, scale stands in for bias_ptr: HAS_BIAS=False never reads it.
-    args = (xq, xs, weight, scale, scale if bias is None else bias.contiguous())
-    flags = {"INT8": operand_dtype == torch.int8, "HAS_BIAS": bias is not None}
-    if configs.is_decode(m, decode):
-        # Split-K adds partial products into fp32, whatever the output dtype.
-        out = torch.zeros((m, n), dtype=torch.float32, device=xq.device)
-        wrap_triton(_decode_kernel)[_grid(m, n)](*args, out, m, n, k, *strides, **flags, GROUP_M=1)
-        return out.to(out_dtype)
-    out = torch.empty((m, n), dtype=out_dtype, device=xq.device)
-    wrap_triton(_prefill_kernel)[_grid(m, n)](
-        *args, out, m, n, k, *strides, **flags, GROUP_M=_GROUP_M, SPLIT_K=1
+    return gemm.launch(
+        (_decode_kernel, _prefill_kernel),
+        (xq, xs, weight, scale),
+        bias,
+        m,
+        n,
+        k,
+        *strides,
+        out_dtype=out_dtype,
+        decode=decode,
+        INT8=operand_dtype == torch.int8,
     )
-    return out
 
 
 def int8_scaled_mm(
-    xq, xs, weight, scale, bias, out_dtype: torch.dtype, *, decode: bool | None = None
-) -> Tensor:
-    return scaled_mm(
-        xq, xs, weight, scale, bias, out_dtype, operand_dtype=torch.int8, decode=decode
-    )
-
-
-@triton_op("fxquant::triton_int8_scaled_mm", mutates_args=())
-def triton_int8_scaled_mm(
     xq: Tensor,
     xs: Tensor,
     weight: Tensor,
@@ -176,7 +144,18 @@ def triton_int8_scaled_mm(
     Returns [M, N] in ``out_dtype``: (xq · Wᵀ) · xs · scale (+ bias), accumulated exactly in int32.
     ``decode`` forces the decode (True) or prefill (False) path; None picks from M.
     """
-    return int8_scaled_mm(xq, xs, weight, scale, bias, out_dtype, decode=decode)
+    return scaled_mm(
+        xq, xs, weight, scale, bias, out_dtype, operand_dtype=torch.int8, decode=decode
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Ops and lowerings
+# --------------------------------------------------------------------------------------------
+
+
+# The launcher is the op's body: its signature is the op's schema.
+triton_int8_scaled_mm = triton_op("fxquant::triton_int8_scaled_mm", int8_scaled_mm, mutates_args=())
 
 
 @triton_op("fxquant::triton_int8_dynamic_linear", mutates_args=())
@@ -186,4 +165,18 @@ def triton_int8_dynamic_linear(
     """``fxquant::int8_dynamic_linear`` on CUDA: x [..., K] float → [..., N] in x's dtype."""
     xq, xs = quantize.int8_per_token(x.reshape(-1, x.shape[-1]))
     y = int8_scaled_mm(xq, xs, weight, scale, bias, x.dtype)
+    return y.reshape(*x.shape[:-1], weight.shape[0])
+
+
+@lowering("cuda", "int8_scaled_linear")
+def lower_int8_scaled_linear(xq, xs, weight, scale, bias, out_dtype):
+    return gemm.scaled_linear(
+        fxq.triton_int8_scaled_mm.default, xq, xs, weight, scale, bias, out_dtype
+    )
+
+
+@lowering("cuda", "int8_dynamic_linear")
+def lower_int8_dynamic_linear(x, weight, scale, bias):
+    xq, xs = fxq.triton_quantize_int8_per_token(gemm.rows(x))
+    y = lower_int8_scaled_linear(xq, xs, weight, scale, bias, x.dtype)
     return y.reshape(*x.shape[:-1], weight.shape[0])

@@ -1,7 +1,8 @@
 """LLM.int8 activation quantization with the outlier decomposition, and the LLM.int8 linear.
 
 Where it sits: ``fxquant.passes.lower`` (device="cuda") replaces ``fxquant::llm_int8_linear`` by
-``fxquant::triton_llm_int8_linear`` below. The linear is three steps:
+``fxquant::triton_llm_int8_linear`` below (the lowering at the end of this file). The linear is
+three steps:
 
 1. the outlier columns: a [K] mask of the features where any token has |x| >= threshold (on
    the fp16 grid); an aten reduction that Inductor compiles (a mask, not an index list, so
@@ -29,7 +30,8 @@ from torch import Tensor
 from torch.library import triton_op, wrap_triton
 
 from fxquant.core.reference_bnb import to_fp16_grid
-from fxquant.kernels import configs
+from fxquant.core.registry import lowering
+from fxquant.kernels import configs, gemm
 from fxquant.kernels.int8_dynamic import int8_scaled_mm
 from fxquant.kernels.int8_weight_only import channel_scaled_linear
 from fxquant.kernels.rounding import round_half_even
@@ -116,11 +118,12 @@ def llm_int8_linear(
     weight: Tensor,
     absmax: Tensor,
     bias: Tensor | None,
-    *,
     threshold: float,
     decode: bool | None = None,
 ) -> Tensor:
-    """x [..., K] · LLM.int8 W (int8 [N, K], row absmax fp32 [N]) → [..., N] in x's dtype."""
+    """x [..., K] · LLM.int8 W (int8 [N, K], row absmax fp32 [N]) → [..., N] in x's dtype: the
+    CUDA lowering of ``fxquant::llm_int8_linear`` (same arguments, then ``decode``: force the
+    decode (True) or prefill (False) GEMMs; None picks from M)."""
     k = x.shape[-1]
     n = weight.shape[0]
     x2 = x.reshape(-1, k)
@@ -135,15 +138,14 @@ def llm_int8_linear(
     return y.to(x.dtype).reshape(*x.shape[:-1], n)
 
 
-@triton_op("fxquant::triton_llm_int8_linear", mutates_args=())
-def triton_llm_int8_linear(
-    x: Tensor,
-    weight: Tensor,
-    absmax: Tensor,
-    bias: Tensor | None,
-    threshold: float,
-    decode: bool | None = None,
-) -> Tensor:
-    """CUDA lowering of ``fxquant::llm_int8_linear`` (same arguments, then ``decode``: force
-    the decode (True) or prefill (False) GEMMs; None picks from M)."""
-    return llm_int8_linear(x, weight, absmax, bias, threshold=threshold, decode=decode)
+# The launcher is the op's body: its signature is the op's schema.
+triton_llm_int8_linear = triton_op(
+    "fxquant::triton_llm_int8_linear", llm_int8_linear, mutates_args=()
+)
+
+
+@lowering("cuda", "llm_int8_linear")
+def lower_llm_int8_linear(x, weight, absmax, bias, threshold):
+    # the outlier column mask is computed inside the op (an aten reduction before the kernels)
+    op = torch.ops.fxquant.triton_llm_int8_linear.default
+    return gemm.linear(op, x, weight, absmax, bias, threshold)

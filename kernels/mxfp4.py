@@ -1,8 +1,9 @@
 """MXFP4 GEMM: y = x · dequant(W)ᵀ + bias, W packed e2m1 [N, K/2] with E8M0 scales per 1×32.
 
-Where it sits: ``fxquant.passes.lower_cuda`` maps ``fxquant::mxfp4_linear`` onto
-``fxquant::triton_mxfp4_linear`` below (quantizing x to MXFP4 first, in aten ops Inductor fuses,
-when the scheme quantizes activations). ``kernels.nvfp4`` runs the same kernel with e4m3 block
+Where it sits: the CUDA lowering at the end of this file (collected by
+``fxquant.passes.lower_cuda``) maps ``fxquant::mxfp4_linear`` onto ``fxquant::triton_mxfp4_linear``
+below (quantizing x to MXFP4 first, in aten ops Inductor fuses, when the scheme quantizes
+activations); the kernel returns fp32. ``kernels.nvfp4`` runs the same kernel with e4m3 block
 scales and a tensor scale. The oracle is ``fxquant.core.reference_mx.mxfp4_linear`` /
 ``nvfp4_linear``.
 
@@ -24,6 +25,11 @@ import triton.language as tl
 from torch import Tensor
 from torch.library import triton_op, wrap_triton
 
+from fxquant.core import reference_mx as ref_mx
+from fxquant.core.registry import lowering
+from fxquant.kernels import gemm
+from fxquant.kernels.gemm import store_tile
+
 _BLOCK_K = 32  # values of K per step: 16 bytes, so each of the two dots is 16 deep
 
 
@@ -43,6 +49,24 @@ def e8m0_to_f32(s):
     the subnormal 2**-127, bit 22)."""
     bits = tl.where(s == 0, 0x400000, s << 23)
     return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def dot_fp4(acc, x_rows, j, mask_m, mask_j, byte, scale):
+    """acc + x · dequant(W) over one K step of weight bytes ``j``: the even columns of x
+    against the low nibbles, the odd ones against the high nibbles, two IEEE fp32 dots (the
+    codes are never interleaved in registers).
+
+    x_rows [BLOCK_M, 1] pointers to x's rows; byte [len(j), BLOCK_N] int32; scale the block
+    scale of each byte as fp32, 0 where masked."""
+    w_even = e2m1_to_f32(byte & 15) * scale  # [len(j), BLOCK_N]
+    w_odd = e2m1_to_f32(byte >> 4) * scale
+    mask_x = mask_m[:, None] & mask_j[None, :]
+    x_even = tl.load(x_rows + 2 * j[None, :], mask=mask_x, other=0.0).to(tl.float32)
+    x_odd = tl.load(x_rows + 2 * j[None, :] + 1, mask=mask_x, other=0.0).to(tl.float32)
+    acc += tl.dot(x_even, w_even, input_precision="ieee")
+    acc += tl.dot(x_odd, w_odd, input_precision="ieee")
+    return acc
 
 
 @triton.jit
@@ -88,25 +112,37 @@ def _fp4_linear_kernel(
         else:
             scale = sc.to(tl.float32)
         scale = tl.where(mask_w, scale, 0.0)
-        w_even = e2m1_to_f32(byte & 15) * scale  # [BLOCK_K/2, BLOCK_N]
-        w_odd = e2m1_to_f32(byte >> 4) * scale
-        mask_x = mask_m[:, None] & mask_j[None, :]
-        x_even = tl.load(x_rows + 2 * j[None, :], mask=mask_x, other=0.0).to(tl.float32)
-        x_odd = tl.load(x_rows + 2 * j[None, :] + 1, mask=mask_x, other=0.0).to(tl.float32)
-        acc += tl.dot(x_even, w_even, input_precision="ieee")
-        acc += tl.dot(x_odd, w_odd, input_precision="ieee")
+        acc = dot_fp4(acc, x_rows, j, mask_m, mask_j, byte, scale)
     # ---- epilogue: tensor scale, bias --------------------------------------------------------
     if not E8M0:
         acc = acc * tl.load(g_ptr)
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
-    out = out_ptr + offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
-    tl.store(out, acc, mask=mask_m[:, None] & mask_n[None, :])
+    store_tile(out_ptr, acc, bias_ptr, offs_m, offs_n, M, N, 0, HAS_BIAS, 1)
 
 
 def block_sizes(m: int) -> tuple[int, int]:
     """(BLOCK_M, BLOCK_N): a 16-row tile for decode-sized M, 64 otherwise."""
     return (16 if m <= 16 else 64), 64
+
+
+def launch(kernel, operands: tuple, bias: Tensor | None, m, n, k, **constexprs) -> Tensor:
+    """Run an MX GEMM kernel (here, ``kernels.mxfp8``) on a new fp32 y [m, n]: one program per
+    ``block_sizes`` tile, no autotuning (not yet measured on a GPU). The kernel takes
+    ``(*operands, bias_ptr, out_ptr, M, N, K, HAS_BIAS, ..., BLOCK_M, BLOCK_N, BLOCK_K)``."""
+    y = torch.empty((m, n), dtype=torch.float32, device=operands[0].device)
+    bm, bn = block_sizes(m)
+    wrap_triton(kernel)[(triton.cdiv(m, bm), triton.cdiv(n, bn))](
+        *operands,
+        operands[0] if bias is None else bias.contiguous(),  # HAS_BIAS=False never reads it
+        y,
+        m,
+        n,
+        k,
+        HAS_BIAS=bias is not None,
+        BLOCK_M=bm,
+        BLOCK_N=bn,
+        **constexprs,
+    )
+    return y
 
 
 def fp4_linear(x, weight, scale, tensor_scale, bias, *, block: int) -> Tensor:
@@ -124,31 +160,12 @@ def fp4_linear(x, weight, scale, tensor_scale, bias, *, block: int) -> Tensor:
         )
     if scale.shape != (n, k // block):
         raise ValueError(f"fp4 linear: scale shape {tuple(scale.shape)} != {(n, k // block)}")
-    x, weight, scale = x.contiguous(), weight.contiguous(), scale.contiguous()
-    out = torch.empty((m, n), dtype=torch.float32, device=x.device)
-    bm, bn = block_sizes(m)
     e8m0 = tensor_scale is None
     g = scale if e8m0 else tensor_scale.float().contiguous()  # a stand-in when never read
-    b = scale if bias is None else bias.contiguous()
-    grid = (triton.cdiv(m, bm), triton.cdiv(n, bn))
-    wrap_triton(_fp4_linear_kernel)[grid](
-        x,
-        weight,
-        scale,
-        g,
-        b,
-        out,
-        m,
-        n,
-        k,
-        HAS_BIAS=bias is not None,
-        E8M0=e8m0,
-        BS=block,
-        BLOCK_M=bm,
-        BLOCK_N=bn,
-        BLOCK_K=_BLOCK_K,
+    operands = (x.contiguous(), weight.contiguous(), scale.contiguous(), g)
+    return launch(
+        _fp4_linear_kernel, operands, bias, m, n, k, E8M0=e8m0, BS=block, BLOCK_K=_BLOCK_K
     )
-    return out
 
 
 @triton_op("fxquant::triton_mxfp4_linear", mutates_args=())
@@ -156,3 +173,12 @@ def triton_mxfp4_linear(x: Tensor, weight: Tensor, scale: Tensor, bias: Tensor |
     """x [M, K] float (already MXFP4-quantized where the scheme quantizes activations) · packed
     e2m1 W [N, K/2] with E8M0 (uint8) scales [N, K/32] → fp32 [M, N]."""
     return fp4_linear(x, weight, scale, None, bias, block=32)
+
+
+@lowering("cuda", "mxfp4_linear")
+def lower_mxfp4_linear(x, weight, scale, bias, activations, scale_rule):
+    x2 = gemm.rows(x)
+    if activations:
+        x2 = ref_mx.mx_fake_quantize(x2, elem="e2m1", rule=scale_rule)
+    y = torch.ops.fxquant.triton_mxfp4_linear(x2, weight, scale, bias)
+    return y.reshape(*x.shape[:-1], weight.shape[0]).to(x.dtype)

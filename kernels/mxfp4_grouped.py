@@ -1,10 +1,10 @@
 """MXFP4 grouped GEMM (mixture-of-experts, gpt-oss' experts): row s of x [S, K] times its
 expert's packed e2m1 W [E, N, K/2] with E8M0 scales per 1×32 [E, N, K/32] → [S, N].
 
-Where it sits: ``fxquant.passes.lower_cuda`` maps ``fxquant::mxfp4_grouped_mm`` (the op the
-rewrite puts where an exported MoE layer had its grouped_mm) onto
-``fxquant::triton_mxfp4_grouped_mm`` below. The oracle is
-``fxquant.core.reference_mx.mxfp4_grouped_mm``.
+Where it sits: the CUDA lowering at the end of this file (collected by
+``fxquant.passes.lower_cuda``) maps ``fxquant::mxfp4_grouped_mm`` (the op the rewrite puts where
+an exported MoE layer had its grouped_mm) onto ``fxquant::triton_mxfp4_grouped_mm`` below. The
+oracle is ``fxquant.core.reference_mx.mxfp4_grouped_mm``.
 
 The rows of x are sorted by expert and ``offs`` [E] holds each expert's cumulative row end, so
 expert e owns rows ``[offs[e-1], offs[e])`` (``offs[-1]`` taken as 0). The grid is
@@ -29,7 +29,9 @@ import triton.language as tl
 from torch import Tensor
 from torch.library import triton_op, wrap_triton
 
-from fxquant.kernels.mxfp4 import e2m1_to_f32, e8m0_to_f32
+from fxquant.core.registry import lowering
+from fxquant.kernels.gemm import store_tile
+from fxquant.kernels.mxfp4 import dot_fp4, e8m0_to_f32
 
 _MX_BLOCK = 32  # K values per E8M0 scale
 # One fixed tile, not autotuned (kernels.configs' lists are for the dense GEMMs): BLOCK_M = 32
@@ -80,16 +82,9 @@ def _fp4_grouped_kernel(
         # both nibbles of byte j are columns 2j, 2j+1: the same 32-wide block, j // 16
         sc = tl.load(s_cols + (j // 16)[:, None], mask=mask_w, other=127).to(tl.int32)
         scale = e8m0_to_f32(sc)  # [BLOCK_K/2, BLOCK_N]; masked lanes decode code 0 → 0
-        w_even = e2m1_to_f32(byte & 15) * scale
-        w_odd = e2m1_to_f32(byte >> 4) * scale
-        mask_x = mask_m[:, None] & mask_j[None, :]
-        x_even = tl.load(x_rows + 2 * j[None, :], mask=mask_x, other=0.0).to(tl.float32)
-        x_odd = tl.load(x_rows + 2 * j[None, :] + 1, mask=mask_x, other=0.0).to(tl.float32)
-        acc += tl.dot(x_even, w_even, input_precision="ieee")
-        acc += tl.dot(x_odd, w_odd, input_precision="ieee")
-    # ---- epilogue: one rounding to x's dtype -------------------------------------------------
-    out = out_ptr + offs_m[:, None] * N + offs_n[None, :]
-    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+        acc = dot_fp4(acc, x_rows, j, mask_m, mask_j, byte, scale)
+    # ---- epilogue: one rounding to x's dtype (rows up to the expert's end) -------------------
+    store_tile(out_ptr, acc, out_ptr, offs_m, offs_n, end, N, 0, False, 1)
 
 
 def _check(x: Tensor, weight: Tensor, scale: Tensor, offs: Tensor) -> None:
@@ -156,3 +151,9 @@ def triton_mxfp4_grouped_mm(x: Tensor, weight: Tensor, scale: Tensor, offs: Tens
         BLOCK_K=_BLOCK_K,
     )
     return out
+
+
+@lowering("cuda", "mxfp4_grouped_mm")
+def lower_mxfp4_grouped_mm(x, weight, scale, offs):
+    # the kernel takes the op as it is (x [S, K] sorted by expert) and returns x's dtype
+    return torch.ops.fxquant.triton_mxfp4_grouped_mm(x, weight, scale, offs)

@@ -1,8 +1,9 @@
 """MXFP8 GEMM: y = x · dequant(W)ᵀ + bias, W e4m3 [N, K] with E8M0 scales per 1×32.
 
-Where it sits: ``fxquant.passes.lower_cuda`` maps ``fxquant::mxfp8_linear`` onto
-``fxquant::triton_mxfp8_linear`` below, after quantizing x to MXFP8 per token in aten ops
-(Inductor fuses the block amax, exponent and cast). The oracle is
+Where it sits: the CUDA lowering at the end of this file (collected by
+``fxquant.passes.lower_cuda``) maps ``fxquant::mxfp8_linear`` onto ``fxquant::triton_mxfp8_linear``
+below, after quantizing x to MXFP8 per token in aten ops (Inductor fuses the block amax,
+exponent and cast); the kernel returns fp32. The oracle is
 ``fxquant.core.reference_mx.mxfp8_linear``.
 
 One K step is one 32-wide scale block: the e4m3 tile is upcast, multiplied by each column's
@@ -17,9 +18,13 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
-from torch.library import triton_op, wrap_triton
+from torch.library import triton_op
 
-from fxquant.kernels.mxfp4 import block_sizes, e8m0_to_f32
+from fxquant.core import reference_mx as ref_mx
+from fxquant.core.registry import lowering
+from fxquant.kernels import gemm
+from fxquant.kernels.gemm import store_tile
+from fxquant.kernels.mxfp4 import e8m0_to_f32, launch
 
 _BLOCK_K = 32  # the MX block: one scale per weight row and K step
 
@@ -56,14 +61,12 @@ def _mxfp8_linear_kernel(
         s = tl.load(s_cols + kb, mask=mask_n, other=127).to(tl.int32)
         acc += tl.dot(a, w * e8m0_to_f32(s)[None, :], input_precision="ieee")
     # ---- epilogue: bias ------------------------------------------------------------------------
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
-    out = out_ptr + offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
-    tl.store(out, acc, mask=mask_m[:, None] & mask_n[None, :])
+    store_tile(out_ptr, acc, bias_ptr, offs_m, offs_n, M, N, 0, HAS_BIAS, 1)
 
 
-def mxfp8_linear(x, weight, scale, bias) -> Tensor:
-    """The launcher: check, allocate, launch. Returns fp32 [M, N]."""
+def mxfp8_linear(x: Tensor, weight: Tensor, scale: Tensor, bias: Tensor | None) -> Tensor:
+    """x [M, K] float (MXFP8-dequantized) · e4m3 W [N, K] with E8M0 (uint8) scales [N, K/32]
+    → fp32 [M, N]."""
     m, k = x.shape
     n = weight.shape[0]
     if weight.dtype != torch.float8_e4m3fn or weight.shape[1] != k or k % _BLOCK_K:
@@ -76,30 +79,16 @@ def mxfp8_linear(x, weight, scale, bias) -> Tensor:
             f"MXFP8 linear needs uint8 E8M0 scales {(n, k // _BLOCK_K)}; got {scale.dtype} "
             f"{tuple(scale.shape)}"
         )
-    x, weight, scale = x.contiguous(), weight.contiguous(), scale.contiguous()
-    out = torch.empty((m, n), dtype=torch.float32, device=x.device)
-    bm, bn = block_sizes(m)
-    grid = (triton.cdiv(m, bm), triton.cdiv(n, bn))
-    b = scale if bias is None else bias.contiguous()  # a stand-in HAS_BIAS=False never reads
-    wrap_triton(_mxfp8_linear_kernel)[grid](
-        x,
-        weight,
-        scale,
-        b,
-        out,
-        m,
-        n,
-        k,
-        HAS_BIAS=bias is not None,
-        BLOCK_M=bm,
-        BLOCK_N=bn,
-        BLOCK_K=_BLOCK_K,
-    )
-    return out
+    operands = (x.contiguous(), weight.contiguous(), scale.contiguous())
+    return launch(_mxfp8_linear_kernel, operands, bias, m, n, k, BLOCK_K=_BLOCK_K)
 
 
-@triton_op("fxquant::triton_mxfp8_linear", mutates_args=())
-def triton_mxfp8_linear(x: Tensor, weight: Tensor, scale: Tensor, bias: Tensor | None) -> Tensor:
-    """x [M, K] float (MXFP8-dequantized) · e4m3 W [N, K] with E8M0 (uint8) scales [N, K/32]
-    → fp32 [M, N]."""
-    return mxfp8_linear(x, weight, scale, bias)
+# The launcher is the op's body: its signature is the op's schema.
+triton_mxfp8_linear = triton_op("fxquant::triton_mxfp8_linear", mxfp8_linear, mutates_args=())
+
+
+@lowering("cuda", "mxfp8_linear")
+def lower_mxfp8_linear(x, weight, scale, bias, scale_rule):
+    xd = ref_mx.mx_fake_quantize(gemm.rows(x), elem="e4m3", rule=scale_rule)
+    y = torch.ops.fxquant.triton_mxfp8_linear(xd, weight, scale, bias)
+    return y.reshape(*x.shape[:-1], weight.shape[0]).to(x.dtype)

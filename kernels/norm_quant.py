@@ -33,6 +33,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from fxquant.core.registry import lowering
 from fxquant.kernels import configs, rounding
 from fxquant.kernels.rounding import round_half_even, round_to_e4m3
 
@@ -333,7 +334,6 @@ def norm_quant(
     x: Tensor,
     weight: Tensor | None,
     bias: Tensor | None,
-    *,
     eps: float,
     rms: bool,
     quant_dtype: torch.dtype,
@@ -342,7 +342,9 @@ def norm_quant(
     return_normed: bool,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """x [..., K] → (q [..., K] ``quant_dtype``, scale fp32 [..., 1] or [..., ceil(K/g)],
-    normed [..., K] in x's dtype, or an empty [0] tensor unless ``return_normed``)."""
+    normed [..., K] in x's dtype): the CUDA lowering of ``fxquant::norm_quant``. Custom ops have
+    a fixed output structure, so ``normed`` is an empty [0] tensor of x's dtype unless
+    ``return_normed``."""
     _check_args(x, weight, bias, rms, quant_dtype, group_size, scale_ub)
     k = x.shape[-1]
     x2 = x.reshape(-1, k).contiguous()
@@ -382,32 +384,19 @@ def norm_quant(
 
 
 # --------------------------------------------------------------------------------------------
-# Op
+# Op and lowering
 # --------------------------------------------------------------------------------------------
 
 
-@torch.library.triton_op("fxquant::triton_norm_quant", mutates_args=())
-def triton_norm_quant(
-    x: Tensor,
-    weight: Tensor | None,
-    bias: Tensor | None,
-    eps: float,
-    rms: bool,
-    quant_dtype: torch.dtype,
-    group_size: int,
-    scale_ub: float | None,
-    return_normed: bool,
-) -> tuple[Tensor, Tensor, Tensor]:
-    """CUDA lowering of ``fxquant::norm_quant``. Custom ops have a fixed output structure, so
-    ``normed`` is an empty [0] tensor of x's dtype when ``return_normed`` is False."""
-    return norm_quant(
-        x,
-        weight,
-        bias,
-        eps=eps,
-        rms=rms,
-        quant_dtype=quant_dtype,
-        group_size=group_size,
-        scale_ub=scale_ub,
-        return_normed=return_normed,
+# The launcher is the op's body: its signature is the op's schema.
+triton_norm_quant = torch.library.triton_op(
+    "fxquant::triton_norm_quant", norm_quant, mutates_args=()
+)
+
+
+@lowering("cuda", "norm_quant")
+def lower_norm_quant(x, weight, bias, eps, rms, quant_dtype, group_size, scale_ub):
+    q, scale, _ = torch.ops.fxquant.triton_norm_quant(
+        x, weight, bias, eps, rms, quant_dtype, group_size, scale_ub, False
     )
+    return q, scale

@@ -120,9 +120,11 @@ def _cases():
 
     from fxquant.kernels import (
         float8_block,
+        gemm,
         int4_weight_only,
         int8_dynamic,
         int8_weight_only,
+        intx_weight_only,
         norm_quant,
         quantize,
     )
@@ -140,10 +142,11 @@ def _cases():
             m._prefill_kernel,
             {**types, **ints},
             "y_ptr",
-            m.GROUP_M,
+            gemm.GROUP_M,
         )
 
-    m = int4_weight_only
+    # int4's GEMM is intx_weight_only's kernel at 4 bits with integer zero points
+    m = intx_weight_only
     types = {
         "x_ptr": "*bf16",
         "w_ptr": "*u8",
@@ -159,9 +162,10 @@ def _cases():
         m._prefill_kernel,
         types,
         "y_ptr",
-        m.GROUP_M,
-        {"GROUP_SIZE": _FP8_BLOCK},
+        gemm.GROUP_M,
+        {"BITS": 4, "INT_ZERO": True, "GROUP_SIZE": _FP8_BLOCK},
     )
+    m = int4_weight_only
     cases.append(
         _case(
             "int4 dequantize",
@@ -183,7 +187,7 @@ def _cases():
         )
     )
 
-    # ---- scaled mms on quantized activations (decode GROUP_M=1, as the launchers pass)
+    # ---- scaled mms on quantized activations
     scaled = {"xs_ptr": "*fp32", "ws_ptr": "*fp32", "bias_ptr": "*bf16", **ints}
     # int8 and e4m3 share one kernel (INT8 picks the accumulator and the dot)
     m = int8_dynamic
@@ -200,15 +204,15 @@ def _cases():
             m._decode_kernel,
             m._prefill_kernel,
             types,
-            "out_ptr",
-            1,
+            "y_ptr",
+            gemm.GROUP_M,
             {"INT8": int8},
         )
     # float8_block builds its autotuners per block size; the configs depend on it.
     decode, prefill = float8_block._kernels(_FP8_BLOCK)
     types = {"x_ptr": "*fp8e4nv", "w_ptr": "*fp8e4nv", "KB": "i32", **scaled}
     cases += _gemm_cases(
-        f"float8_block_scaled_mm b={_FP8_BLOCK}", decode, prefill, types, "out_ptr", 1
+        f"float8_block_scaled_mm b={_FP8_BLOCK}", decode, prefill, types, "y_ptr", gemm.GROUP_M
     )
 
     # ---- activation quantization: bf16 x → int8 / e4m3, per token, per tensor, groups
@@ -345,7 +349,7 @@ def _format_cases():
     """bitsandbytes 4-bit (plain and double-quantized absmax), LLM.int8's activation quantizer
     (with and without outlier columns), MXFP4 / NVFP4 (E8M0 or e4m3 block scales), the MXFP4
     experts' grouped GEMM and MXFP8."""
-    from fxquant.kernels import bnb4_weight_only, llm_int8, mxfp4, mxfp4_grouped, mxfp8
+    from fxquant.kernels import bnb4_weight_only, gemm, llm_int8, mxfp4, mxfp4_grouped, mxfp8
 
     cases = []
     ints = {"M": "i32", "N": "i32", "K": "i32"}
@@ -368,7 +372,7 @@ def _format_cases():
             m._prefill_kernel,
             types,
             "y_ptr",
-            m.GROUP_M,
+            gemm.GROUP_M,
             {"NESTED": nested, "BLOCK_SIZE": 64},
         )
     m = llm_int8
@@ -441,7 +445,7 @@ def _format_cases():
             )
         )
     for rows in (1, 128):
-        bm, bn = mxfp8.block_sizes(rows)
+        bm, bn = mxfp4.block_sizes(rows)  # mxfp8 launches with mxfp4.launch
         cases.append(
             _case(
                 f"mxfp8 linear M={rows}",
@@ -464,7 +468,7 @@ def _lowbit_cases():
     """int2 / int3 / float-zero int4 / int6 weight-only GEMMs and BitNet's two kernels."""
     import triton
 
-    from fxquant.kernels import bitnet, intx_weight_only
+    from fxquant.kernels import bitnet, gemm, intx_weight_only
 
     cases = []
     ints = {"M": "i32", "N": "i32", "K": "i32"}
@@ -492,8 +496,8 @@ def _lowbit_cases():
             m._prefill_kernel,
             types,
             "y_ptr",
-            m.GROUP_M,
-            {"BITS": bits, "GROUP_SIZE": group},
+            gemm.GROUP_M,
+            {"BITS": bits, "INT_ZERO": False, "GROUP_SIZE": group},
         )
     m = bitnet
     types = {
@@ -504,7 +508,9 @@ def _lowbit_cases():
         "bias_ptr": "*bf16",
         **ints,
     }
-    cases += _gemm_cases("bitnet", m._decode_kernel, m._prefill_kernel, types, "y_ptr", m.GROUP_M)
+    cases += _gemm_cases(
+        "bitnet", m._decode_kernel, m._prefill_kernel, types, "y_ptr", gemm.GROUP_M
+    )
     cases.append(
         _case(
             "bitnet activation quant",

@@ -15,7 +15,7 @@ from torch.library import opcheck
 triton = pytest.importorskip("triton")
 
 from fxquant.core import reference_mx as rmx  # noqa: E402
-from fxquant.passes import lower_cuda  # noqa: E402  (registers every fxquant::triton_* op)
+from fxquant.kernels import mxfp4, mxfp8, nvfp4  # noqa: E402  (their ops and lowerings)
 
 pytestmark = pytest.mark.interpreter
 
@@ -83,7 +83,7 @@ def test_all_zero_weight_gives_zeros():
 
 
 def test_the_cuda_lowerings_compute_the_reference():
-    # the compositions lower_cuda emits (activation quantized in aten, then the kernel), run
+    # the CUDA lowerings next to the kernels (activation quantized in aten, then the kernel), run
     # here on CPU tensors through the interpreter; [..., K] inputs with two leading dims
     x, w, b = _inputs(6, 24, 64, bias=True)
     x = x.reshape(2, 3, 64).bfloat16()
@@ -92,19 +92,19 @@ def test_the_cuda_lowerings_compute_the_reference():
     pn, sn, gn = rmx.quantize_nvfp4_weight(w, rule="six")
     cases = [
         (
-            lower_cuda._mxfp8(x, q8, s8, b, "ceil"),
+            mxfp8.lower_mxfp8_linear(x, q8, s8, b, "ceil"),
             rmx.mxfp8_linear(x, q8, s8, b, scale_rule="ceil"),
         ),
         (
-            lower_cuda._mxfp4(x, p4, s4, b, True, "even"),
+            mxfp4.lower_mxfp4_linear(x, p4, s4, b, True, "even"),
             rmx.mxfp4_linear(x, p4, s4, b, activation_rule="even"),
         ),
         (
-            lower_cuda._nvfp4(x, pn, sn, gn, None, True, "six"),
+            nvfp4.lower_nvfp4_linear(x, pn, sn, gn, None, True, "six"),
             rmx.nvfp4_linear(x, pn, sn, gn, None, activation_rule="six"),
         ),
         (
-            lower_cuda._nvfp4(x, pn, sn, gn, b, False, "six"),
+            nvfp4.lower_nvfp4_linear(x, pn, sn, gn, b, False, "six"),
             rmx.nvfp4_linear(x, pn, sn, gn, b, activation_rule=None),
         ),
     ]

@@ -9,9 +9,14 @@ the same input as the reference, so quantization error itself cancels out.
 The launcher's path follows M: decode at M ≤ 16 (here with the interpreter's one decode config,
 SPLIT_K = 1), prefill above. Split-K and the int4 K-step rule are forced with explicit configs,
 the int4 dense path with ``INT4_DENSE_MIN_M``.
+
+One comparison is bit for bit: the int4 GEMM against the outputs its dedicated kernel gave
+before int4 became the intx kernel at 4 bits (``tests/fixtures/int4_kernel_outputs.pt``).
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 import torch
@@ -24,6 +29,7 @@ from fxquant.kernels import configs  # noqa: E402
 from fxquant.kernels import float8_weight_only as f8wo  # noqa: E402, F401  (registers the op)
 from fxquant.kernels import int4_weight_only as i4wo  # noqa: E402
 from fxquant.kernels import int8_weight_only as i8wo  # noqa: E402
+from fxquant.kernels import intx_weight_only as intx  # noqa: E402  (int4's GEMM kernel)
 
 pytestmark = pytest.mark.interpreter
 
@@ -156,7 +162,7 @@ def test_int4_matches_reference(x_shape, n, group_size, symmetric, dtype, bias):
     ],
 )
 def test_int4_k_steps_and_split_k(kernel, config, m, group_size, monkeypatch):
-    monkeypatch.setattr(getattr(i4wo, kernel), "configs", config)
+    monkeypatch.setattr(getattr(intx, kernel), "configs", config)
     args, expected = _int4((m, 100), 37, group_size, False, torch.bfloat16, True)
     _check(fxq.triton_int4_weight_only_linear(*args), expected, (m, 100), 37)
 
@@ -188,6 +194,80 @@ def test_int4_dequantize(dtype, group_size, symmetric):
     # store truncates).
     rtol = 0 if dtype == torch.float32 else 2**-7
     torch.testing.assert_close(out, expected, rtol=rtol, atol=0)
+
+
+# --------------------------------------------------------------------------------------------
+# The int4 GEMM's outputs, bit for bit, as the dedicated int4 kernel computed them
+# --------------------------------------------------------------------------------------------
+
+# tests/fixtures/int4_kernel_outputs.pt holds what fxq.triton_int4_weight_only_linear (and the
+# dequantizer) returned at commit 1313f41, when int4 had its own Triton kernel, interpreted on
+# these inputs. int4 now runs the intx kernel at 4 bits; its outputs must not move by one bit.
+# Inputs are rebuilt from their seeds (the fixture keeps their sums, to catch a drift there).
+INT4_FIXTURE = Path(__file__).parent / "fixtures" / "int4_kernel_outputs.pt"
+INT4_BITWISE_CASES = {  # name: (x shape, N, group size, symmetric, dtype, bias, forced path)
+    "m1 g32 sym bf16 bias": ((1, 100), 37, 32, True, torch.bfloat16, True, None),
+    "m3 g64 asym fp32": ((3, 100), 37, 64, False, torch.float32, False, None),
+    "m16 g64 asym fp16 bias": ((16, 64), 48, 64, False, torch.float16, True, None),
+    "m17 g32 asym bf16": ((17, 100), 37, 32, False, torch.bfloat16, False, None),
+    "m33 g64 sym fp32 bias": ((33, 100), 48, 64, True, torch.float32, True, None),
+    "m5 g128 asym bf16 bias": ((5, 100), 37, 128, False, torch.bfloat16, True, None),
+    "m1 g256 sym fp32": ((1, 70), 16, 256, True, torch.float32, False, None),
+    "2x3 g32 asym bf16 bias": ((2, 3, 100), 37, 32, False, torch.bfloat16, True, None),
+    "2x17 g64 sym bf16": ((2, 17, 100), 37, 64, True, torch.bfloat16, False, None),
+    "m40 g128 asym fp16 bias": ((40, 300), 70, 128, False, torch.float16, True, None),
+    "prefill BLOCK_K 64 over g32": (
+        (17, 100), 37, 32, False, torch.bfloat16, True, ("prefill", (32, 32, 64), 1),
+    ),
+    "decode split-K 2, BLOCK_K 128 over g64": (
+        (3, 100), 37, 64, False, torch.bfloat16, True, ("decode", (16, 32, 128), 2),
+    ),
+    "decode split-K 4, idle programs": (
+        (1, 100), 37, 64, False, torch.bfloat16, True, ("decode", (16, 32, 64), 4),
+    ),
+    "prefill steps of 32 in g64": (
+        (33, 100), 37, 64, False, torch.bfloat16, True, ("prefill", (32, 32, 32), 1),
+    ),
+    "decode split-K 8 fp32": (
+        (2, 300), 50, 32, True, torch.float32, True, ("decode", (16, 64, 128), 8),
+    ),
+    "prefill 64x64x128 fp16": (
+        (70, 300), 50, 128, False, torch.float16, False, ("prefill", (64, 64, 128), 1),
+    ),
+}  # fmt: skip
+
+
+def _fingerprint(*tensors):
+    sums = [0.0 if t is None else t.double().sum().item() for t in tensors]
+    return torch.tensor(sums, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("name", INT4_BITWISE_CASES)
+def test_int4_gemm_outputs_are_the_dedicated_kernels_bit_for_bit(name, monkeypatch):
+    shape, n, group_size, symmetric, dtype, bias, path = INT4_BITWISE_CASES[name]
+    g = torch.Generator().manual_seed(list(INT4_BITWISE_CASES).index(name))
+    x = torch.randn(shape, generator=g).to(dtype)
+    w = torch.randn(n, shape[-1], generator=g)
+    b = torch.randn(n, generator=g).to(dtype) if bias else None
+    p, s, z = ref.quantize_int4_grouped(w, group_size=group_size, symmetric=symmetric)
+    if path is not None:
+        kernel, (bm, bn, bk), split_k = path
+        extra = {"SPLIT_K": split_k} if kernel == "decode" else {}
+        monkeypatch.setattr(
+            getattr(intx, f"_{kernel}_kernel"), "configs", _one_config(bm, bn, bk, **extra)
+        )
+    want = torch.load(INT4_FIXTURE, weights_only=True)[name]
+    assert torch.equal(_fingerprint(x, p, s, z, b), want["inputs"])
+    y = fxq.triton_int4_weight_only_linear(x, p, s, z, b, group_size)
+    assert y.dtype == want["y"].dtype and torch.equal(y, want["y"])
+
+
+def test_int4_dequantize_output_is_the_dedicated_kernels_bit_for_bit():
+    w = torch.randn(37, 100, generator=torch.Generator().manual_seed(100))
+    p, s, z = ref.quantize_int4_grouped(w, group_size=64, symmetric=False)
+    want = torch.load(INT4_FIXTURE, weights_only=True)["dequantize bf16 g64 asym"]
+    assert torch.equal(_fingerprint(p, s, z), want["inputs"])
+    assert torch.equal(fxq.triton_int4_dequantize(p, s, z, 64, 100, torch.bfloat16), want["y"])
 
 
 # --------------------------------------------------------------------------------------------

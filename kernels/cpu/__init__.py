@@ -1,4 +1,4 @@
-"""Native CPU kernels: the ``fxquant::native_*`` ops, built from ``linear.cpp`` on first use.
+"""Native CPU kernels: the ``fxquant::native_*`` ops, built from the C++ sources here on first use.
 
 Where this sits: below ``fxquant.passes.lower``. On CPU the lowering rewrites the int8, int4,
 w8a8, W4A8 and fp8 linears to these ops (weights repacked once by the ``prepack_*`` helpers here);
@@ -13,8 +13,10 @@ The library is compiled with the C++ compiler AOTInductor itself uses, for this 
 later process. Where no compiler works, :func:`available` is False with the reason, and the
 lowering keeps its aten compositions (slower, same numerics).
 
-Why C++ and not an aten composition: see the header of ``linear.cpp`` (memory bandwidth at
-M = 1, measured by ``benchmarks/native_kernels.py``).
+The sources: ``linear.cpp`` (the large-M path and the shims' checks, shared by every format;
+its header says why C++ and not an aten composition: memory bandwidth at M = 1, measured by
+``benchmarks/native_kernels.py``), ``int8_fp8.cpp`` (byte weights), ``int4.cpp`` (int4 weights),
+``native.h`` (what they share), ``register.cpp`` (the in-process op registrations).
 """
 
 from __future__ import annotations
@@ -48,10 +50,13 @@ __all__ = [
 ]
 
 _HERE = Path(__file__).resolve().parent
-_SOURCES = ("linear.cpp", "register.cpp")
+# compiled into the static archive (the kernels and their C shims); register.cpp is added for
+# the in-process library only
+_KERNEL_SOURCES = ("linear.cpp", "int8_fp8.cpp", "int4.cpp")
+_SOURCES = (*_KERNEL_SOURCES, "native.h", "register.cpp")  # every file the build reads
 _ARCHIVE = "libfxquant_native.a"
 _SHARED = "libfxquant_native.so"
-INT4_BLOCK = 32  # nibble interleave block of the int4 kernel layout (linear.cpp)
+INT4_BLOCK = 32  # nibble interleave block of the int4 kernel layout (int4.cpp)
 
 # op name → its C shim declaration (what AOTInductor calls; the name is aoti_torch_cpu_<op>)
 NATIVE_OPS = {
@@ -207,11 +212,13 @@ def _build(target: Path) -> None:
             if proc.returncode:
                 raise RuntimeError(f"{' '.join(cmd[:3])} … failed:\n{proc.stderr[-2000:]}")
 
-        run(cxx, *flags, *includes, "-c", str(_HERE / "linear.cpp"), "-o", "linear.o")
-        run("ar", "rcs", _ARCHIVE, "linear.o")
+        objects = [Path(name).with_suffix(".o").name for name in _KERNEL_SOURCES]
+        for name, obj in zip(_KERNEL_SOURCES, objects, strict=True):
+            run(cxx, *flags, *includes, "-c", str(_HERE / name), "-o", obj)
+        run("ar", "rcs", _ARCHIVE, *objects)
         run(cxx, *flags, *includes, "-c", str(_HERE / "register.cpp"), "-o", "register.o")
         run(
-            cxx, "-shared", "-fopenmp", "register.o", "linear.o", f"-L{torch_lib}",
+            cxx, "-shared", "-fopenmp", "register.o", *objects, f"-L{torch_lib}",
             f"-Wl,-rpath,{torch_lib}", "-ltorch", "-ltorch_cpu", "-lc10", "-o", _SHARED,
         )  # fmt: skip
         try:

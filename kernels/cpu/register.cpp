@@ -1,7 +1,8 @@
-// The in-process face of linear.cpp: CPU kernels for the `fxquant::native_*` ops, registered
-// through torch's stable ABI when `fxquant.kernels.cpu` loads the shared library (eager calls,
-// torch.compile's Inductor wrapper). The schemas and fake kernels live in Python
-// (fxquant/kernels/cpu/__init__.py); AOTInductor packages call the C shims directly instead.
+// The in-process face of the native kernels (linear.cpp, int8_fp8.cpp, int4.cpp): CPU kernels
+// for the `fxquant::native_*` ops, registered through torch's stable ABI when
+// `fxquant.kernels.cpu` loads the shared library (eager calls, torch.compile's Inductor wrapper).
+// The schemas and fake kernels live in Python (fxquant/kernels/cpu/__init__.py); AOTInductor
+// packages call the C shims directly instead.
 
 #include <torch/csrc/stable/library.h>
 #include <torch/csrc/stable/tensor.h>

@@ -1,0 +1,379 @@
+// Native CPU kernels for int4 weights: fp32 activations (weight-only) and int8 activations
+// (W4A8), on the prepacked nibble layout (fxquant.kernels.cpu.prepack_int4). The layouts,
+// numerics and the reason these exist are in linear.cpp's header; the large-M path they fall
+// back to is there too.
+
+#include "native.h"
+
+namespace fxq {
+namespace {
+
+// column k's code in a row of the kernel layout (scalar: the reference for the vector paths)
+inline float int4_code(const uint8_t* row, int64_t k) {
+  const uint8_t byte = row[(k / 32) * 16 + (k % 16)];
+  return float((k % 32) < 16 ? (byte & 0x0F) : (byte >> 4));
+}
+
+// Per activation row and group, the sum of x (the offset term's factor), accumulated in Acc:
+// fp32 for fp32 activations, exact int32 for int8 ones.
+template <class Acc, class T>
+std::vector<float> group_sums(const T* x, int64_t M, int64_t K, int64_t group) {
+  const int64_t G = K / group;
+  std::vector<float> out(M * G);
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t g = 0; g < G; ++g) {
+      Acc s = 0;
+      for (int64_t k = g * group; k < (g + 1) * group; ++k) s += x[m * K + k];
+      out[m * G + g] = float(s);
+    }
+  return out;
+}
+
+// ---- GEMV, fp32 activations (the scheme of int8_fp8.cpp's GEMV, with int4 codes) ----------
+
+// int4, one row: sum_g scale[g] * (sum_{k in g} x u) + offset[g] * xsum[g]
+inline float dot_int4(const float* x, const uint8_t* row, const float* scale, const float* offset,
+                      const float* xsum, int64_t K, int64_t group) {
+  const int64_t G = K / group;
+  float off = 0.f;
+  for (int64_t g = 0; g < G; ++g) off += offset[g] * xsum[g];
+#ifdef FXQ_AVX2
+  // 8 bytes widen to 8 int32 lanes (one load-and-widen); their low nibbles are columns k..k+7
+  // of the 32-block and the high ones k+16..k+23 (the prepacked layout): one widen, one and,
+  // one shift and two converts give 16 codes
+  const __m256i low = _mm256_set1_epi32(0x0F);
+  __m256 tot = _mm256_setzero_ps();
+  for (int64_t g = 0; g < G; ++g) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0;
+    for (int64_t k = g * group; k < (g + 1) * group; k += 32) {
+      const uint8_t* p = row + k / 2;
+      const __m256i b0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)p));
+      const __m256i b1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(p + 8)));
+      a0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + k), _mm256_cvtepi32_ps(_mm256_and_si256(b0, low)), a0);
+      a1 = _mm256_fmadd_ps(_mm256_loadu_ps(x + k + 16), _mm256_cvtepi32_ps(_mm256_srli_epi32(b0, 4)), a1);
+      a0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + k + 8), _mm256_cvtepi32_ps(_mm256_and_si256(b1, low)), a0);
+      a1 = _mm256_fmadd_ps(_mm256_loadu_ps(x + k + 24), _mm256_cvtepi32_ps(_mm256_srli_epi32(b1, 4)), a1);
+    }
+    tot = _mm256_fmadd_ps(_mm256_set1_ps(scale[g]), _mm256_add_ps(a0, a1), tot);
+  }
+  return hsum(tot) + off;
+#else
+  float tot = 0.f;
+  for (int64_t g = 0; g < G; ++g) {
+    float acc = 0.f;
+    for (int64_t k = g * group; k < (g + 1) * group; ++k) acc += x[k] * int4_code(row, k);
+    tot += scale[g] * acc;
+  }
+  return tot + off;
+#endif
+}
+
+// int4, four activation rows against one weight row (codes decoded once per 16)
+inline void dot_int4_x4(const float* x, int64_t K, const uint8_t* row, const float* scale,
+                        const float* offset, const float* xsum, int64_t G, int64_t group,
+                        float out[4]) {
+#ifdef FXQ_AVX2
+  const __m256i low = _mm256_set1_epi32(0x0F);
+  __m256 tot[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                   _mm256_setzero_ps()};
+  for (int64_t g = 0; g < G; ++g) {
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                     _mm256_setzero_ps()};
+    for (int64_t k = g * group; k < (g + 1) * group; k += 32) {
+      const uint8_t* p = row + k / 2;
+      const __m256i b0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)p));
+      const __m256i b1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(p + 8)));
+      const __m256 u0 = _mm256_cvtepi32_ps(_mm256_and_si256(b0, low));   // columns k..k+7
+      const __m256 u2 = _mm256_cvtepi32_ps(_mm256_srli_epi32(b0, 4));    // k+16..k+23
+      const __m256 u1 = _mm256_cvtepi32_ps(_mm256_and_si256(b1, low));   // k+8..k+15
+      const __m256 u3 = _mm256_cvtepi32_ps(_mm256_srli_epi32(b1, 4));    // k+24..k+31
+      for (int m = 0; m < 4; ++m) {
+        const float* xm = x + m * K + k;
+        __m256 t = _mm256_mul_ps(_mm256_loadu_ps(xm), u0);
+        t = _mm256_fmadd_ps(_mm256_loadu_ps(xm + 8), u1, t);
+        t = _mm256_fmadd_ps(_mm256_loadu_ps(xm + 16), u2, t);
+        acc[m] = _mm256_add_ps(acc[m], _mm256_fmadd_ps(_mm256_loadu_ps(xm + 24), u3, t));
+      }
+    }
+    const __m256 sg = _mm256_set1_ps(scale[g]);
+    for (int m = 0; m < 4; ++m) tot[m] = _mm256_fmadd_ps(sg, acc[m], tot[m]);
+  }
+  for (int m = 0; m < 4; ++m) {
+    float off = 0.f;
+    for (int64_t g = 0; g < G; ++g) off += offset[g] * xsum[m * G + g];
+    out[m] = hsum(tot[m]) + off;
+  }
+#else
+  for (int m = 0; m < 4; ++m) out[m] = dot_int4(x + m * K, row, scale, offset, xsum + m * G, K, group);
+#endif
+}
+
+void gemv_int4(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t N,
+               const float* scale, const float* offset, int64_t group, float* y) {
+  const int64_t G = K / group;
+  const std::vector<float> xsum = group_sums<float>(x, M, K, group);
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    const uint8_t* row = w + n * (K / 2);
+    int64_t m = 0;
+    for (; m + 4 <= M; m += 4) {
+      float out[4];
+      dot_int4_x4(x + m * K, K, row, scale + n * G, offset + n * G, xsum.data() + m * G, G,
+                  group, out);
+      for (int i = 0; i < 4; ++i) y[(m + i) * N + n] = out[i];
+    }
+    for (; m < M; ++m)
+      y[m * N + n] = dot_int4(x + m * K, row, scale + n * G, offset + n * G,
+                              xsum.data() + m * G, K, group);
+  }
+}
+
+// ---- int4 weights x int8 activations (W4A8) ------------------------------------------------
+// Per group: sum_k u[k] * xq[k] in exact integers, then scale[g] * that + offset[g] * sum_k xq[k]
+// (w = u * scale + offset). maddubs multiplies unsigned by signed bytes, which is exactly codes
+// u in [0, 15] times xq in [-127, 127]: a pair sums to at most 2 * 15 * 127 = 3810, so the
+// int16 lanes hold a whole group of up to 256 columns (8 blocks of 32, at most 30480 < 2^15)
+// and widen once per group. Per 32 weights that is a load, three ops to split the nibbles and
+// one maddubs + add, against two widens, four converts and four fmas for fp32 activations:
+// the int4 GEMV is compute-bound on AVX2, and this halves the compute (llama.cpp's Q4 x Q8
+// dot products do the same).
+
+#ifdef FXQ_AVX2
+// 16 bytes of the kernel layout -> the 32 codes of the block in column order
+inline __m256i nibbles32(const uint8_t* p) {
+  const __m128i b = _mm_loadu_si128((const __m128i*)p);
+  const __m128i m = _mm_set1_epi8(0x0F);
+  return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), m), _mm_and_si128(b, m));
+}
+#endif
+
+// sum_g offset[g] * xsum[g], eight groups a vector (the scalar loop is one long add chain)
+inline float offset_dot(const float* offset, const float* xsum, int64_t G) {
+  int64_t g = 0;
+  float out = 0.f;
+#ifdef FXQ_AVX2
+  __m256 v = _mm256_setzero_ps();
+  for (; g + 8 <= G; g += 8)
+    v = _mm256_fmadd_ps(_mm256_loadu_ps(offset + g), _mm256_loadu_ps(xsum + g), v);
+  out = hsum(v);
+#endif
+  for (; g < G; ++g) out += offset[g] * xsum[g];
+  return out;
+}
+
+// The activation in the order the nibbles come out. 32 bytes of weight (two blocks, j and j+1)
+// load as one vector; its low nibbles are columns 0-15 of block j and then of block j+1, its high
+// nibbles columns 16-31 of each. So in every 64 columns of xq the middle two quarters swap, once
+// per call, and each 64 weights cost one load, three ops to split and two maddubs + adds: about
+// half the work of splitting each block into its own vector. A last odd block keeps its order.
+void permute_activation(const int8_t* xq, int64_t M, int64_t K, int8_t* out) {
+  for (int64_t m = 0; m < M; ++m) {
+    const int8_t* x = xq + m * K;
+    int8_t* o = out + m * K;
+    int64_t k = 0;
+    for (; k + 64 <= K; k += 64) {
+      std::memcpy(o + k, x + k, 16);
+      std::memcpy(o + k + 16, x + k + 32, 16);
+      std::memcpy(o + k + 32, x + k + 16, 16);
+      std::memcpy(o + k + 48, x + k + 48, 16);
+    }
+    std::memcpy(o + k, x + k, K - k);
+  }
+}
+
+#ifdef FXQ_AVX2
+// 32 bytes of the kernel layout (blocks j, j+1) -> codes for activations xp[0:32] and xp[32:64]
+inline void nibbles64(const uint8_t* p, __m256i* lo, __m256i* hi) {
+  const __m256i v = _mm256_loadu_si256((const __m256i*)p);
+  const __m256i m = _mm256_set1_epi8(0x0F);
+  *lo = _mm256_and_si256(v, m);
+  *hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m);
+}
+
+// R activation rows (permuted, K apart) against one weight row, groups of 32 * B columns, B a
+// power of two up to 8; the result lacks the offset term. B is a template argument so the block
+// loop unrolls (with a run-time trip count of two the GEMV ran 1.4x slower, measured). Groups
+// of 32 (B = 1) go two at a time: each 128-bit half of the vector is one group, so the scales
+// are a vector of two values.
+template <int R, int B>
+inline void dot_int4_int8(const int8_t* xp, int64_t K, const uint8_t* row, const float* scale,
+                          int64_t G, float* out) {
+  constexpr int64_t group = 32 * B;
+  constexpr int64_t step = B == 1 ? 2 : 1;  // groups per iteration
+  const __m256i ones = _mm256_set1_epi16(1);
+  // two fp32 accumulators per activation row, alternate iterations: the fma is a dependency
+  // chain, and a row has only a few groups' worth of independent work to hide it
+  __m256 t0[R], t1[R];
+  for (int r = 0; r < R; ++r) t0[r] = t1[r] = _mm256_setzero_ps();
+  int64_t g = 0;
+  for (int64_t it = 0; g + step <= G; g += step, ++it) {
+    const uint8_t* p = row + g * (group / 2);
+    const int8_t* xg = xp + g * group;
+    __m256i acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_si256();
+    for (int q = 0; q < (B == 1 ? 1 : B / 2); ++q) {
+      __m256i lo, hi;
+      nibbles64(p + 32 * q, &lo, &hi);
+      for (int r = 0; r < R; ++r) {
+        const int8_t* x = xg + r * K + 64 * q;
+        acc[r] = _mm256_add_epi16(
+            acc[r], _mm256_add_epi16(
+                        _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i*)x)),
+                        _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i*)(x + 32)))));
+      }
+    }
+    const __m256 s = B == 1 ? _mm256_set_m128(_mm_set1_ps(scale[g + 1]), _mm_set1_ps(scale[g]))
+                            : _mm256_set1_ps(scale[g]);
+    for (int r = 0; r < R; ++r) {
+      const __m256 v = _mm256_cvtepi32_ps(_mm256_madd_epi16(acc[r], ones));
+      if (it & 1)
+        t1[r] = _mm256_fmadd_ps(s, v, t1[r]);
+      else
+        t0[r] = _mm256_fmadd_ps(s, v, t0[r]);
+    }
+  }
+  if (g < G) {  // groups of 32 only: an odd last group, one block in its own order
+    const __m256 s = _mm256_set1_ps(scale[g]);
+    const __m256i u = nibbles32(row + g * 16);
+    for (int r = 0; r < R; ++r) {
+      const __m256i xv = _mm256_loadu_si256((const __m256i*)(xp + r * K + g * 32));
+      const __m256i p16 = _mm256_maddubs_epi16(u, xv);
+      t0[r] = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, ones)), t0[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) out[r] = hsum(_mm256_add_ps(t0[r], t1[r]));
+}
+#else
+// column k of a row of permuted activations (the inverse of permute_activation)
+inline int8_t permuted_at(const int8_t* xp, int64_t K, int64_t k) {
+  const int64_t base = k / 64 * 64, i = k % 64;
+  if (base + 64 > K) return xp[k];
+  const int64_t q = i / 16;
+  return xp[base + (q == 1 ? 2 : q == 2 ? 1 : q) * 16 + i % 16];
+}
+
+template <int R, int B>
+inline void dot_int4_int8(const int8_t* xp, int64_t K, const uint8_t* row, const float* scale,
+                          int64_t G, float* out) {
+  constexpr int64_t group = 32 * B;
+  for (int r = 0; r < R; ++r) {
+    float tot = 0.f;
+    for (int64_t g = 0; g < G; ++g) {
+      int32_t acc = 0;
+      for (int64_t k = g * group; k < (g + 1) * group; ++k)
+        acc += int32_t(permuted_at(xp + r * K, K, k)) * int32_t(int4_code(row, k));
+      tot += scale[g] * float(acc);
+    }
+    out[r] = tot;
+  }
+}
+#endif
+
+// y[m, n] = xs[m] * sum_k xq[m, k] * (u[n, k] * scale[n, g] + offset[n, g]), groups of 32 * B;
+// xp is xq permuted, xsum [M, G] the per-group sums of xq (for the offset term)
+template <int B>
+void gemv_int4_int8_b(const int8_t* xp, const float* xs, int64_t M, int64_t K, const uint8_t* w,
+                      int64_t N, const float* scale, const float* offset, const float* xsum,
+                      float* y) {
+  const int64_t G = K / (32 * B);
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    const uint8_t* row = w + n * (K / 2);
+    const float* sn = scale + n * G;
+    const float* on = offset + n * G;
+    float out[4];
+    int64_t m = 0;
+    for (; m + 4 <= M; m += 4) {
+      dot_int4_int8<4, B>(xp + m * K, K, row, sn, G, out);
+      for (int i = 0; i < 4; ++i)
+        y[(m + i) * N + n] = (out[i] + offset_dot(on, xsum + (m + i) * G, G)) * xs[m + i];
+    }
+    for (; m < M; ++m) {
+      dot_int4_int8<1, B>(xp + m * K, K, row, sn, G, out);
+      y[m * N + n] = (out[0] + offset_dot(on, xsum + m * G, G)) * xs[m];
+    }
+  }
+}
+
+// groups of 32, 64, 128 or 256 columns (the shim checks)
+void gemv_int4_int8(const int8_t* xq, const float* xs, int64_t M, int64_t K, const uint8_t* w,
+                    int64_t N, const float* scale, const float* offset, int64_t group, float* y) {
+  const std::vector<float> xsum = group_sums<int32_t>(xq, M, K, group);  // exact in fp32
+  std::vector<int8_t> xp(M * K);
+  permute_activation(xq, M, K, xp.data());
+  const float* xsp = xsum.data();
+  switch (group) {
+    case 32: return gemv_int4_int8_b<1>(xp.data(), xs, M, K, w, N, scale, offset, xsp, y);
+    case 64: return gemv_int4_int8_b<2>(xp.data(), xs, M, K, w, N, scale, offset, xsp, y);
+    case 128: return gemv_int4_int8_b<4>(xp.data(), xs, M, K, w, N, scale, offset, xsp, y);
+    default: return gemv_int4_int8_b<8>(xp.data(), xs, M, K, w, N, scale, offset, xsp, y);
+  }
+}
+
+}  // namespace
+}  // namespace fxq
+
+using namespace fxq;
+
+// ---- C shims: the ABI AOTInductor calls (aoti_torch_cpu_<op name>) ---------------------------
+
+extern "C" {
+
+AOTITorchError aoti_torch_cpu_native_int4_weight_only_linear(AtenTensorHandle x,
+                                                             AtenTensorHandle w,
+                                                             AtenTensorHandle scale,
+                                                             AtenTensorHandle offset,
+                                                             int64_t group_size,
+                                                             AtenTensorHandle* ret0) {
+  Mat xm, wm, sm, om;
+  if (!view(x, 2, aoti_torch_dtype_float32(), &xm) || !view(w, 2, aoti_torch_dtype_uint8(), &wm) ||
+      !view(scale, 2, aoti_torch_dtype_float32(), &sm) ||
+      !view(offset, 2, aoti_torch_dtype_float32(), &om))
+    return AOTI_TORCH_FAILURE;
+  const int64_t M = xm.rows, K = xm.cols, N = wm.rows;
+  if (group_size <= 0 || group_size % 32 != 0 || K % group_size != 0 || wm.cols * 2 != K ||
+      sm.rows != N || sm.cols != K / group_size || om.rows != N || om.cols != sm.cols)
+    return AOTI_TORCH_FAILURE;
+  const float* xp = xm.as<float>();
+  const uint8_t* wp = wm.as<uint8_t>();
+  const float* sp = sm.as<float>();
+  const float* op = om.as<float>();
+  auto gemv = [&](float* y) { gemv_int4(xp, M, K, wp, N, sp, op, group_size, y); };
+  auto mm = [&](float* y) {
+    return gemm_chunked(Fmt::kInt4, xp, M, K, wp, N, sp, op, group_size, y);
+  };
+  return run_linear(M, N, kGemvMaxM[int(Fmt::kInt4)], ret0, gemv, mm);
+}
+
+AOTITorchError aoti_torch_cpu_native_int8_int4_linear(AtenTensorHandle xq, AtenTensorHandle xs,
+                                                      AtenTensorHandle w, AtenTensorHandle scale,
+                                                      AtenTensorHandle offset, int64_t group_size,
+                                                      AtenTensorHandle* ret0) {
+  Mat xm, xsm, wm, sm, om;
+  if (!view(xq, 2, aoti_torch_dtype_int8(), &xm) || !view(xs, 1, aoti_torch_dtype_float32(), &xsm) ||
+      !view(w, 2, aoti_torch_dtype_uint8(), &wm) ||
+      !view(scale, 2, aoti_torch_dtype_float32(), &sm) ||
+      !view(offset, 2, aoti_torch_dtype_float32(), &om))
+    return AOTI_TORCH_FAILURE;
+  const int64_t M = xm.rows, K = xm.cols, N = wm.rows;
+  // groups of 32 to 256 columns, powers of two: the int16 lanes hold a group's sums, and the
+  // kernel is instantiated per size (see dot_int4_int8)
+  if ((group_size != 32 && group_size != 64 && group_size != 128 && group_size != 256) ||
+      K % group_size != 0 ||
+      wm.cols * 2 != K || xsm.rows != M || sm.rows != N || sm.cols != K / group_size ||
+      om.rows != N || om.cols != sm.cols)
+    return AOTI_TORCH_FAILURE;
+  const int8_t* xp = xm.as<int8_t>();
+  const float* xsp = xsm.as<float>();
+  const uint8_t* wp = wm.as<uint8_t>();
+  const float* sp = sm.as<float>();
+  const float* op = om.as<float>();
+  auto gemv = [&](float* y) { gemv_int4_int8(xp, xsp, M, K, wp, N, sp, op, group_size, y); };
+  auto mm = [&](float* y) {
+    const std::vector<float> xf = dequantize_activation(xp, xsp, M, K);
+    return gemm_chunked(Fmt::kInt4, xf.data(), M, K, wp, N, sp, op, group_size, y);
+  };
+  return run_linear(M, N, kGemvMaxMInt4Int8, ret0, gemv, mm);
+}
+
+}  // extern "C"

@@ -1,0 +1,114 @@
+// What the native CPU kernels' sources share: the vector decoders, the GEMV / mm thresholds,
+// and the large-M path and shim plumbing of linear.cpp (declared here, defined there).
+//
+// Where this sits: included by linear.cpp (the shared parts), int8_fp8.cpp (int8 and fp8
+// weights) and int4.cpp (int4 weights); fxquant.kernels.cpu compiles the three into one library.
+// Everything here has hidden visibility: it is internal to the library, or to the AOTInductor
+// model .so the static archive is linked into, so two packages (or a package and the in-process
+// library) loaded into one process never bind to each other's copies.
+
+#pragma once
+
+#include <torch/csrc/inductor/aoti_torch/c/shim.h>
+#include <torch/csrc/inductor/aoti_torch/generated/c_shim_cpu.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define FXQ_AVX2 1
+#endif
+
+#pragma GCC visibility push(hidden)
+
+namespace fxq {
+
+// Up to this many rows a GEMV (the weight read once, decoded once per four activation rows)
+// beats dequantize + mm; above it the mm wins. Measured on SmolLM2's linears (all 211 of them,
+// each size) on the AVX2 EPYC: int8 x int8 keeps winning longest (one maddubs per 32 products).
+#ifndef FXQ_GEMV_MAX_M
+#define FXQ_GEMV_MAX_M 32, 16, 32, 64, 32
+#endif
+constexpr int64_t kGemvLimits[] = {FXQ_GEMV_MAX_M};  // int8, int4, fp8, int8 x int8, int4 x int8
+constexpr const int64_t* kGemvMaxM = kGemvLimits;
+constexpr int64_t kGemvMaxMInt8Int8 = kGemvLimits[3];
+constexpr int64_t kGemvMaxMInt4Int8 = kGemvLimits[4];
+// Rows of weight dequantized per mm call: about 2 MiB of fp32, which stays in cache.
+constexpr int64_t kChunkBytes = 2 * 1024 * 1024;
+
+enum class Fmt { kInt8, kInt4, kFp8 };
+
+// ---- scalar decoders (reference for the vector paths, and the non-AVX2 build) -------------
+
+inline float fp8_e4m3_to_float(uint8_t b) {
+  // The 7 magnitude bits moved to the top of an fp32's exponent/mantissa, then rebiased by
+  // 2^(127-7): exact for normals and subnormals alike (0x7F, NaN in e4m3fn, never occurs in
+  // a quantized weight: the rewrite refuses non-finite weights).
+  uint32_t bits = (uint32_t(b & 0x7F) << 20) | (uint32_t(b & 0x80) << 24);
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f * 0x1p120f;
+}
+
+#ifdef FXQ_AVX2
+inline float hsum(__m256 v) {
+  __m128 lo = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+  lo = _mm_add_ss(lo, _mm_shuffle_ps(lo, lo, 1));
+  return _mm_cvtss_f32(lo);
+}
+
+inline __m256 load_fp8x8(const uint8_t* p) {
+  const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)p));
+  const __m256i mag = _mm256_slli_epi32(_mm256_and_si256(b, _mm256_set1_epi32(0x7F)), 20);
+  const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(b, _mm256_set1_epi32(0x80)), 24);
+  return _mm256_mul_ps(_mm256_castsi256_ps(_mm256_or_si256(mag, sign)),
+                       _mm256_set1_ps(0x1p120f));
+}
+#endif
+
+// ---- Shared by the shims (linear.cpp) ------------------------------------------------------
+
+struct Mat {
+  void* data = nullptr;
+  int64_t rows = 0, cols = 0;
+  template <class T>
+  const T* as() const {
+    return (const T*)data;
+  }
+};
+
+// A contiguous tensor of `dim` dims and dtype `dtype`, on CPU; 2-D ones as (rows, cols).
+bool view(AtenTensorHandle t, int64_t dim, int32_t dtype, Mat* out);
+
+// A new fp32 [M, N] tensor and its data.
+AOTITorchError new_output(int64_t M, int64_t N, AtenTensorHandle* ret, float** data);
+
+// Every shim's last step: a new fp32 y [M, N] in *ret, filled by gemv(y) for M up to
+// gemv_max_m and by the large-M path mm(y) above (nothing to do when y is empty).
+template <class Gemv, class Mm>
+AOTITorchError run_linear(int64_t M, int64_t N, int64_t gemv_max_m, AtenTensorHandle* ret,
+                          Gemv gemv, Mm mm) {
+  float* y = nullptr;
+  if (AOTITorchError e = new_output(M, N, ret, &y)) return e;
+  if (M == 0 || N == 0) return AOTI_TORCH_SUCCESS;
+  if (M > gemv_max_m) return mm(y);
+  gemv(y);
+  return AOTI_TORCH_SUCCESS;
+}
+
+// y [M, N] = x [M, K] (fp32) @ dequant(w)^T for large M (offset and group: int4 only).
+AOTITorchError gemm_chunked(Fmt fmt, const float* x, int64_t M, int64_t K, const uint8_t* w,
+                            int64_t N, const float* scale, const float* offset, int64_t group,
+                            float* y);
+
+// The dequantized activation xq * xs [M, K] fp32, for the large-M path of int8 activations.
+std::vector<float> dequantize_activation(const int8_t* xq, const float* xs, int64_t M, int64_t K);
+
+}  // namespace fxq
+
+#pragma GCC visibility pop
