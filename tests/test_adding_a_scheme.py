@@ -84,7 +84,6 @@ def test_the_doc_names_three_files_one_per_layer():
     ]
 
 
-@pytest.mark.slow
 def test_the_docs_three_files_make_a_working_scheme(tmp_path):
     pytest.importorskip("triton")
     tree = tmp_path / "tree"
