@@ -1,13 +1,13 @@
 """fxquant: quantization as a compiler pass.
 
-``quantize`` (torch.export → plan → rewrite) returns an ExportedProgram with ``fxquant::`` ops;
-``report`` says what happened to each layer; ``aot_compile`` lowers and packages it with
+``quantize`` (torch.export → plan → rewrite → fuse) returns an ExportedProgram with ``fxquant::``
+ops; ``report`` says what happened to each layer; ``aot_compile`` lowers and packages it with
 AOTInductor; ``torch.compile(model, backend="fxquant")`` does the same in process, and with a
 ``Float8Recipe`` trains with FP8 GEMMs (``fp8_state_dict`` / ``load_fp8_state_dict`` keep its
 delayed-scaling state). ``calibrate`` runs GPTQ, AWQ or SmoothQuant over real data first, then
-quantizes. ``export_llm`` captures a causal LM with its KV cache (prefill and decode in one
-program) and ``generate`` serves its package (``fxquant.runtime``: torch only).
-Importing fxquant registers the ``fxquant::`` ops, which loading a saved ``.pt2`` needs.
+quantizes. ``export_llm`` captures a causal LM with its KV cache (prefill and decode in one program)
+and ``generate`` serves its package (``fxquant.runtime``: torch only). Importing fxquant registers
+the ``fxquant::`` ops, which loading a saved ``.pt2`` needs.
 """
 
 import importlib

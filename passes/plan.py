@@ -1,12 +1,12 @@
 """Planning: find every linear-like node and decide its scheme (or why it is skipped).
 
-First pass of the data flow (plan → rewrite → lower). It reads the graph only. A *site* is a node
-computing ``x @ W.T (+ b)`` with a constant W: ``aten.linear`` (``nn.Linear``, ``F.linear`` on a
-bare parameter), ``aten.addmm``/``aten.mm`` with W stored [K, N] (Hugging Face ``Conv1D``), and the
-torch-level spellings of the same calls that a Dynamo graph holds; and a mixture-of-experts
+First pass of the data flow (plan → rewrite → fuse → lower). It reads the graph only. A *site* is a
+node computing ``x @ W.T (+ b)`` with a constant W: ``aten.linear`` (``nn.Linear``, ``F.linear`` on
+a bare parameter), ``aten.addmm``/``aten.mm`` with W stored [K, N] (Hugging Face ``Conv1D``), and
+the torch-level spellings of the same calls that a Dynamo graph holds; and a mixture-of-experts
 ``grouped_mm`` with a constant 3-D W [E, K, N], or the transpose of one stored [E, N, K]
-(transformers' grouped experts: gpt-oss, Mixtral, Qwen3-MoE …), named after that parameter.
-The plan is data: the report prints it and the tests assert on it.
+(transformers' grouped experts: gpt-oss, Mixtral, Qwen3-MoE …), named after that parameter. The plan
+is data: the report prints it and the tests assert on it.
 """
 
 from __future__ import annotations

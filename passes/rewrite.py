@@ -1,7 +1,7 @@
 """The linear rewrite: quantize each planned weight once and swap the node for one ``fxquant::`` op.
 
-Second pass of the data flow (plan → rewrite → lower). It works on two kinds of graph through a
-small *editor* that knows where constants live:
+Second pass of the data flow (plan → rewrite → fuse → lower). It works on two kinds of graph through
+a small *editor* that knows where constants live:
 
 - ``ProgramEditor``: an ``ExportedProgram``. Quantized weights become new persistent buffers
   (lifted placeholders + state-dict entries) named after the layer (``fc.qweight``,

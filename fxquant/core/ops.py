@@ -48,19 +48,8 @@ def _(x, weight, scale, offs):
 # --------------------------------------------------------------------------------------------
 
 
-@torch.library.custom_op(f"{_LIB}::norm_quant", mutates_args=())
-def norm_quant(
-    x: Tensor,
-    weight: Tensor | None,
-    bias: Tensor | None,
-    eps: float,
-    rms: bool,
-    quant_dtype: torch.dtype,
-    group_size: int,
-    scale_ub: float | None,
-) -> tuple[Tensor, Tensor]:
-    """RMSNorm (``rms``) or LayerNorm of x [..., K], quantized to ``quant_dtype`` (int8 or e4m3)
-    → (q [..., K], fp32 scale [..., 1] per token (``group_size`` -1) or [..., ceil(K/g)])."""
+def norm_quant_reference(x, weight, bias, eps, rms, quant_dtype, group_size, scale_ub):
+    """``fxquant::norm_quant``'s eager kernel (and its CPU lowering): the reference math."""
     q, scale, _ = ref.norm_quant(
         x,
         weight,
@@ -74,6 +63,22 @@ def norm_quant(
     # fp8 groups with a ragged last group come back as a slice of the padded tensor: the op
     # returns dense tensors, as its fake kernel says (and as a kernel would write them)
     return q.contiguous(), scale
+
+
+@torch.library.custom_op(f"{_LIB}::norm_quant", mutates_args=())
+def norm_quant(
+    x: Tensor,
+    weight: Tensor | None,
+    bias: Tensor | None,
+    eps: float,
+    rms: bool,
+    quant_dtype: torch.dtype,
+    group_size: int,
+    scale_ub: float | None,
+) -> tuple[Tensor, Tensor]:
+    """RMSNorm (``rms``) or LayerNorm of x [..., K], quantized to ``quant_dtype`` (int8 or e4m3)
+    → (q [..., K], fp32 scale [..., 1] per token (``group_size`` -1) or [..., ceil(K/g)])."""
+    return norm_quant_reference(x, weight, bias, eps, rms, quant_dtype, group_size, scale_ub)
 
 
 @norm_quant.register_fake

@@ -7,10 +7,14 @@ reads their lowerings from ``fxquant.core.registry``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
-__all__ = ["BF16", "NATIVE", "epilogue", "finish", "row_scales", "rows"]
+from fxquant.core.registry import lowering
+
+__all__ = ["BF16", "NATIVE", "device_op", "epilogue", "finish", "row_scales", "rows"]
 
 # The device key of the compositions around fxquant's native kernels (``fxquant.kernels.cpu``):
 # registered as ``@lowering(NATIVE, op)`` and ``@prepack_rule(NATIVE, op)``, they override
@@ -18,6 +22,21 @@ __all__ = ["BF16", "NATIVE", "epilogue", "finish", "row_scales", "rows"]
 NATIVE = "cpu-native"
 
 BF16 = torch.bfloat16
+
+
+def device_op(device: str, *names: str, schema: str, fake: Callable) -> Callable:
+    """Make the decorated composition the ``device`` lowering of each ``fxquant::<name>``, a
+    device op that a prepack rule emits on its new constants, and define those ops with it as
+    their eager kernel and ``fake`` as their fake kernel (one schema: the ops of one kernel
+    family take the same arguments)."""
+
+    def wrap(fn: Callable) -> Callable:
+        for name in names:
+            op = torch.library.custom_op(f"fxquant::{name}", fn, mutates_args=(), schema=schema)
+            op.register_fake(fake)
+        return lowering(device, *names)(fn)
+
+    return wrap
 
 
 # --------------------------------------------------------------------------------------------

@@ -35,7 +35,7 @@ import fxquant.core.ops  # noqa: F401  (registers the fxquant:: ops)
 import fxquant.kernels.cpu as native
 from fxquant.core import reference as ref
 from fxquant.core.registry import lowering
-from fxquant.passes.cpu.common import BF16, NATIVE, epilogue, finish, rows
+from fxquant.passes.cpu.common import BF16, NATIVE, device_op, epilogue, finish, rows
 from fxquant.passes.cpu.prepack import prepack_rule
 
 fxq = torch.ops.fxquant
@@ -58,12 +58,28 @@ def _int8_dynamic_int4_linear(x, weight, scale, zero, bias, group_size):
     return ref.int8_dynamic_int4_linear(x, weight, scale, zero, bias, group_size=group_size)
 
 
+# The device ops' arguments: the kernel's layout (aten: packed codes and a bf16 scale/zero
+# table; native: nibbles, scales and offsets), then N, which the padded layout does not show.
+_ATEN_SCHEMA = (
+    "(Tensor x, Tensor packed, Tensor scale_zero, Tensor? bias, SymInt group_size, "
+    "SymInt out_features) -> Tensor"
+)
+_NATIVE_SCHEMA = (
+    "(Tensor x, Tensor weight, Tensor scale, Tensor offset, Tensor? bias, SymInt group_size, "
+    "SymInt out_features) -> Tensor"
+)
+
+
+def _int4_fake(x, *args):
+    return x.new_empty((*x.shape[:-1], args[-1]))
+
+
 # --------------------------------------------------------------------------------------------
 # aten: the device ops (what prepack emits), on _weight_int4pack_mm_for_cpu
 # --------------------------------------------------------------------------------------------
 
 
-@lowering("cpu", "cpu_int4_weight_only_linear")
+@device_op("cpu", "cpu_int4_weight_only_linear", schema=_ATEN_SCHEMA, fake=_int4_fake)
 def _cpu_int4_weight_only(x, packed, scale_zero, bias, group_size, out_features):
     x2 = x.reshape(-1, x.shape[-1])
     kp = scale_zero.shape[0] * group_size
@@ -73,7 +89,7 @@ def _cpu_int4_weight_only(x, packed, scale_zero, bias, group_size, out_features)
     return epilogue(y.float(), x, out_features, bias)
 
 
-@lowering("cpu", "cpu_int8_dynamic_int4_linear")
+@device_op("cpu", "cpu_int8_dynamic_int4_linear", schema=_ATEN_SCHEMA, fake=_int4_fake)
 def _cpu_int8_dynamic_int4(x, packed, scale_zero, bias, group_size, out_features):
     # W4A8 on the int4 kernel: the int8 codes are exact in its bf16 input, xs goes in after
     xq, xs = ref.quantize_int8_per_token(x.reshape(-1, x.shape[-1]))
@@ -82,36 +98,6 @@ def _cpu_int8_dynamic_int4(x, packed, scale_zero, bias, group_size, out_features
         xq = F.pad(xq, (0, kp - xq.shape[-1]))
     y = torch.ops.aten._weight_int4pack_mm_for_cpu(xq.to(BF16), packed, group_size, scale_zero)
     return epilogue(y.float() * xs, x, out_features, bias)
-
-
-@torch.library.custom_op("fxquant::cpu_int4_weight_only_linear", mutates_args=())
-def cpu_int4_weight_only_linear(
-    x: Tensor,
-    packed: Tensor,
-    scale_zero: Tensor,
-    bias: Tensor | None,
-    group_size: int,
-    out_features: int,
-) -> Tensor:
-    return _cpu_int4_weight_only(x, packed, scale_zero, bias, group_size, out_features)
-
-
-@torch.library.custom_op("fxquant::cpu_int8_dynamic_int4_linear", mutates_args=())
-def cpu_int8_dynamic_int4_linear(
-    x: Tensor,
-    packed: Tensor,
-    scale_zero: Tensor,
-    bias: Tensor | None,
-    group_size: int,
-    out_features: int,
-) -> Tensor:
-    return _cpu_int8_dynamic_int4(x, packed, scale_zero, bias, group_size, out_features)
-
-
-@cpu_int4_weight_only_linear.register_fake
-@cpu_int8_dynamic_int4_linear.register_fake
-def _(x, packed, scale_zero, bias, group_size, out_features):
-    return x.new_empty((*x.shape[:-1], out_features))
 
 
 # --------------------------------------------------------------------------------------------
@@ -158,14 +144,14 @@ def _prepack_int4(node: fx.Node, args, consts):
 # --------------------------------------------------------------------------------------------
 
 
-@lowering(NATIVE, "cpu_native_int4_linear")
+@device_op(NATIVE, "cpu_native_int4_linear", schema=_NATIVE_SCHEMA, fake=_int4_fake)
 def _cpu_native_int4(x, weight, scale, offset, bias, group_size, out_features):
     x2 = native.pad_columns(rows(x), 2 * weight.shape[1]).contiguous()
     y = fxq.native_int4_weight_only_linear(x2, weight, scale, offset, group_size)
     return finish(y, x, out_features, bias)
 
 
-@lowering(NATIVE, "cpu_native_int8_int4_linear")
+@device_op(NATIVE, "cpu_native_int8_int4_linear", schema=_NATIVE_SCHEMA, fake=_int4_fake)
 def _cpu_native_int8_int4(x, weight, scale, offset, bias, group_size, out_features):
     # zero columns leave each token's amax (so its scale) and every sum as they were
     x2 = native.pad_columns(rows(x), 2 * weight.shape[1])
@@ -174,38 +160,6 @@ def _cpu_native_int8_int4(x, weight, scale, offset, bias, group_size, out_featur
         xq.contiguous(), xs.reshape(-1).contiguous(), weight, scale, offset, group_size
     )
     return finish(y, x, out_features, bias)
-
-
-@torch.library.custom_op("fxquant::cpu_native_int4_linear", mutates_args=())
-def cpu_native_int4_linear(
-    x: Tensor,
-    weight: Tensor,
-    scale: Tensor,
-    offset: Tensor,
-    bias: Tensor | None,
-    group_size: int,
-    out_features: int,
-) -> Tensor:
-    return _cpu_native_int4(x, weight, scale, offset, bias, group_size, out_features)
-
-
-@torch.library.custom_op("fxquant::cpu_native_int8_int4_linear", mutates_args=())
-def cpu_native_int8_int4_linear(
-    x: Tensor,
-    weight: Tensor,
-    scale: Tensor,
-    offset: Tensor,
-    bias: Tensor | None,
-    group_size: int,
-    out_features: int,
-) -> Tensor:
-    return _cpu_native_int8_int4(x, weight, scale, offset, bias, group_size, out_features)
-
-
-@cpu_native_int4_linear.register_fake
-@cpu_native_int8_int4_linear.register_fake
-def _(x, weight, scale, offset, bias, group_size, out_features):
-    return x.new_empty((*x.shape[:-1], out_features))
 
 
 def prepack_codes(

@@ -36,7 +36,7 @@ from torch import Tensor
 import fxquant.core.ops  # noqa: F401  (registers the fxquant:: ops)
 from fxquant.core import reference as ref
 from fxquant.core.registry import lowering
-from fxquant.passes.cpu.common import BF16, NATIVE, epilogue, finish, row_scales, rows
+from fxquant.passes.cpu.common import BF16, NATIVE, device_op, epilogue, finish, row_scales, rows
 from fxquant.passes.cpu.prepack import prepack_rule
 
 fxq = torch.ops.fxquant
@@ -61,70 +61,49 @@ def _int8_scaled_linear(xq, xs, weight, scale, bias, out_dtype):
 # --------------------------------------------------------------------------------------------
 
 
+# The device ops' arguments: the rewrite's int8 weight (K padded to 16) and its scales, and a
+# bf16 vector of ones for the kernel's own scale argument (see _prepack_int8).
+_SCHEMA = "(Tensor x, Tensor qweight, Tensor scale, Tensor ones, Tensor? bias) -> Tensor"
+_SCALED_SCHEMA = (
+    "(Tensor xq, Tensor xs, Tensor qweight, Tensor scale, Tensor ones, Tensor? bias, "
+    "ScalarType out_dtype) -> Tensor"
+)
+
+
+def _fake(x, qweight, *rest):
+    return x.new_empty((*x.shape[:-1], qweight.shape[0]))
+
+
+def _scaled_fake(xq, xs, qweight, scale, ones, bias, out_dtype):
+    return xq.new_empty((*xq.shape[:-1], qweight.shape[0]), dtype=out_dtype)
+
+
 def _pad_k(x2: Tensor, qweight: Tensor) -> Tensor:
     # the prepacked int8 weight has K padded to a multiple of 16 (see _int8_k16)
     k = qweight.shape[1]
     return x2 if x2.shape[-1] == k else F.pad(x2, (0, k - x2.shape[-1]))
 
 
-@lowering("cpu", "cpu_int8_weight_only_linear")
+@device_op("cpu", "cpu_int8_weight_only_linear", schema=_SCHEMA, fake=_fake)
 def _cpu_int8_weight_only(x, qweight, scale, ones, bias):
     x2 = _pad_k(x.reshape(-1, x.shape[-1]).to(BF16), qweight)
     y = torch.ops.aten._weight_int8pack_mm(x2, qweight, ones).float() * scale
     return epilogue(y, x, qweight.shape[0], bias)
 
 
-@lowering("cpu", "cpu_int8_dynamic_linear")
+@device_op("cpu", "cpu_int8_dynamic_linear", schema=_SCHEMA, fake=_fake)
 def _cpu_int8_dynamic(x, qweight, scale, ones, bias):
     xq, xs = ref.quantize_int8_per_token(x.reshape(-1, x.shape[-1]))
     y = torch.ops.aten._weight_int8pack_mm(_pad_k(xq.to(BF16), qweight), qweight, ones).float()
     return epilogue(y * (xs * scale), x, qweight.shape[0], bias)
 
 
-@lowering("cpu", "cpu_int8_scaled_linear")
+@device_op("cpu", "cpu_int8_scaled_linear", schema=_SCALED_SCHEMA, fake=_scaled_fake)
 def _cpu_int8_scaled(xq, xs, qweight, scale, ones, bias, out_dtype):
     # int8 values are exact in bf16, the input the fast kernel wants (see the module docstring)
     x2 = _pad_k(xq.reshape(-1, xq.shape[-1]).to(BF16), qweight)
     y = torch.ops.aten._weight_int8pack_mm(x2, qweight, ones).float() * (xs.reshape(-1, 1) * scale)
     return epilogue(y, xq, qweight.shape[0], bias, out_dtype)
-
-
-@torch.library.custom_op("fxquant::cpu_int8_weight_only_linear", mutates_args=())
-def cpu_int8_weight_only_linear(
-    x: Tensor, qweight: Tensor, scale: Tensor, ones: Tensor, bias: Tensor | None
-) -> Tensor:
-    return _cpu_int8_weight_only(x, qweight, scale, ones, bias)
-
-
-@torch.library.custom_op("fxquant::cpu_int8_dynamic_linear", mutates_args=())
-def cpu_int8_dynamic_linear(
-    x: Tensor, qweight: Tensor, scale: Tensor, ones: Tensor, bias: Tensor | None
-) -> Tensor:
-    return _cpu_int8_dynamic(x, qweight, scale, ones, bias)
-
-
-@cpu_int8_weight_only_linear.register_fake
-@cpu_int8_dynamic_linear.register_fake
-def _(x, qweight, scale, ones, bias):
-    return x.new_empty((*x.shape[:-1], qweight.shape[0]))
-
-
-@torch.library.custom_op("fxquant::cpu_int8_scaled_linear", mutates_args=())
-def cpu_int8_scaled_linear(
-    xq: Tensor,
-    xs: Tensor,
-    qweight: Tensor,
-    scale: Tensor,
-    ones: Tensor,
-    bias: Tensor | None,
-    out_dtype: torch.dtype,
-) -> Tensor:
-    return _cpu_int8_scaled(xq, xs, qweight, scale, ones, bias, out_dtype)
-
-
-@cpu_int8_scaled_linear.register_fake
-def _(xq, xs, qweight, scale, ones, bias, out_dtype):
-    return xq.new_empty((*xq.shape[:-1], qweight.shape[0]), dtype=out_dtype)
 
 
 # --------------------------------------------------------------------------------------------

@@ -10,21 +10,7 @@ Where it sits: registered by op name (``fxquant.core.registry``) and read by the
 
 from __future__ import annotations
 
-import fxquant.core.ops  # noqa: F401  (registers the fxquant:: ops)
-from fxquant.core import reference as ref
+from fxquant.core.ops import norm_quant_reference
 from fxquant.core.registry import lowering
 
-
-@lowering("cpu", "norm_quant")
-def _norm_quant(x, weight, bias, eps, rms, quant_dtype, group_size, scale_ub):
-    q, scale, _ = ref.norm_quant(
-        x,
-        weight,
-        bias,
-        eps=eps,
-        rms=rms,
-        quant_dtype=quant_dtype,
-        group_size=group_size,
-        scale_ub=scale_ub,
-    )
-    return q, scale
+lowering("cpu", "norm_quant")(norm_quant_reference)
