@@ -44,6 +44,7 @@ __all__ = [
     "Scheme",
     "check_choice",
     "check_int",
+    "check_number",
     "check_layout",
     "from_recipe_name",
     "layout_of",
@@ -66,6 +67,16 @@ def check_choice(cls_name: str, field_name: str, value: Any, allowed: tuple) -> 
             f"{cls_name}.{field_name}={value!r} is not supported; allowed: "
             + ", ".join(repr(a) for a in allowed)
         )
+
+
+def check_number(
+    cls_name: str, field_name: str, value: Any, *, ok: Callable[[float], bool], allowed: str
+) -> float:
+    """``value`` as a float if it is a number (not a bool) that ``ok`` accepts; else a
+    ``ValueError`` naming the field, the value and what is ``allowed``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not ok(value):
+        raise ValueError(f"{cls_name}.{field_name}={value!r} is not supported; allowed: {allowed}")
+    return float(value)
 
 
 def check_int(cls_name: str, field_name: str, value: Any, *, minimum: int) -> None:

@@ -9,32 +9,18 @@ math in aten ops, which Inductor compiles.
 
 from __future__ import annotations
 
-import torch.nn.functional as F
-
 import fxquant.core.ops  # noqa: F401  (registers the fxquant:: ops)
 from fxquant.core import reference_bnb as ref_bnb
 from fxquant.core.registry import lowering
-from fxquant.passes.cpu.common import epilogue
 
 
+# No CPU kernel takes NF4/FP4 codes: the reference itself (unpack, look the codes up, scale by
+# the (double-quant decoded) block absmax in fp32, then a dense linear); Inductor fuses the
+# decode into one pointwise kernel. Correct, not fast: the fp32 weight is rebuilt on every call.
 @lowering("cpu", "bnb4_weight_only_linear")
-def _bnb4_weight_only(
-    x, weight, absmax, quant_map, nested_absmax, nested_quant_map, nested_offset, bias, block_size
-):
-    # No CPU kernel takes NF4/FP4 codes: unpack, look the codes up, scale by the (double-quant
-    # decoded) block absmax in fp32, then a dense linear; Inductor fuses the decode into one
-    # pointwise kernel. Correct, not fast: the fp32 weight is rebuilt on every call.
-    w = ref_bnb.dequantize_4bit(
-        weight,
-        absmax,
-        quant_map,
-        nested_absmax,
-        nested_quant_map,
-        nested_offset,
-        block_size=block_size,
-    )
-    y = F.linear(x.reshape(-1, x.shape[-1]).float(), w)
-    return epilogue(y, x, weight.shape[0], bias)
+def _bnb4_weight_only(*args):
+    *tensors, block_size = args  # x, the 4-bit constants, bias; then the op's block_size
+    return ref_bnb.bnb4_weight_only_linear(*tensors, block_size=block_size)
 
 
 @lowering("cpu", "llm_int8_linear")

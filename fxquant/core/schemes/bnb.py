@@ -10,7 +10,14 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from fxquant.core import reference_bnb as ref_bnb
-from fxquant.core.scheme import QuantizedWeight, Scheme, check_choice, recipe, register_scheme
+from fxquant.core.scheme import (
+    QuantizedWeight,
+    Scheme,
+    check_choice,
+    check_number,
+    recipe,
+    register_scheme,
+)
 
 
 @register_scheme
@@ -92,13 +99,15 @@ class LLMInt8(Scheme):
     threshold: float = 6.0
 
     def __post_init__(self) -> None:
-        t = self.threshold
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 <= t < float("inf"):
-            raise ValueError(
-                f"LLMInt8.threshold={t!r} is not supported; allowed: a finite number >= 0 "
-                "(0 turns the outlier decomposition off; bitsandbytes' default is 6.0)"
-            )
-        object.__setattr__(self, "threshold", float(t))
+        t = check_number(
+            "LLMInt8",
+            "threshold",
+            self.threshold,
+            ok=lambda v: 0 <= v < float("inf"),
+            allowed="a finite number >= 0 (0 turns the outlier decomposition off; "
+            "bitsandbytes' default is 6.0)",
+        )
+        object.__setattr__(self, "threshold", t)
 
     def quantize(self, w):
         q, scb = ref_bnb.quantize_llm_int8_weight(w)

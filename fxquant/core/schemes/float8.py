@@ -18,6 +18,7 @@ from fxquant.core.scheme import (
     QuantizedWeight,
     Scheme,
     check_choice,
+    check_number,
     recipe,
     register_scheme,
 )
@@ -73,16 +74,15 @@ class Float8Dynamic(Scheme):
 
     def __post_init__(self) -> None:
         check_choice("Float8Dynamic", "granularity", self.granularity, ("row", "tensor"))
-        ub = self.activation_scale_ub
-        if ub is not None and (
-            isinstance(ub, bool) or not isinstance(ub, (int, float)) or not ub > 0
-        ):
-            raise ValueError(
-                f"Float8Dynamic.activation_scale_ub={ub!r} is not supported; "
-                "allowed: None or a positive number (FbgemmFp8Config uses 1200.0)"
+        if self.activation_scale_ub is not None:
+            ub = check_number(
+                "Float8Dynamic",
+                "activation_scale_ub",
+                self.activation_scale_ub,
+                ok=lambda v: v > 0,
+                allowed="None or a positive number (FbgemmFp8Config uses 1200.0)",
             )
-        if ub is not None:
-            object.__setattr__(self, "activation_scale_ub", float(ub))
+            object.__setattr__(self, "activation_scale_ub", ub)
 
     @property
     def per_row(self) -> bool:
@@ -127,13 +127,14 @@ class Float8Static(Scheme):
     activation_scale: float
 
     def __post_init__(self) -> None:
-        a = self.activation_scale
-        if isinstance(a, bool) or not isinstance(a, (int, float)) or not 0 < a < float("inf"):
-            raise ValueError(
-                f"Float8Static.activation_scale={a!r} is not supported; allowed: a positive "
-                "finite number (the activation's dequant multiplier)"
-            )
-        object.__setattr__(self, "activation_scale", float(a))
+        a = check_number(
+            "Float8Static",
+            "activation_scale",
+            self.activation_scale,
+            ok=lambda v: 0 < v < float("inf"),
+            allowed="a positive finite number (the activation's dequant multiplier)",
+        )
+        object.__setattr__(self, "activation_scale", a)
 
     def quantize(self, w):
         q, s = ref.quantize_fp8_per_tensor(w)
