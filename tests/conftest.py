@@ -135,7 +135,9 @@ SMOLLM2_PPL_1024 = 31.716
 @pytest.fixture(params=["native", "aten"])
 def cpu_kernels(request, monkeypatch):
     """Run a test on both CPU lowerings: the native kernels (fxquant.kernels.cpu, the default
-    where they build) and the aten compositions that stand in where no compiler works."""
+    where they build; here at every M, whatever this machine's dispatch table picks for large M:
+    tests/test_cpu_dispatch.py covers that) and the aten compositions that stand in where no
+    compiler works."""
     import fxquant.kernels.cpu as native
     from fxquant.passes import cpu
 
@@ -143,6 +145,7 @@ def cpu_kernels(request, monkeypatch):
         pytest.skip("native CPU kernels unavailable: " + str(native.unavailable_reason()))
     if request.param == "aten":
         monkeypatch.setattr(cpu, "available", lambda: False)
+    monkeypatch.setenv("FXQUANT_CPU_DISPATCH", "native")
     return request.param
 
 

@@ -230,10 +230,14 @@ def test_opcheck():
 
 
 @pytest.mark.slow
-def test_aoti_package_calls_the_shims_without_fxquant(tmp_path):
+def test_aoti_package_calls_the_shims_without_fxquant(tmp_path, monkeypatch):
     """A program with every native op (int8, w8a8, fp8, int4, W4A8), packaged by
-    fxquant.aot_compile, then run in a fresh process where importing fxquant would fail."""
+    fxquant.aot_compile, then run in a fresh process where importing fxquant would fail. The
+    native kernels at every M (the large-M candidates of the dispatch table are
+    tests/test_cpu_dispatch.py's)."""
     import fxquant
+
+    monkeypatch.setenv("FXQUANT_CPU_DISPATCH", "native")
 
     class Four(torch.nn.Module):
         def __init__(self):

@@ -36,6 +36,7 @@ import fxquant.kernels.cpu as native
 from fxquant.core import reference as ref
 from fxquant.core.registry import lowering
 from fxquant.passes.cpu.common import BF16, NATIVE, device_op, epilogue, finish, rows
+from fxquant.passes.cpu.dispatch import by_m
 from fxquant.passes.cpu.prepack import prepack_rule
 
 fxq = torch.ops.fxquant
@@ -144,10 +145,47 @@ def _prepack_int4(node: fx.Node, args, consts):
 # --------------------------------------------------------------------------------------------
 
 
+def dequantize_native_int4(
+    weight: Tensor, scale: Tensor, offset: Tensor, group_size: int, dtype: torch.dtype
+) -> Tensor:
+    """The native kernel's int4 layout (``kernels/cpu/int4.cpp``: per 32 columns 16 bytes, byte
+    i holding column i low and column i + 16 high; w = u * scale + offset per group) → W [N, K]
+    in ``dtype``, in aten ops that Inductor fuses into one pass."""
+    n, half = weight.shape
+    b = weight.reshape(n, half // 16, 16)
+    u = torch.stack([b & 0x0F, b >> 4], dim=2).reshape(n, -1, group_size).float()
+    return (u * scale[..., None] + offset[..., None]).reshape(n, 2 * half).to(dtype)
+
+
+# The GEMMs by M (``passes/cpu/dispatch.py``): the native kernel (decode's GEMV), and for large
+# M where the table says so the weight dequantized to bf16 once per call and a bf16 GEMM (x, or
+# W4A8's int8 codes, exact, in bf16; W rounded to bf16, ~2e-3 relative; the sum rounded to
+# bf16 before the per-token scale).
+
+
+def _int4_rows_native(x2, weight, scale, offset, group_size):
+    return fxq.native_int4_weight_only_linear(x2, weight, scale, offset, group_size)
+
+
+def _int4_rows_bf16(x2, weight, scale, offset, group_size):
+    w = dequantize_native_int4(weight, scale, offset, group_size, BF16)
+    return F.linear(x2.to(BF16), w).float()
+
+
+def _int8_int4_rows_native(xq, xs, weight, scale, offset, group_size):
+    return fxq.native_int8_int4_linear(xq, xs, weight, scale, offset, group_size)
+
+
+def _int8_int4_rows_bf16(xq, xs, weight, scale, offset, group_size):
+    return _int4_rows_bf16(xq, weight, scale, offset, group_size) * xs.reshape(-1, 1)
+
+
 @device_op(NATIVE, "cpu_native_int4_linear", schema=_NATIVE_SCHEMA, fake=_int4_fake)
 def _cpu_native_int4(x, weight, scale, offset, bias, group_size, out_features):
     x2 = native.pad_columns(rows(x), 2 * weight.shape[1]).contiguous()
-    y = fxq.native_int4_weight_only_linear(x2, weight, scale, offset, group_size)
+    candidates = {"native": _int4_rows_native, "bf16": _int4_rows_bf16}
+    args = (x2, weight, scale, offset, group_size)
+    y = by_m("native_int4_weight_only_linear", x2.shape[0], candidates, *args)
     return finish(y, x, out_features, bias)
 
 
@@ -156,9 +194,9 @@ def _cpu_native_int8_int4(x, weight, scale, offset, bias, group_size, out_featur
     # zero columns leave each token's amax (so its scale) and every sum as they were
     x2 = native.pad_columns(rows(x), 2 * weight.shape[1])
     xq, xs = ref.quantize_int8_per_token(x2)
-    y = fxq.native_int8_int4_linear(
-        xq.contiguous(), xs.reshape(-1).contiguous(), weight, scale, offset, group_size
-    )
+    candidates = {"native": _int8_int4_rows_native, "bf16": _int8_int4_rows_bf16}
+    args = (xq.contiguous(), xs.reshape(-1).contiguous(), weight, scale, offset, group_size)
+    y = by_m("native_int8_int4_linear", x2.shape[0], candidates, *args)
     return finish(y, x, out_features, bias)
 
 

@@ -37,6 +37,7 @@ import fxquant.core.ops  # noqa: F401  (registers the fxquant:: ops)
 from fxquant.core import reference as ref
 from fxquant.core.registry import lowering
 from fxquant.passes.cpu.common import BF16, NATIVE, device_op, epilogue, finish, row_scales, rows
+from fxquant.passes.cpu.dispatch import by_m
 from fxquant.passes.cpu.prepack import prepack_rule
 
 fxq = torch.ops.fxquant
@@ -152,19 +153,47 @@ def _prepack_int8_scaled(node: fx.Node, args, consts):
 # --------------------------------------------------------------------------------------------
 
 
-@lowering(NATIVE, "int8_weight_only_linear")
-def _native_int8_weight_only(x, weight, scale, bias):
-    y = fxq.native_int8_weight_only_linear(rows(x), weight, row_scales(scale, weight.shape[0]))
-    return finish(y, x, weight.shape[0], bias)
+# Each GEMM on fp32 [M, N] rows has its candidates by M (``passes/cpu/dispatch.py``): the native
+# kernel (the GEMV that decode wants) and, for large M where the table says so, a GEMM in a
+# wider unit: int8 weight-only as a bf16 GEMM of the exact int8 values (x rounded to bf16, the
+# products' sum rounded to bf16 before the fp32 scale: ~2e-3 relative, under int8's own error),
+# w8a8 as ``_int_mm`` (VNNI / AMX int8; exact int32 sums, as the reference's).
 
 
-def _native_int8_scaled_rows(xq2: Tensor, xs2: Tensor, weight: Tensor, scale: Tensor) -> Tensor:
+def _int8_rows_native(x2: Tensor, weight: Tensor, scale: Tensor) -> Tensor:
+    return fxq.native_int8_weight_only_linear(x2, weight, row_scales(scale, weight.shape[0]))
+
+
+def _int8_rows_bf16(x2: Tensor, weight: Tensor, scale: Tensor) -> Tensor:
+    return F.linear(x2.to(BF16), weight.to(BF16)).float() * scale.float()
+
+
+def _int8_scaled_rows_native(xq2: Tensor, xs2: Tensor, weight: Tensor, scale: Tensor) -> Tensor:
     return fxq.native_int8_scaled_linear(
         xq2.contiguous(),
         xs2.reshape(-1).float().contiguous(),
         weight,
         row_scales(scale, weight.shape[0]),
     )
+
+
+def _int8_scaled_rows_int_mm(xq2: Tensor, xs2: Tensor, weight: Tensor, scale: Tensor) -> Tensor:
+    # W [N, K] read as Wᵀ [K, N] column-major: oneDNN's fast layout for this product
+    y = torch._int_mm(xq2.contiguous(), weight.t())
+    return y.float() * (xs2.reshape(-1, 1).float() * scale.float())
+
+
+def _native_int8_scaled_rows(xq2: Tensor, xs2: Tensor, weight: Tensor, scale: Tensor) -> Tensor:
+    candidates = {"native": _int8_scaled_rows_native, "int_mm": _int8_scaled_rows_int_mm}
+    return by_m("native_int8_scaled_linear", xq2.shape[0], candidates, xq2, xs2, weight, scale)
+
+
+@lowering(NATIVE, "int8_weight_only_linear")
+def _native_int8_weight_only(x, weight, scale, bias):
+    x2 = rows(x)
+    candidates = {"native": _int8_rows_native, "bf16": _int8_rows_bf16}
+    y = by_m("native_int8_weight_only_linear", x2.shape[0], candidates, x2, weight, scale)
+    return finish(y, x, weight.shape[0], bias)
 
 
 @lowering(NATIVE, "int8_dynamic_linear")

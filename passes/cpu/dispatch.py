@@ -1,0 +1,121 @@
+"""Which CPU kernel runs a quantized linear: by the machine's class and by M, from a measured
+table.
+
+Where it sits: under the native CPU lowerings of ``fxquant.passes.cpu`` (the ``"cpu-native"``
+compositions of ``int8``, ``int4`` and ``float8``), which hand :func:`by_m` their candidate
+implementations by name. The choice is data, not code: ``dispatch_table.json`` says, per
+machine class and op, which candidate runs up to which M, as ``benchmarks/cpu_kernels.py``
+measured it on a machine of that class (its results, with the CPU model and flags, are in
+``benchmarks/results/cpu_kernels_<class>.json``; ``--write-table`` rewrites this package's
+table from them). A class the table does not list gets the native kernels at every M.
+
+With M known when the graph is traced the chosen candidate is the whole lowering; with M
+dynamic (one AOTInductor package for decode and prefill) each boundary becomes a
+``torch.cond`` on M, so the package runs the GEMV at M = 1 and the large-M kernel at M = 512,
+chosen when it runs. A package is built for the class of the machine that builds it
+(``fxquant.runtime`` refuses one whose builder had ISA flags the serving CPU lacks).
+
+``FXQUANT_CPU_CLASS`` forces a class (tests run the other classes' dispatch this way, for
+correctness; their speed is only what a machine of that class measures), and
+``FXQUANT_CPU_DISPATCH=native`` runs the native kernels at every M, as before the table existed
+(for measuring them, and for tests of the native kernels themselves).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import torch
+from torch import Tensor
+from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+__all__ = ["CLASSES", "TABLE_PATH", "by_m", "machine_class", "plan_for", "table"]
+
+TABLE_PATH = Path(__file__).with_name("dispatch_table.json")
+# Lowest to highest: what each class adds over the one before.
+CLASSES = {
+    "default": "no AVX2: the native kernels' portable build",
+    "avx2": "AVX2 + FMA (AMD EPYC Zen 2/3, older Xeons)",
+    "avx512": "AVX-512 without VNNI or bf16",
+    "avx512_vnni_bf16": "AVX-512 with VNNI and bf16 dot products, no AMX (AMD EPYC Zen 4/5)",
+    "amx": "AMX tiles for int8 and bf16 (Intel Xeon Sapphire Rapids and later)",
+}
+
+
+def machine_class() -> str:
+    """This CPU's class (a key of ``CLASSES``), or ``$FXQUANT_CPU_CLASS`` when set."""
+    forced = os.environ.get("FXQUANT_CPU_CLASS")
+    if forced:
+        if forced not in CLASSES:
+            raise ValueError(
+                f"FXQUANT_CPU_CLASS={forced!r} is not a CPU class; allowed: {', '.join(CLASSES)}"
+            )
+        return forced
+    cpu = torch.cpu
+    if cpu._is_amx_tile_supported():
+        return "amx"
+    if cpu._is_avx512_supported():
+        vnni_bf16 = cpu._is_vnni_supported() and cpu._is_avx512_bf16_supported()
+        return "avx512_vnni_bf16" if vnni_bf16 else "avx512"
+    return "avx2" if cpu._is_avx2_supported() else "default"
+
+
+@functools.cache
+def table() -> dict[str, dict[str, list[list]]]:
+    """``{class: {op name: [[max_m or None, candidate], ...]}}``, as measured."""
+    return json.loads(TABLE_PATH.read_text())["classes"]
+
+
+def plan_for(op_name: str, machine: str | None = None) -> list[tuple[int | None, str]]:
+    """[(max M, candidate), ...] for ``op_name`` on ``machine`` (default: this one), the last
+    with max M None; ``[(None, "native")]`` where the table says nothing."""
+    if os.environ.get("FXQUANT_CPU_DISPATCH", "table") == "native":
+        return [(None, "native")]
+    rows = table().get(machine or machine_class(), {}).get(op_name)
+    return [(m, name) for m, name in rows] if rows else [(None, "native")]
+
+
+def by_m(op_name: str, m, candidates: Mapping[str, Callable[..., Tensor]], *args) -> Tensor:
+    """``candidates[name](*args)`` for the candidate the table picks at ``m`` rows.
+
+    ``args`` are the op's arguments (tensors, None, numbers); a dynamic ``m`` puts each
+    boundary under ``torch.cond``, whose branches take the tensor arguments as operands and
+    close over the rest.
+    """
+    plan = plan_for(op_name)
+    missing = [name for _, name in plan if name not in candidates]
+    if missing:
+        raise KeyError(
+            f"dispatch_table.json names {missing} for {op_name}; it has {list(candidates)}"
+        )
+    return _run(plan, m, candidates, args)
+
+
+def _run(plan, m, candidates, args) -> Tensor:
+    (max_m, name), rest = plan[0], plan[1:]
+    if max_m is None or statically_known_true(m <= max_m):
+        return candidates[name](*args)
+    if statically_known_true(m > max_m):
+        return _run(rest, m, candidates, args)
+    slots = [i for i, a in enumerate(args) if isinstance(a, Tensor)]
+
+    def branch(run):
+        def call(*tensors):
+            full = list(args)
+            for i, t in zip(slots, tensors, strict=True):
+                full[i] = t
+            return run(tuple(full))
+
+        return call
+
+    small = branch(lambda a: candidates[name](*a))
+    large = branch(lambda a: _run(rest, m, candidates, a))
+    # As the CUDA lowering's torch.cond (kernels/gemm.py): Dynamo traces every branch from this
+    # same code, and automatic-dynamic would lift an int that differs between two GEMMs (a
+    # group size) into the operands, which export's placeholder naming cannot take.
+    with torch._dynamo.config.patch(automatic_dynamic_shapes=False):
+        return torch.cond(m <= max_m, small, large, tuple(args[i] for i in slots))

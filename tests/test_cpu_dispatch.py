@@ -1,0 +1,141 @@
+"""The CPU lowering's choice of kernel by machine class and M (``passes/cpu/dispatch.py``).
+
+Every candidate is checked against the semantic program (the reference math) at an M on each
+side of the table's boundaries, with the machine class forced, so these run on any CPU: a
+class's *speed* is only what a machine of that class measures (benchmarks/cpu_kernels.py).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from torch import nn
+from torch.export import Dim
+
+import fxquant
+from fxquant.core.reference import sqnr
+from fxquant.passes import cpu
+from fxquant.passes.cpu import dispatch
+from fxquant.passes.lower import lower
+
+CLASS = "avx512_vnni_bf16"  # a class whose table has large-M candidates
+DISPATCHED = ("int8wo", "w8a8", "int4wo-64", "w4a8-64")
+# lowered vs semantic program, dB: the native kernels and _int_mm compute the reference's
+# products (fp32 / exact int32 sums); the bf16 GEMMs round x (or W) and the sums to bf16
+FLOOR = {"native": 80.0, "int_mm": 80.0, "bf16": 40.0}
+
+
+@pytest.fixture
+def forced(monkeypatch):
+    if not cpu.available():
+        pytest.skip("the dispatch chooses among the native kernels, which did not build here")
+    monkeypatch.setenv("FXQUANT_CPU_CLASS", CLASS)
+    monkeypatch.delenv("FXQUANT_CPU_DISPATCH", raising=False)
+
+
+class _Block(nn.Module):
+    """A norm feeding two linears (fused for w8a8: int8_scaled_linear), then a third."""
+
+    def __init__(self, d: int = 128) -> None:
+        super().__init__()
+        self.norm = nn.RMSNorm(d, eps=1e-6)
+        self.q, self.k = nn.Linear(d, 2 * d), nn.Linear(d, 2 * d)
+        self.out = nn.Linear(2 * d, d)
+
+    def forward(self, x):
+        n = self.norm(x)
+        return self.out(torch.relu(self.q(n)) * self.k(n))
+
+
+def _quantized(recipe: str, *, dynamic: bool = True):
+    torch.manual_seed(0)
+    model = _Block().eval()
+    x = torch.randn(4, 128)
+    shapes = ({0: Dim.DYNAMIC},) if dynamic else None
+    return model, fxquant.quantize(model, recipe, example_inputs=(x,), dynamic_shapes=shapes)
+
+
+def _op_name(recipe: str) -> str:
+    return {
+        "int8wo": "native_int8_weight_only_linear",
+        "w8a8": "native_int8_scaled_linear",
+        "int4wo-64": "native_int4_weight_only_linear",
+        "w4a8-64": "native_int8_int4_linear",
+    }[recipe]
+
+
+def test_machine_class_is_known_and_can_be_forced(monkeypatch):
+    monkeypatch.delenv("FXQUANT_CPU_CLASS", raising=False)
+    assert dispatch.machine_class() in dispatch.CLASSES
+    monkeypatch.setenv("FXQUANT_CPU_CLASS", "avx2")
+    assert dispatch.machine_class() == "avx2"
+    assert dispatch.plan_for("native_int8_scaled_linear") == [(None, "native")]
+    monkeypatch.setenv("FXQUANT_CPU_CLASS", "sse")
+    with pytest.raises(ValueError, match="FXQUANT_CPU_CLASS='sse'.*allowed: default, avx2"):
+        dispatch.machine_class()
+
+
+def test_the_table_is_well_formed():
+    data = json.loads(dispatch.TABLE_PATH.read_text())
+    assert set(data["classes"]) <= set(dispatch.CLASSES)
+    for ops in data["classes"].values():
+        for op, plan in ops.items():
+            assert hasattr(torch.ops.fxquant, op), op
+            bounds = [m for m, _ in plan]
+            assert bounds[-1] is None and all(isinstance(m, int) for m in bounds[:-1]), plan
+            assert bounds[:-1] == sorted(bounds[:-1]), plan
+
+
+def test_native_dispatch_pins_the_native_kernels(monkeypatch):
+    monkeypatch.setenv("FXQUANT_CPU_CLASS", CLASS)
+    monkeypatch.setenv("FXQUANT_CPU_DISPATCH", "native")
+    assert dispatch.plan_for("native_int8_scaled_linear") == [(None, "native")]
+
+
+@pytest.mark.parametrize("recipe", DISPATCHED)
+def test_each_candidate_computes_the_reference(recipe, forced):
+    model, qep = _quantized(recipe)
+    lowered = lower(qep)
+    conds = [n for n in lowered.graph.nodes if n.target is torch.ops.higher_order.cond]
+    assert len(conds) == 2  # the fused q/k GEMM (siblings) and out: dynamic M, one boundary each
+    plan = dispatch.plan_for(_op_name(recipe))
+    (bound, small), (_, large) = plan
+    for m, name in ((1, small), (bound, small), (bound + 1, large), (96, large)):
+        x = torch.randn(m, 128)
+        want, got = qep.module()(x), lowered.module()(x)
+        assert sqnr(want, got) >= FLOOR[name], (m, name, sqnr(want, got))
+        assert sqnr(model(x), got) >= (30.0 if "int8" in recipe or recipe == "w8a8" else 15.0)
+
+
+def test_a_static_m_takes_one_candidate_without_a_cond(forced):
+    _, qep = _quantized("w8a8", dynamic=False)  # M = 4: the native GEMV only
+    lowered = lower(qep)
+    targets = {str(n.target) for n in lowered.graph.nodes}
+    assert "cond" not in " ".join(targets) and "aten._int_mm.default" not in targets
+    assert any(t.startswith("fxquant.native_") for t in targets)
+
+
+def test_w8a8_on_int_mm_is_the_integer_product(forced):
+    from fxquant.core import reference as ref
+    from fxquant.passes.cpu import int8
+
+    torch.manual_seed(0)
+    xq = torch.randint(-127, 128, (40, 96), dtype=torch.int8)
+    xs = torch.rand(40, 1) + 0.5
+    wq, s = ref.quantize_int8_per_channel(torch.randn(72, 96))
+    got = int8._int8_scaled_rows_int_mm(xq, xs, wq, s)
+    exact = (xq.double() @ wq.double().t()) * xs.double() * s.double()  # int32 sums are exact
+    torch.testing.assert_close(got.double(), exact, rtol=1e-6, atol=0)
+    want = ref.int8_scaled_linear(xq, xs, wq, s, None, out_dtype=torch.float32)
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_one_package_serves_decode_and_prefill(forced, tmp_path):
+    _, qep = _quantized("w4a8-64")
+    pkg = fxquant.aot_compile(qep, tmp_path / "w4a8.pt2")
+    for m, name in ((1, "native"), (96, "bf16")):
+        x = torch.randn(m, 128)
+        assert sqnr(qep.module()(x), pkg(x)) >= FLOOR[name], (m, name)
