@@ -66,7 +66,7 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from cpu_kernels import machine_info  # run as `python benchmarks/accuracy.py`
+from machine import machine_info  # run as `python benchmarks/accuracy.py`
 from torch.export import Dim
 
 import fxquant

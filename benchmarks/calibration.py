@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 
 import torch
-from cpu_kernels import machine_info  # run as `python benchmarks/calibration.py`
+from machine import machine_info  # run as `python benchmarks/calibration.py`
 
 import fxquant
 from fxquant import assets, evaluate

@@ -57,11 +57,11 @@ import warnings
 from collections.abc import Callable
 from pathlib import Path
 
-import smollm2_latency  # a sibling script, like cpu_kernels
+import smollm2_latency  # a sibling script, like machine
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from cpu_kernels import bench_interleaved, machine_info, write_results
+from machine import bench_interleaved, machine_info, write_results
 from shapes import ModelShape, get_shape
 from torch._dynamo.utils import counters
 from torch.export import Dim

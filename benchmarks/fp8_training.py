@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from cpu_kernels import machine_info, write_results  # run as `python benchmarks/...`
+from machine import machine_info, write_results  # run as `python benchmarks/...`
 from torch import nn
 
 import fxquant

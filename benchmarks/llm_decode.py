@@ -56,7 +56,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from cpu_kernels import machine_info, write_results
+from machine import machine_info, write_results
 
 import fxquant
 from fxquant import assets

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from cpu_kernels import machine_info, write_results
+from machine import machine_info, write_results
 
 import fxquant.kernels.cpu as native
 from fxquant.core import reference as ref

@@ -8,7 +8,7 @@ Where it sits: registered by op name (``fxquant.core.registry``) and read by the
 its fp32 scales as they are.
 
 **aten** (``"cpu"``): fp8 has no kernel on the dev CPU (``_scaled_mm`` is emulated, ~100×
-slower, measured by ``benchmarks/cpu_kernels.py``): the weight is upcast per call, correct but
+slower, measured by ``benchmarks/aten_kernels.py``): the weight is upcast per call, correct but
 slower than fp32. The CUDA lowering is where fp8 pays.
 
 **Native kernels** (``"cpu-native"``, ``fxquant.kernels.cpu``; not the block ones): the weight-
@@ -29,6 +29,7 @@ import fxquant.core.ops  # noqa: F401  (registers the fxquant:: ops)
 from fxquant.core import reference as ref
 from fxquant.core.registry import lowering
 from fxquant.passes.cpu.common import NATIVE, epilogue, finish, row_scales, rows
+from fxquant.passes.cpu.dispatch import by_m
 
 fxq = torch.ops.fxquant
 
@@ -87,11 +88,36 @@ def _float8_block_scaled(xq, xs, weight, scale, bias, block_size, out_dtype):
 # --------------------------------------------------------------------------------------------
 
 
+def e4m3_to_bf16(w: Tensor) -> Tensor:
+    """e4m3 W → the same values in bf16 (every e4m3 value is one; NaN is not kept: weights are
+    finite), by moving bits: Inductor's CPU code converts fp8 one element at a time, and this
+    is integer arithmetic it vectorizes."""
+    b = w.view(torch.uint8).to(torch.int16)
+    sign, exponent, mantissa = (b >> 7) << 15, (b >> 3) & 15, b & 7
+    normal = (sign | ((exponent + 120) << 7) | (mantissa << 4)).view(torch.bfloat16)
+    subnormal = (mantissa.float() * 2.0**-9).to(torch.bfloat16)  # exact in bf16
+    subnormal = torch.where(sign != 0, -subnormal, subnormal)
+    return torch.where(exponent == 0, subnormal, normal)
+
+
+# The GEMM by M (``passes/cpu/dispatch.py``): the native kernel (decode's GEMV; the kernel
+# decodes the e4m3 weight itself) and, for large M where the table says so, a bf16 GEMM of the
+# weight's exact values (x rounded to bf16 unless it is e4m3 already; the sum rounded to bf16).
+
+
+def _fp8_rows_native(x2: Tensor, weight: Tensor, scale: Tensor) -> Tensor:
+    return fxq.native_float8_weight_only_linear(x2, weight, row_scales(scale, weight.shape[0]))
+
+
+def _fp8_rows_bf16(x2: Tensor, weight: Tensor, scale: Tensor) -> Tensor:
+    return F.linear(x2.to(torch.bfloat16), e4m3_to_bf16(weight)).float() * scale.float()
+
+
 def _fp8_rows(x2: Tensor, weight: Tensor, scale: Tensor) -> Tensor:
-    # e4m3 activations upcast exactly to fp32; the kernel decodes the e4m3 weight itself
-    return fxq.native_float8_weight_only_linear(
-        x2.float().contiguous(), weight, row_scales(scale, weight.shape[0])
-    )
+    # e4m3 activations upcast exactly to fp32
+    candidates = {"native": _fp8_rows_native, "bf16": _fp8_rows_bf16}
+    x2 = x2.float().contiguous()
+    return by_m("native_float8_weight_only_linear", x2.shape[0], candidates, x2, weight, scale)
 
 
 @lowering(NATIVE, "float8_weight_only_linear")

@@ -8,7 +8,7 @@ Where it sits: registered by op name (``fxquant.core.registry``, ``fxquant.passe
 and read by the lowering pass (``fxquant.passes.lower``).
 
 **aten kernels** (``"cpu"``), measured on the dev CPU (AVX2, 2 cores, no VNNI) by
-``benchmarks/cpu_kernels.py`` (results in ``benchmarks/results/cpu_kernels.json``): int4 uses
+``benchmarks/aten_kernels.py`` (results in ``benchmarks/results/aten_kernels.json``): int4 uses
 ``_weight_int4pack_mm_for_cpu`` with the weight repacked by
 ``_convert_weight_to_int4pack_for_cpu`` and a bf16 [K/g, N, 2] scale/zero table; it needs N
 divisible by 16 (padded here) and K a multiple of the group (padded at quantize time). W4A8

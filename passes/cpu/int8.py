@@ -6,7 +6,7 @@ Where it sits: registered by op name (``fxquant.core.registry``, ``fxquant.passe
 and read by the lowering pass (``fxquant.passes.lower``).
 
 **aten kernels** (``"cpu"``), measured on the dev CPU (AVX2, 2 cores, no VNNI) by
-``benchmarks/cpu_kernels.py`` (results in ``benchmarks/results/cpu_kernels.json``): all three
+``benchmarks/aten_kernels.py`` (results in ``benchmarks/results/aten_kernels.json``): all three
 use ``_weight_int8pack_mm``, which is fast only with bf16 activations (fp32 takes a scalar path
 10-30× slower) and returns bf16; the kernel gets a stored bf16 vector of ones and the fp32
 per-channel (and per-token) scales are applied in the epilogue. w8a8's quantized activations
