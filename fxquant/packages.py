@@ -60,6 +60,7 @@ def package_key(
     max_batch: int,
 ) -> str:
     """The cache key of a package: model file, config, sizes, versions and CPU."""
+    from fxquant.passes.cpu.dispatch import machine_class
     from fxquant.runtime import isa_flags
     from fxquant.version import __version__
 
@@ -73,21 +74,24 @@ def package_key(
         "isa": isa_flags(),
         "native": _native_key(),
         "source_digest": _source_digest(),
+        # the CPU lowering's kernel choice by M (passes/cpu/dispatch.py), forced or measured
+        "cpu_dispatch": [machine_class(), os.environ.get("FXQUANT_CPU_DISPATCH", "table")],
     }
     return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()[:24]
 
 
 @functools.cache
 def _source_digest() -> str:
-    """sha256 of every Python file of fxquant, fxquant.passes and fxquant.kernels (the code that
-    decides what a package computes; the native kernels' own sources are in ``_native_key``)."""
+    """sha256 of every Python file (and data table: the CPU dispatch's) of fxquant,
+    fxquant.passes and fxquant.kernels (what decides what a package computes; the native kernels'
+    own sources are in ``_native_key``)."""
     import fxquant.kernels
     import fxquant.passes
 
     h = hashlib.sha256()
     here = Path(__file__).resolve().parent  # fxquant/, this module's own package
     for root in (here, Path(fxquant.passes.__file__).parent, Path(fxquant.kernels.__file__).parent):
-        for f in sorted(root.rglob("*.py")):
+        for f in sorted([*root.rglob("*.py"), *root.rglob("*.json")]):
             h.update(str(f.relative_to(root)).encode())
             h.update(f.read_bytes())
     return h.hexdigest()[:16]
