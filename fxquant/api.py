@@ -176,7 +176,18 @@ def _package_info(ep: ExportedProgram, info: dict, device: str | torch.device) -
         "torch": torch.__version__,
         "fxquant": _version(),
         "isa_flags": runtime.isa_flags() if _device_type(device) == "cpu" else [],
+        # which kernel each scheme's layers run, by M (the dispatch table of this CPU's class)
+        **(_cpu_kernels(rep) if _device_type(device) == "cpu" else {}),
         "config": None if rep.config is None else rep.config.to_dict(),
+    }
+
+
+def _cpu_kernels(rep) -> dict:
+    from fxquant.passes.cpu.dispatch import machine_class
+
+    return {
+        "cpu_class": machine_class(),
+        "cpu_kernels": {k["scheme"]: k["kernel"] for k in rep.cpu_kernels()},
     }
 
 

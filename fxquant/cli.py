@@ -184,7 +184,10 @@ def _cmd_quantize(args) -> int:
         config, weights = plan.config, plan.weights
         print(plan.summary, file=sys.stderr)
     qep = fxquant.quantize(ep, config, progress=True, weights=weights)
-    print(fxquant.report(qep))
+    rep = fxquant.report(qep)
+    print(rep)
+    if args.aoti:  # the package is built for this CPU: which kernel each layer runs, by M
+        print("\n" + rep.cpu_kernels_table())
     if args.out:
         out = Path(args.out)
         with fxquant.api.atomic_path(out) as tmp:  # never a half-written .pt2 at the final path
@@ -212,11 +215,12 @@ def _cmd_report(args) -> int:
         raise SystemExit(f"fxquant report: {e}") from None
     rep = fxquant.report(ep)
     if args.json:
-        print(json.dumps(rep.to_dict(), indent=2))
+        print(json.dumps({**rep.to_dict(), "cpu_kernels": rep.cpu_kernels()}, indent=2))
     elif not rep.rows:
         print(f"{path}: no fxquant layers (not made by fxquant.quantize?)")
     else:
         print(rep)
+        print("\n" + rep.cpu_kernels_table())
     return 0
 
 

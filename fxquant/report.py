@@ -89,6 +89,41 @@ class Report:
             lines.append(f"{n['name'].ljust(width)}  {what}")
         return "\n".join(lines)
 
+    def cpu_kernels(self, machine: str | None = None) -> list[dict]:
+        """Which CPU kernel each quantized layer gets on ``machine`` (a CPU class of
+        ``fxquant.passes.cpu.dispatch``; default: this one), by M, from the dispatch table the
+        lowering reads: one record per scheme, ``{"scheme", "layers", "kernel"}``. Fused layers
+        run the same GEMM as their scheme's unfused op."""
+        from fxquant.passes import cpu
+        from fxquant.passes.cpu.dispatch import kernel_plan
+
+        native = cpu.available()
+        out: dict[str, dict] = {}
+        for r in self.quantized:
+            name = _scheme_str(r)
+            if name not in out:
+                op = scheme_from_dict(r.scheme).op_name()
+                kernel = (
+                    kernel_plan(op, r.scheme, machine)
+                    if native
+                    else "aten lowering (the native kernels are not available here)"
+                )
+                out[name] = {"scheme": name, "layers": [], "kernel": kernel}
+            out[name]["layers"].append(r.name)
+        return list(out.values())
+
+    def cpu_kernels_table(self, machine: str | None = None) -> str:
+        """:meth:`cpu_kernels` as lines: ``<scheme> (<n> layers): <kernel by M>``, under a
+        header naming the CPU class."""
+        from fxquant.passes.cpu.dispatch import machine_class
+
+        lines = [f"CPU kernels by M, CPU class {machine or machine_class()}:"]
+        lines += [
+            f"  {k['scheme']} ({len(k['layers'])} layers): {k['kernel']}"
+            for k in self.cpu_kernels(machine)
+        ]
+        return "\n".join(lines)
+
     def to_dict(self) -> dict:
         """The report as JSON-ready data: config, per-layer rows, per-norm records."""
         return {

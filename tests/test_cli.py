@@ -54,6 +54,10 @@ def test_quantize_then_report(project):
     data = json.loads(rep.stdout)
     assert data["config"]["scheme"] == {"type": "Int8DynamicActivation"}
     assert [r["name"] for r in data["layers"]] == ["0", "2"]
+    # which CPU kernel the layers run by M, on this machine's class
+    assert data["cpu_kernels"][0]["layers"] == ["0", "2"] and data["cpu_kernels"][0]["kernel"]
+    text = _fxquant("report", "q.pt2", cwd=project).stdout
+    assert "CPU kernels by M, CPU class" in text and "Int8DynamicActivation() (2 layers): " in text
 
 
 def test_scheme_as_json(project):

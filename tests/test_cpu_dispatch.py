@@ -148,3 +148,29 @@ def test_one_package_serves_decode_and_prefill(forced, tmp_path):
     for m, name in ((1, "native"), (96, "bf16")):
         x = torch.randn(m, 128)
         assert sqnr(qep.module()(x), pkg(x)) >= FLOOR[name], (m, name)
+
+
+def test_the_report_says_which_kernel_each_layer_gets(monkeypatch):
+    if not cpu.available():
+        pytest.skip("the dispatch chooses among the native kernels, which did not build here")
+    monkeypatch.delenv("FXQUANT_CPU_DISPATCH", raising=False)
+    rep = fxquant.report(_quantized("w8a8", dynamic=False)[1])
+    (record,) = rep.cpu_kernels(CLASS)
+    assert record["layers"] == ["q", "k", "out"]  # q and k fused: the same GEMM
+    plan = dispatch.plan_for("native_int8_scaled_linear", CLASS)
+    assert record["kernel"] == (
+        f"fxquant native kernel up to M = {plan[0][0]}, then torch._int_mm (int8, exact int32 sums)"
+    )
+    assert rep.cpu_kernels("avx2")[0]["kernel"] == "fxquant native kernel at every M"
+    assert f"CPU class {CLASS}:\n  Int8DynamicActivation() (3 layers)" in rep.cpu_kernels_table(
+        CLASS
+    )
+    # a scheme without a per-M dispatch, and intx codes wider than the int4 kernel takes
+    for recipe, kernel in (("nf4", "no per-M dispatch"), ("int8wo", "bf16 GEMM")):
+        assert kernel in fxquant.report(_quantized(recipe)[1]).cpu_kernels(CLASS)[0]["kernel"]
+    narrow = dispatch.kernel_plan("intx_weight_only_linear", {"bits": 4, "group_size": 64}, CLASS)
+    assert narrow == dispatch.kernel_plan("int4_weight_only_linear", None, CLASS)
+    wide = dispatch.kernel_plan("intx_weight_only_linear", {"bits": 6, "group_size": 64}, CLASS)
+    assert wide == "one lowering at every M (no per-M dispatch)"
+    monkeypatch.setenv("FXQUANT_CPU_DISPATCH", "native")
+    assert rep.cpu_kernels(CLASS)[0]["kernel"] == "fxquant native kernel at every M"

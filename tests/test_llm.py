@@ -14,8 +14,17 @@ import pytest
 import torch
 
 import fxquant
+from fxquant import runtime
 from fxquant.llm import LLMExportError, export_llm, llm_info
-from fxquant.runtime import GenerationStats, LLMPackage, PackageError, _sample, generate
+from fxquant.passes.cpu import dispatch
+from fxquant.runtime import (
+    GenerationStats,
+    LLMPackage,
+    PackageError,
+    _sample,
+    generate,
+    read_package_metadata,
+)
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 tf = pytest.importorskip("transformers")
@@ -220,6 +229,9 @@ def test_package_greedy_tokens_equal_the_program_and_rerun_from_position_0(llm_p
     pkg = LLMPackage(path)
     assert pkg.max_cache_len == 40 and pkg.vocab_size == VOCAB
     assert pkg.info["config"]["modules_to_not_convert"] == [] and pkg.info["torch"]
+    # which kernel the package's layers run, by M, on the CPU class that built it
+    assert pkg.info["cpu_class"] in dispatch.CLASSES
+    assert pkg.info["cpu_kernels"].keys() == {"Int8WeightOnly()"}
     for _ in range(2):  # the second prompt starts at position 0 again, without a rebuild
         stream = generate(pkg, CharTokenizer(), prompt, max_new_tokens=12)
         text = stream.text()
@@ -261,7 +273,7 @@ def test_requests_the_package_cannot_hold_fail_before_running(llm_package):
 
 
 @pytest.mark.slow
-def test_packages_from_elsewhere_are_refused(llm_package, tmp_path):
+def test_packages_from_elsewhere_are_refused(llm_package, tmp_path, monkeypatch):
     path, _, _ = llm_package
 
     def patched(change) -> str:
@@ -282,6 +294,13 @@ def test_packages_from_elsewhere_are_refused(llm_package, tmp_path):
         LLMPackage(patched(lambda info: {**info, "torch": "1.0"}))
     with pytest.raises(PackageError, match="avx9000, which this CPU lacks"):
         LLMPackage(patched(lambda info: {**info, "isa_flags": ["avx9000"]}))
+    # served on a lesser CPU (forced: this CPU's flags without its AVX-512, or without AVX2)
+    needed = set(json.loads(read_package_metadata(path)["fxquant_llm"])["isa_flags"])
+    lacking = {f for f in needed if f.startswith("avx512")} or {"avx2"}
+    with monkeypatch.context() as m:
+        m.setattr(runtime, "_cpu_flags", lambda: (needed | {"fpu"}) - lacking)
+        with pytest.raises(PackageError, match=f"built on a CPU with {min(lacking)}.*rebuild"):
+            LLMPackage(path)
     with pytest.raises(PackageError, match="not an LLM one"):
         LLMPackage(patched(lambda info: None))
     (tmp_path / "junk.pt2").write_bytes(b"not a zip")

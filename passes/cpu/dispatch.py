@@ -33,7 +33,17 @@ import torch
 from torch import Tensor
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
-__all__ = ["CLASSES", "TABLE_PATH", "by_m", "machine_class", "plan_for", "table"]
+__all__ = [
+    "CANDIDATES",
+    "CLASSES",
+    "TABLE_PATH",
+    "by_m",
+    "dispatches",
+    "kernel_plan",
+    "machine_class",
+    "plan_for",
+    "table",
+]
 
 TABLE_PATH = Path(__file__).with_name("dispatch_table.json")
 # Lowest to highest: what each class adds over the one before.
@@ -44,6 +54,25 @@ CLASSES = {
     "avx512_vnni_bf16": "AVX-512 with VNNI and bf16 dot products, no AMX (AMD EPYC Zen 4/5)",
     "amx": "AMX tiles for int8 and bf16 (Intel Xeon Sapphire Rapids and later)",
 }
+
+# What each candidate name in the table is, for reports (the numerics are the family modules').
+CANDIDATES = {
+    "native": "fxquant native kernel",
+    "bf16": "bf16 GEMM (x and the sum rounded to bf16)",
+    "int_mm": "torch._int_mm (int8, exact int32 sums)",
+}
+
+# semantic op name → (the dispatched GEMM its native lowering runs, on which of its schemes), so
+# a report can say which kernel a layer gets without lowering it (``dispatches``)
+_DISPATCHED: dict[str, tuple[str, Callable[[Mapping], bool] | None]] = {}
+
+
+def dispatches(gemm: str, *ops: str, when: Callable[[Mapping], bool] | None = None) -> None:
+    """Declare that the native lowerings of ``ops`` (semantic op names, ``int8_dynamic_linear``)
+    run the GEMM ``gemm`` (a table key) through :func:`by_m`; with ``when``, only for the
+    schemes (``Scheme.to_dict()``) it accepts."""
+    for op in ops:
+        _DISPATCHED[op] = (gemm, when)
 
 
 def machine_class() -> str:
@@ -77,6 +106,23 @@ def plan_for(op_name: str, machine: str | None = None) -> list[tuple[int | None,
         return [(None, "native")]
     rows = table().get(machine or machine_class(), {}).get(op_name)
     return [(m, name) for m, name in rows] if rows else [(None, "native")]
+
+
+def kernel_plan(op: str, scheme: Mapping | None = None, machine: str | None = None) -> str:
+    """Which kernel the native CPU lowering of the semantic op ``op`` (for ``scheme``, a
+    ``Scheme.to_dict()``) runs at each M on ``machine`` (default: this one), in words:
+    ``"fxquant native kernel up to M = 16, then bf16 GEMM"``."""
+    gemm, when = _DISPATCHED.get(op, (None, None))
+    if gemm is None or (when is not None and (scheme is None or not when(scheme))):
+        return "one lowering at every M (no per-M dispatch)"
+    plan = plan_for(gemm, machine)
+    if len(plan) == 1:
+        return f"{CANDIDATES[plan[0][1]]} at every M"
+    parts = [
+        f"{CANDIDATES[name]} up to M = {max_m}" if max_m is not None else CANDIDATES[name]
+        for max_m, name in plan
+    ]
+    return ", then ".join(parts)
 
 
 def by_m(op_name: str, m, candidates: Mapping[str, Callable[..., Tensor]], *args) -> Tensor:

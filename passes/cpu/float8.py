@@ -29,7 +29,7 @@ import fxquant.core.ops  # noqa: F401  (registers the fxquant:: ops)
 from fxquant.core import reference as ref
 from fxquant.core.registry import lowering
 from fxquant.passes.cpu.common import NATIVE, epilogue, finish, row_scales, rows
-from fxquant.passes.cpu.dispatch import by_m
+from fxquant.passes.cpu.dispatch import by_m, dispatches
 
 fxq = torch.ops.fxquant
 
@@ -111,6 +111,15 @@ def _fp8_rows_native(x2: Tensor, weight: Tensor, scale: Tensor) -> Tensor:
 
 def _fp8_rows_bf16(x2: Tensor, weight: Tensor, scale: Tensor) -> Tensor:
     return F.linear(x2.to(torch.bfloat16), e4m3_to_bf16(weight)).float() * scale.float()
+
+
+dispatches(
+    "native_float8_weight_only_linear",
+    "float8_weight_only_linear",
+    "float8_dynamic_linear",
+    "float8_static_linear",
+    "float8_scaled_linear",
+)
 
 
 def _fp8_rows(x2: Tensor, weight: Tensor, scale: Tensor) -> Tensor:

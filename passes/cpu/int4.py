@@ -36,7 +36,7 @@ import fxquant.kernels.cpu as native
 from fxquant.core import reference as ref
 from fxquant.core.registry import lowering
 from fxquant.passes.cpu.common import BF16, NATIVE, device_op, epilogue, finish, rows
-from fxquant.passes.cpu.dispatch import by_m
+from fxquant.passes.cpu.dispatch import by_m, dispatches
 from fxquant.passes.cpu.prepack import prepack_rule
 
 fxq = torch.ops.fxquant
@@ -178,6 +178,10 @@ def _int8_int4_rows_native(xq, xs, weight, scale, offset, group_size):
 
 def _int8_int4_rows_bf16(xq, xs, weight, scale, offset, group_size):
     return _int4_rows_bf16(xq, weight, scale, offset, group_size) * xs.reshape(-1, 1)
+
+
+dispatches("native_int4_weight_only_linear", "int4_weight_only_linear")
+dispatches("native_int8_int4_linear", "int8_dynamic_int4_linear")
 
 
 @device_op(NATIVE, "cpu_native_int4_linear", schema=_NATIVE_SCHEMA, fake=_int4_fake)

@@ -37,7 +37,7 @@ import fxquant.core.ops  # noqa: F401  (registers the fxquant:: ops)
 from fxquant.core import reference as ref
 from fxquant.core.registry import lowering
 from fxquant.passes.cpu.common import BF16, NATIVE, device_op, epilogue, finish, row_scales, rows
-from fxquant.passes.cpu.dispatch import by_m
+from fxquant.passes.cpu.dispatch import by_m, dispatches
 from fxquant.passes.cpu.prepack import prepack_rule
 
 fxq = torch.ops.fxquant
@@ -181,6 +181,10 @@ def _int8_scaled_rows_int_mm(xq2: Tensor, xs2: Tensor, weight: Tensor, scale: Te
     # W [N, K] read as Wᵀ [K, N] column-major: oneDNN's fast layout for this product
     y = torch._int_mm(xq2.contiguous(), weight.t())
     return y.float() * (xs2.reshape(-1, 1).float() * scale.float())
+
+
+dispatches("native_int8_weight_only_linear", "int8_weight_only_linear")
+dispatches("native_int8_scaled_linear", "int8_dynamic_linear", "int8_scaled_linear")
 
 
 def _native_int8_scaled_rows(xq2: Tensor, xs2: Tensor, weight: Tensor, scale: Tensor) -> Tensor:

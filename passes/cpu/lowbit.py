@@ -28,6 +28,7 @@ import fxquant.kernels.cpu as native
 from fxquant.core import reference_lowbit as ref_lowbit
 from fxquant.core.registry import lowering
 from fxquant.passes.cpu.common import NATIVE, epilogue
+from fxquant.passes.cpu.dispatch import dispatches
 from fxquant.passes.cpu.int4 import aten_int4_layout, native_int4_args, prepack_codes
 from fxquant.passes.cpu.prepack import prepack_rule
 
@@ -105,6 +106,9 @@ def _prepack_intx(node: fx.Node, args, consts):
 def _native_int4_takes(args) -> bool:
     # codes of at most 4 bits in groups that are whole 32-column blocks of the kernel layout
     return args["bits"] <= 4 and args["group_size"] % native.INT4_BLOCK == 0
+
+
+dispatches("native_int4_weight_only_linear", "intx_weight_only_linear", when=_native_int4_takes)
 
 
 @prepack_rule(
