@@ -18,7 +18,10 @@ import fxquant.kernels.cpu as native
 from fxquant.core import reference as ref
 from fxquant.core import reference_lowbit as ref_lowbit
 from fxquant.passes.cpu.float8 import e4m3_values
-from fxquant.passes.cpu.int4 import prepack_codes  # (registers fxquant::cpu_native_int4_linear)
+from fxquant.passes.cpu.int4 import (  # (registers fxquant::cpu_native_int4_linear)
+    dequantize_native_int4,
+    prepack_codes,
+)
 
 pytestmark = pytest.mark.skipif(
     not native.available(), reason=f"native CPU kernels unavailable: {native.unavailable_reason()}"
@@ -90,6 +93,47 @@ def test_float8_decode_is_exact_for_every_code():
     for m in (1, 40):
         got = fxq.native_float8_weight_only_linear(torch.ones(m, 1), w, ones)
         assert torch.equal(got, w.float().t().expand(m, -1))
+
+
+def test_float8_to_bfloat16_is_exact_for_every_code():
+    # the large-M bf16 GEMM's decoder (decode.cpp): every finite code, at every offset of the
+    # vector loop and its tail
+    codes = torch.arange(256, dtype=torch.uint8)
+    finite = codes[(codes & 0x7F) != 0x7F]
+    for n, k in ((1, 254), (2, 127), (254, 1), (3, 13)):
+        w = finite.repeat(3)[: n * k].reshape(n, k).view(torch.float8_e4m3fn)
+        got = fxq.native_float8_to_bfloat16(w)
+        assert got.dtype == torch.bfloat16 and torch.equal(got, w.to(torch.bfloat16))
+    assert fxq.native_float8_to_bfloat16(torch.empty(0, 8, dtype=torch.float8_e4m3fn)).shape == (
+        0,
+        8,
+    )
+
+
+@pytest.mark.parametrize("group", [32, 64, 128])
+def test_int4_to_bfloat16_rounds_the_dequantized_weight(group):
+    # the layout read in aten (dequantize_native_int4) in fp32, then rounded to bf16: the
+    # decoder's fused multiply-add may round the fp32 value once less, so at most one bf16 step
+    g = torch.Generator().manual_seed(group)
+    w = torch.randn(37, 256, generator=g)
+    p, s, z = ref.quantize_int4_grouped(w, group_size=group, symmetric=False)
+    kw, ks, ko = native.prepack_int4(p, s, z, group_size=group)
+    got = fxq.native_int4_to_bfloat16(kw, ks, ko, group)
+    exact = dequantize_native_int4(kw, ks, ko, group, torch.float32)
+    assert got.dtype == torch.bfloat16 and got.shape == (37, 256)
+    # (where u = z the exact weight is 0 and both sides are fp32 rounding residue of -z * s)
+    residue = ko.abs().max().item() * 2**-22
+    torch.testing.assert_close(got.float(), exact, rtol=2**-8, atol=residue)
+    assert torch.equal(
+        fxq.native_int4_to_bfloat16(
+            *native.prepack_int4(
+                *ref.quantize_int4_grouped(torch.zeros(4, 64), group_size=32, symmetric=False),
+                group_size=32,
+            ),
+            32,
+        ),
+        torch.zeros(4, 64, dtype=torch.bfloat16),
+    )  # no NaN from zeros
 
 
 def test_e4m3_values_round_as_the_fp8_conversion_does():
@@ -192,6 +236,14 @@ def test_inputs_outside_the_contract_raise_not_crash():
         fxq.native_int8_weight_only_linear(torch.randn(64, 2).t(), q, s)  # not contiguous
     with pytest.raises(RuntimeError, match="outside the kernel's contract"):
         fxq.native_int8_weight_only_linear(torch.randn(2, 64).double(), q, s)
+    kw, ks, ko = native.prepack_int4(
+        *ref.quantize_int4_grouped(torch.randn(4, 64), group_size=32, symmetric=False),
+        group_size=32,
+    )
+    with pytest.raises(RuntimeError, match="native_int4_to_bfloat16: inputs outside"):
+        fxq.native_int4_to_bfloat16(kw, ks, ko, 64)  # scales are per 32 columns
+    with pytest.raises(RuntimeError, match="native_float8_to_bfloat16: inputs outside"):
+        fxq.native_float8_to_bfloat16(torch.zeros(4, 8, dtype=torch.uint8))
 
 
 def test_prepack_int4_needs_whole_blocks():
@@ -218,6 +270,8 @@ def test_opcheck():
     ]
     kw, ks, ko = native.prepack_int4(p, s4, z4, group_size=32)
     cases.append((fxq.native_int8_int4_linear, (xq, xs.reshape(-1), kw, ks, ko, 32)))
+    cases.append((fxq.native_int4_to_bfloat16, (kw, ks, ko, 32)))
+    cases.append((fxq.native_float8_to_bfloat16, (f8,)))
     x3 = torch.randn(2, 3, 64, generator=g)
     cases.append((fxq.cpu_native_int4_linear, (x3, kw, ks, ko, torch.randn(20), 32, 20)))
     cases.append((fxq.cpu_native_int8_int4_linear, (x3, kw, ks, ko, torch.randn(20), 32, 20)))

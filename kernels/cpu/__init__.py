@@ -16,7 +16,8 @@ lowering keeps its aten compositions (slower, same numerics).
 The sources: ``linear.cpp`` (the large-M path and the shims' checks, shared by every format;
 its header says why C++ and not an aten composition: memory bandwidth at M = 1, measured by
 ``benchmarks/native_kernels.py``), ``int8_fp8.cpp`` (byte weights), ``int4.cpp`` (int4 weights),
-``native.h`` (what they share), ``register.cpp`` (the in-process op registrations).
+``decode.cpp`` (fp8 and int4 weights to bf16, for the large-M bf16 GEMMs), ``native.h`` (what
+they share), ``register.cpp`` (the in-process op registrations).
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ __all__ = [
 _HERE = Path(__file__).resolve().parent
 # compiled into the static archive (the kernels and their C shims); register.cpp is added for
 # the in-process library only
-_KERNEL_SOURCES = ("linear.cpp", "int8_fp8.cpp", "int4.cpp")
+_KERNEL_SOURCES = ("linear.cpp", "int8_fp8.cpp", "int4.cpp", "decode.cpp")
 _SOURCES = (*_KERNEL_SOURCES, "native.h", "register.cpp")  # every file the build reads
 _ARCHIVE = "libfxquant_native.a"
 _SHARED = "libfxquant_native.so"
@@ -90,6 +91,19 @@ NATIVE_OPS = {
         "AtenTensorHandle xs, AtenTensorHandle weight, AtenTensorHandle scale, "
         "AtenTensorHandle offset, int64_t group_size, AtenTensorHandle* ret0)",
     ),
+    # weight decoders for the large-M bf16 GEMMs of the CPU dispatch (decode.cpp)
+    "native_float8_to_bfloat16": (
+        "native_float8_to_bfloat16(Tensor weight) -> Tensor",
+        "AOTITorchError aoti_torch_cpu_native_float8_to_bfloat16(AtenTensorHandle weight, "
+        "AtenTensorHandle* ret0)",
+    ),
+    "native_int4_to_bfloat16": (
+        "native_int4_to_bfloat16(Tensor weight, Tensor scale, Tensor offset, int group_size) "
+        "-> Tensor",
+        "AOTITorchError aoti_torch_cpu_native_int4_to_bfloat16(AtenTensorHandle weight, "
+        "AtenTensorHandle scale, AtenTensorHandle offset, int64_t group_size, "
+        "AtenTensorHandle* ret0)",
+    ),
 }
 
 _lib = torch.library.Library("fxquant", "FRAGMENT")
@@ -115,6 +129,14 @@ torch.library.register_fake("fxquant::native_int4_weight_only_linear", lib=_lib)
 )
 torch.library.register_fake("fxquant::native_int8_int4_linear", lib=_lib)(
     lambda xq, xs, weight, scale, offset, group_size: _out(xq, weight)
+)
+torch.library.register_fake("fxquant::native_float8_to_bfloat16", lib=_lib)(
+    lambda weight: weight.new_empty(weight.shape, dtype=torch.bfloat16)
+)
+torch.library.register_fake("fxquant::native_int4_to_bfloat16", lib=_lib)(
+    lambda weight, scale, offset, group_size: weight.new_empty(
+        (weight.shape[0], 2 * weight.shape[1]), dtype=torch.bfloat16
+    )
 )
 
 

@@ -1,5 +1,5 @@
-// The in-process face of the native kernels (linear.cpp, int8_fp8.cpp, int4.cpp): CPU kernels
-// for the `fxquant::native_*` ops, registered through torch's stable ABI when
+// The in-process face of the native kernels (linear.cpp, int8_fp8.cpp, int4.cpp, decode.cpp):
+// CPU kernels for the `fxquant::native_*` ops, registered through torch's stable ABI when
 // `fxquant.kernels.cpu` loads the shared library (eager calls, torch.compile's Inductor wrapper).
 // The schemas and fake kernels live in Python (fxquant/kernels/cpu/__init__.py); AOTInductor
 // packages call the C shims directly instead.
@@ -21,6 +21,10 @@ AOTITorchError aoti_torch_cpu_native_int4_weight_only_linear(AtenTensorHandle, A
                                                              int64_t, AtenTensorHandle*);
 AOTITorchError aoti_torch_cpu_native_int8_int4_linear(AtenTensorHandle, AtenTensorHandle,
                                                       AtenTensorHandle, AtenTensorHandle,
+                                                      AtenTensorHandle, int64_t,
+                                                      AtenTensorHandle*);
+AOTITorchError aoti_torch_cpu_native_float8_to_bfloat16(AtenTensorHandle, AtenTensorHandle*);
+AOTITorchError aoti_torch_cpu_native_int4_to_bfloat16(AtenTensorHandle, AtenTensorHandle,
                                                       AtenTensorHandle, int64_t,
                                                       AtenTensorHandle*);
 }
@@ -71,6 +75,19 @@ Tensor int8_int4(Tensor xq, Tensor xs, Tensor w, Tensor scale, Tensor offset,
   return checked(err, out, "native_int8_int4_linear");
 }
 
+Tensor float8_to_bfloat16(Tensor w) {
+  AtenTensorHandle out = nullptr;
+  auto err = aoti_torch_cpu_native_float8_to_bfloat16(w.get(), &out);
+  return checked(err, out, "native_float8_to_bfloat16");
+}
+
+Tensor int4_to_bfloat16(Tensor w, Tensor scale, Tensor offset, int64_t group_size) {
+  AtenTensorHandle out = nullptr;
+  auto err = aoti_torch_cpu_native_int4_to_bfloat16(w.get(), scale.get(), offset.get(),
+                                                    group_size, &out);
+  return checked(err, out, "native_int4_to_bfloat16");
+}
+
 }  // namespace
 
 STABLE_TORCH_LIBRARY_IMPL(fxquant, CPU, m) {
@@ -79,4 +96,6 @@ STABLE_TORCH_LIBRARY_IMPL(fxquant, CPU, m) {
   m.impl("native_int8_scaled_linear", TORCH_BOX(&int8_scaled));
   m.impl("native_int4_weight_only_linear", TORCH_BOX(&int4_weight_only));
   m.impl("native_int8_int4_linear", TORCH_BOX(&int8_int4));
+  m.impl("native_float8_to_bfloat16", TORCH_BOX(&float8_to_bfloat16));
+  m.impl("native_int4_to_bfloat16", TORCH_BOX(&int4_to_bfloat16));
 }

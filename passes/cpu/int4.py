@@ -168,7 +168,7 @@ def _int4_rows_native(x2, weight, scale, offset, group_size):
 
 
 def _int4_rows_bf16(x2, weight, scale, offset, group_size):
-    w = dequantize_native_int4(weight, scale, offset, group_size, BF16)
+    w = fxq.native_int4_to_bfloat16(weight, scale, offset, group_size)  # kernels/cpu/decode.cpp
     return F.linear(x2.to(BF16), w).float()
 
 
