@@ -3,11 +3,13 @@ would pick instead?
 
 The model is the issue's benchmark stack (``bench-stack-1024`` in shapes.py): residual blocks of
 LayerNorm → Linear(D, 4D) → GELU → Linear(4D, D), D=1024, 4 blocks, fp32, input [M, D], timed at
-M=1 and M=128 side by side in one run. Rows:
+M = 1, 16, 128 and 512 side by side in one run (decode, small batches, prefill). Rows:
 
 - fp32 eager; fp32 Inductor (``torch.compile``, compiled per M with ``dynamic=False``: the
   baseline every speed-up is relative to); fp32 Inductor compiled once with the batch dim
-  dynamic, as the fxquant rows below (their like-for-like comparator).
+  dynamic, as the fxquant rows below (their like-for-like comparator); bf16 Inductor (the model
+  and input in bf16, per M): on CPUs with bf16 dot products (AVX-512 bf16, AMX) a real
+  baseline, so every row also gets its speed-up over it.
 - fxquant, per scheme (default: int8wo, int4wo-128, int4wo-64, w8a8, fp8-row):
   * ``aoti``: ``fxquant.quantize`` with the batch dim exported as ``Dim.DYNAMIC``, then
     ``fxquant.aot_compile``: one AOTInductor package serves both M; its size is reported.
@@ -26,8 +28,14 @@ are cheap, so it gets three times as many); speed-up vs fp32 Inductor (of median
 minima, which load from other processes disturbs less); relative error
 ||y - y_fp32|| / ||y_fp32|| against fp32 eager on the same input; compile time (s: export +
 quantize + package for aoti rows, the first call for compiled rows); package size for aoti
-rows. The issue's targets are printed beside the measured ratios, not asserted.
-Results go to benchmarks/results/cpu_latency.json with the machine they ran on.
+rows. The targets are printed beside the measured ratios, not asserted; which apply depends on
+the CPU class (``fxquant.passes.cpu.dispatch.machine_class``): no fxquant row below 0.95× fp32
+at any M on any class; AVX2: int8wo ≥ 3× and int4wo ≥ 3.5× at M = 1, ≥ 1.0× at M = 128;
+VNNI / AMX classes: w8a8 ≥ 2× at M = 128 and ≥ 1.5× at 512, int8wo and int4wo ≥ 1.3× at 128,
+and where bf16 has hardware dot products, int8 and int4 schemes ≥ 1.3× bf16 at M = 1 and ≥ 1.0×
+bf16 at M = 128. The last lines compare fxquant's fastest int8 row with
+``quantize_dynamic`` at each M, speed and error. Results go to
+benchmarks/results/cpu_latency_<class>.json with the machine they ran on.
 
 ``--model smollm2`` runs the real-model part instead (``smollm2_latency.py``): SmolLM2-135M
 prefill and decode (without a KV cache) tokens/s, build time and artifact size, for fp32, each
@@ -37,7 +45,7 @@ SmolLM2 and four backend compiles).
 Compiles reuse the Inductor cache (TORCHINDUCTOR_CACHE_DIR, by default under /tmp), so a rerun
 is faster and its compile times understate a cold compile.
 
-    python benchmarks/cpu_latency.py                        # full run (~8-10 min on 2 cores)
+    python benchmarks/cpu_latency.py                        # full run (~15 min on 2 cores)
     python benchmarks/cpu_latency.py --quick                # int8wo + peers, few rounds (~3 min)
     python benchmarks/cpu_latency.py --schemes w8a8 --no-peers --out /tmp/w8a8.json   # recheck one
                                                             # scheme (the fp32 rows always run)
@@ -67,22 +75,44 @@ from torch._dynamo.utils import counters
 from torch.export import Dim
 
 import fxquant
+from fxquant.passes.cpu.dispatch import machine_class
 
 SHAPE = "bench-stack-1024"
-MS = (1, 128)
-SCHEMES = ("int8wo", "int4wo-128", "int4wo-64", "w8a8", "fp8-row")
+MS = (1, 16, 128, 512)
+SCHEMES = ("int8wo", "int4wo-128", "int4wo-64", "w8a8", "w4a8-64", "fp8-row")
 QUICK_SCHEMES = ("int8wo",)
 BASELINE = "fp32 inductor"
+BF16 = "bf16 inductor"
 
-# The issue's targets: speed-up over fp32 Inductor (by scheme and M) and relative error.
+# The targets: speed-up over fp32 Inductor by CPU class, scheme and M; every fxquant row at
+# every M at least FLOOR; over bf16 Inductor where bf16 has dot products in hardware.
+FLOOR = 0.95
+_INT4 = ("int4wo-128", "int4wo-64")
 SPEEDUP_TARGETS = {
-    ("int8wo", 1): 2.5,
-    ("int4wo-128", 1): 3.5,
-    ("int4wo-64", 1): 3.5,
-    ("w8a8", 1): 2.5,
-    ("w8a8", 128): 2.0,
+    "avx2": {
+        ("int8wo", 1): 3.0,
+        **{(s, 1): 3.5 for s in _INT4},
+        **{(s, 128): 1.0 for s in ("int8wo", *_INT4, "w8a8")},
+    },
+    "vnni": {
+        ("w8a8", 128): 2.0,
+        ("w8a8", 512): 1.5,
+        **{(s, 128): 1.3 for s in ("int8wo", *_INT4)},
+    },
 }
+BF16_TARGETS = {1: 1.3, 128: 1.0}  # int8 and int4 schemes, × bf16 Inductor
+BF16_CLASSES = ("avx512_vnni_bf16", "amx")
 ERR_TARGET, ERR_TARGET_INT4 = 3e-2, 8e-2
+
+
+def targets_for(cpu_class: str, scheme: str, m: int) -> tuple[float, float | None]:
+    """(min speed-up over fp32 Inductor, min speed-up over bf16 Inductor or None) for an
+    fxquant row on a CPU of ``cpu_class``."""
+    family = "avx2" if cpu_class in ("default", "avx2", "avx512") else "vnni"
+    fp32 = max(FLOOR, SPEEDUP_TARGETS[family].get((scheme, m), FLOOR))
+    int8_or_int4 = scheme.startswith(("int8", "int4", "w8a8", "w4a8"))
+    bf16 = BF16_TARGETS.get(m) if cpu_class in BF16_CLASSES and int8_or_int4 else None
+    return fp32, bf16
 
 
 # --------------------------------------------------------------------------- model
@@ -159,6 +189,15 @@ def build_compiled_per_m(model, xs, **compile_kwargs):
         "graphs": _graphs() - g0,
         "note": note,
     }
+
+
+def build_bf16(model, xs):
+    """bf16 Inductor per M: the model and the input in bf16."""
+    calls, info = build_compiled_per_m(
+        copy.deepcopy(model).to(torch.bfloat16), {m: x.to(torch.bfloat16) for m, x in xs.items()}
+    )
+    info["note"] = "bf16 model and input, " + info["note"]
+    return calls, info
 
 
 def build_compiled_dynamic(model, xs, **compile_kwargs):
@@ -245,6 +284,7 @@ def candidates(schemes, peers: bool, tmp: Path) -> list[tuple[str, str, str, Cal
         ("fp32 eager", "fp32", "eager", build_eager),
         (BASELINE, "fp32", "inductor", build_compiled_per_m),
         ("fp32 inductor dyn-M", "fp32", "inductor", build_compiled_dynamic),
+        (BF16, "bf16", "inductor", build_bf16),
     ]
     for r in schemes:
         out.append(
@@ -332,21 +372,30 @@ def run(schemes, peers: bool, rounds: dict[int, int], seed: int = 0) -> tuple[li
         for m in MS:
             print(f"timing M={m}: {len(calls[m])} candidates x {rounds[m]} rounds", flush=True)
             timings = bench_interleaved(calls[m], rounds[m])
-            base = timings[BASELINE]
+            base, bf16 = timings[BASELINE], timings.get(BF16)
             for name, tm in timings.items():
                 rows[name, m].update(
                     tm,
                     speedup_vs_fp32_inductor=base["median_ms"] / tm["median_ms"],
                     speedup_of_min_vs_fp32_inductor=base["min_ms"] / tm["min_ms"],
+                    speedup_vs_bf16_inductor=None
+                    if bf16 is None
+                    else bf16["median_ms"] / tm["median_ms"],
                 )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
     out = []
+    cpu_class = machine_class()
     for row in rows.values():  # the issue's targets are fxquant's
         if row["candidate"].startswith("fxquant"):
-            row["speedup_target"] = SPEEDUP_TARGETS.get((row["scheme"], row["M"]))
-            row["rel_err_target"] = ERR_TARGET_INT4 if "int4" in row["scheme"] else ERR_TARGET
+            fp32, bf16 = targets_for(cpu_class, row["scheme"], row["M"])
+            row["speedup_target"], row["speedup_vs_bf16_target"] = fp32, bf16
+            row["rel_err_target"] = (
+                ERR_TARGET_INT4
+                if "int4" in row["scheme"] or "w4a8" in row["scheme"]
+                else ERR_TARGET
+            )
         out.append(row)
     out.sort(key=lambda r: r["M"])  # stable: keeps candidate order within each M
     fp32_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
@@ -362,26 +411,67 @@ def _fmt(v, spec: str, missing: str = "-") -> str:
 
 def print_table(rows: list[dict]) -> None:
     """xInd: fp32 Inductor median / row median (what to quote); xInd(min): the same on minima,
-    less sensitive to load from other processes."""
+    less sensitive to load from other processes; xbf16: bf16 Inductor median / row median."""
     hdr = (
         f"{'M':>4}  {'candidate':28} {'median ms':>9} {'min ms':>8} {'xInd':>6} {'target':>10} "
-        f"{'xInd(min)':>9} {'rel.err':>8} {'err target':>11} {'compile s':>9} {'pkg MB':>6}"
+        f"{'xInd(min)':>9} {'xbf16':>6} {'target':>10} {'rel.err':>8} {'err target':>11} "
+        f"{'compile s':>9} {'pkg MB':>6}"
     )
     print("\n" + hdr + "\n" + "-" * len(hdr))
     for r in rows:
         if r["status"] != "ok":
             print(f"{r['M']:>4}  {r['candidate']:28} {r['status'][:140]}")
             continue
-        tgt, etgt = r.get("speedup_target"), r.get("rel_err_target")
+        tgt, btgt, etgt = (
+            r.get(k) for k in ("speedup_target", "speedup_vs_bf16_target", "rel_err_target")
+        )
+        xbf = r.get("speedup_vs_bf16_inductor")
         tgt_s = "-" if tgt is None else f">={tgt} " + _ok(r["speedup_vs_fp32_inductor"] >= tgt)
+        btgt_s = "-" if btgt is None or xbf is None else f">={btgt} " + _ok(xbf >= btgt)
         etgt_s = "-" if etgt is None else f"<={etgt:.0e} " + _ok(r["rel_err_vs_fp32_eager"] <= etgt)
         mb = None if r["artifact_bytes"] is None else r["artifact_bytes"] / 1e6
         print(
             f"{r['M']:>4}  {r['candidate']:28} {r['median_ms']:9.3f} {r['min_ms']:8.3f} "
             f"{r['speedup_vs_fp32_inductor']:6.2f} {tgt_s:>10} "
-            f"{r['speedup_of_min_vs_fp32_inductor']:9.2f} {r['rel_err_vs_fp32_eager']:8.1e} "
+            f"{r['speedup_of_min_vs_fp32_inductor']:9.2f} {_fmt(xbf, '6.2f'):>6} {btgt_s:>10} "
+            f"{r['rel_err_vs_fp32_eager']:8.1e} "
             f"{etgt_s:>11} {_fmt(r['compile_s'], '9.1f'):>9} {_fmt(mb, '6.1f'):>6}"
         )
+
+
+def versus_quantize_dynamic(rows: list[dict]) -> list[dict]:
+    """Per M: fxquant's fastest int8 row (int8wo, w8a8) beside ``quantize_dynamic``'s, speed
+    and error: the target is faster at equal or better error, with an artifact that exports."""
+    out = []
+    for m in sorted({r["M"] for r in rows}):
+        ok = [r for r in rows if r["M"] == m and r["status"] == "ok"]
+        peer = next((r for r in ok if r["candidate"] == "ao quantize_dynamic int8"), None)
+        ours = [
+            r
+            for r in ok
+            if r["candidate"].startswith("fxquant") and r["scheme"] in ("int8wo", "w8a8")
+        ]
+        if peer is None or not ours:
+            continue
+        best = max(ours, key=lambda r: r["speedup_vs_fp32_inductor"])
+        out.append(
+            {
+                "M": m,
+                "fxquant": best["candidate"],
+                "speed_ratio": peer["median_ms"] / best["median_ms"],
+                "rel_err": best["rel_err_vs_fp32_eager"],
+                "quantize_dynamic_rel_err": peer["rel_err_vs_fp32_eager"],
+                "met": peer["median_ms"] >= best["median_ms"]
+                and best["rel_err_vs_fp32_eager"] <= peer["rel_err_vs_fp32_eager"],
+            }
+        )
+    for c in out:
+        print(
+            f"M={c['M']:>3}: {c['fxquant']} is {c['speed_ratio']:.2f}x quantize_dynamic's speed, "
+            f"rel.err {c['rel_err']:.1e} vs {c['quantize_dynamic_rel_err']:.1e} "
+            f"({'met' if c['met'] else 'NOT met'})"
+        )
+    return out
 
 
 def _ok(met: bool) -> str:
@@ -398,12 +488,12 @@ def main() -> None:
         "--model",
         choices=("stack", "smollm2"),
         default="stack",
-        help="the D=1024 stack at M=1/128, or SmolLM2-135M prefill/decode",
+        help="the D=1024 stack at M=1/16/128/512, or SmolLM2-135M prefill/decode",
     )
     ap.add_argument(
         "--out",
         default=None,
-        help="JSON path (default results/cpu_latency.json, or cpu_latency_smollm2.json)",
+        help="JSON path (default results/cpu_latency_<class>.json, or cpu_latency_smollm2.json)",
     )
     ap.add_argument(
         "--plot-only",
@@ -413,8 +503,8 @@ def main() -> None:
     a = ap.parse_args()
     results = Path(__file__).parent / "results"
     if a.out is None:
-        name = "cpu_latency.json" if a.model == "stack" else "cpu_latency_smollm2.json"
-        a.out = str(results / name)
+        stack = f"cpu_latency_{machine_class()}.json"
+        a.out = str(results / (stack if a.model == "stack" else "cpu_latency_smollm2.json"))
     draw = plot if a.model == "stack" else smollm2_latency.plot
     if a.plot_only:
         draw(json.loads(Path(a.out).read_text()), Path(a.out).with_suffix(".png"))
@@ -425,11 +515,15 @@ def main() -> None:
         return
     schemes = tuple(a.schemes.split(",")) if a.schemes else (QUICK_SCHEMES if a.quick else SCHEMES)
     n = a.rounds or (3 if a.quick else 9)
-    rounds = {m: 3 * n if m == 1 else n for m in MS}
+    # cheap M get more rounds; M = 512 calls take ~0.3 s each
+    rounds = {
+        m: 3 * n if m == 1 else 2 * n if m == 16 else n if m == 128 else max(3, n // 2) for m in MS
+    }
     t_start = time.perf_counter()
     rows, extra = run(schemes, not a.no_peers, rounds)
     print_table(rows)
     print(f"torchao: {extra['torchao']}")
+    peer = versus_quantize_dynamic(rows)
     shape = get_shape(SHAPE)
     res = {
         "question": __doc__.splitlines()[0] + " " + __doc__.splitlines()[1],
@@ -451,10 +545,20 @@ def main() -> None:
         "torchao": extra["torchao"],
         "fp32_param_bytes": extra["fp32_param_bytes"],
         "targets": {
-            "speedup_vs_fp32_inductor": {f"{s} M={m}": v for (s, m), v in SPEEDUP_TARGETS.items()},
+            "cpu_class": machine_class(),
+            "floor_vs_fp32_inductor": FLOOR,
+            "speedup_vs_fp32_inductor": {
+                family: {f"{s} M={m}": v for (s, m), v in t.items()}
+                for family, t in SPEEDUP_TARGETS.items()
+            },
+            "speedup_vs_bf16_inductor": {
+                "classes": list(BF16_CLASSES),
+                **{f"M={m}": v for m, v in BF16_TARGETS.items()},
+            },
             "rel_err": ERR_TARGET,
             "rel_err_int4": ERR_TARGET_INT4,
         },
+        "versus_quantize_dynamic": peer,
         "results": rows,
         "wall_s": time.perf_counter() - t_start,
     }

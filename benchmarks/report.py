@@ -147,24 +147,41 @@ def accuracy_section() -> str:
 
 
 def latency_section() -> str:
-    rec, missing = _load("cpu_latency.json", "python benchmarks/cpu_latency.py")
-    out = ["### CPU latency", ""]
+    """One subsection per CPU class measured (``cpu_latency_<class>.json``): speed is not
+    carried from one class to another."""
+    names = sorted(
+        p.name for p in RESULTS.glob("cpu_latency_*.json") if p.stem != "cpu_latency_smollm2"
+    )
+    if not names:
+        return (
+            "### CPU latency\n\n_No `benchmarks/results/cpu_latency_<class>.json` yet: run "
+            "`python benchmarks/cpu_latency.py`._"
+        )
+    return "\n\n".join(_latency_class(name) for name in names)
+
+
+def _latency_class(name: str) -> str:
+    rec, missing = _load(name, "python benchmarks/cpu_latency.py")
+    cls = name.removeprefix("cpu_latency_").removesuffix(".json")
+    out = [f"### CPU latency, CPU class `{cls}`", ""]
     if rec is None:
         return "\n".join(out + [missing])
     shape = rec.get("shape", {})
     out += [
-        "From `benchmarks/cpu_latency.py` → `benchmarks/results/cpu_latency.json`; "
+        f"From `benchmarks/cpu_latency.py` → `benchmarks/results/{name}`; "
         f"{_machine(rec)}, torchao {rec.get('torchao', '?')}.",
         "",
         f"Model: `{shape.get('name', '?')}` (LayerNorm → Linear(D, {shape.get('ffn', '?')}) → "
         f"GELU → Linear → residual, D={shape.get('d_model', '?')}, {shape.get('layers', '?')} "
         "blocks, fp32). Speed-up vs fp32 Inductor at the same M, from medians and from minima, "
         "measured side by side (interleaved rounds) on a shared machine: quote the ratios, not "
-        "the milliseconds. rel. err = ‖y − y_fp32‖ / ‖y_fp32‖.",
+        "the milliseconds (in brackets: vs bf16 Inductor, where measured). "
+        "rel. err = ‖y − y_fp32‖ / ‖y_fp32‖.",
         "",
     ]
-    if (RESULTS / "cpu_latency.png").exists():
-        out += ["![CPU latency chart](benchmarks/results/cpu_latency.png)", ""]
+    png = Path(name).with_suffix(".png").name
+    if (RESULTS / png).exists():
+        out += [f"![CPU latency chart, {cls}](benchmarks/results/{png})", ""]
     ms = rec.get("M") or sorted({r.get("M") for r in rec.get("results", [])})
     by: dict[str, dict] = {}
     for r in rec.get("results", []):
@@ -182,7 +199,8 @@ def latency_section() -> str:
             # inflates the first; the second is the conservative figure
             med = _f(r.get("speedup_vs_fp32_inductor"), ".2f")
             low = _f(r.get("speedup_of_min_vs_fp32_inductor"), ".2f")
-            cells.append(f"{med}× / {low}×")
+            bf16 = r.get("speedup_vs_bf16_inductor")
+            cells.append(f"{med}× / {low}×" + ("" if bf16 is None else f" ({bf16:.2f}×)"))
         errs = [r.get("rel_err_vs_fp32_eager") for r in per_m.values() if r.get("status") == "ok"]
         cells.append(_f(max(errs), ".1e") if errs else "–")
         sizes = [r.get("artifact_bytes") for r in per_m.values() if r.get("artifact_bytes")]
@@ -193,6 +211,12 @@ def latency_section() -> str:
     bad = {r["candidate"]: r["status"] for r in rec.get("results", []) if r.get("status") != "ok"}
     if bad:
         out += ["Not measured:", "", *[f"- {k}: {v}" for k, v in bad.items()], ""]
+    for c in rec.get("versus_quantize_dynamic", []):
+        out.append(
+            f"- M = {c['M']}: {c['fxquant']} runs {c['speed_ratio']:.2f}× the speed of "
+            f"`quantize_dynamic` (rel. err {c['rel_err']:.1e} vs "
+            f"{c['quantize_dynamic_rel_err']:.1e})"
+        )
     return "\n".join(out).rstrip()
 
 
