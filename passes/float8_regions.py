@@ -27,7 +27,7 @@ from fxquant.core.config import Float8Recipe, QuantConfig, Scheme
 from fxquant.core.row import LayerRow
 from fxquant.passes.plan import LayerPlan, Site, find_sites, plan_sites
 from fxquant.passes.rewrite import COPIED_META, DynamoEditor, _row, counters
-from fxquant.training.numerics import float8_training_linear
+from fxquant.training.numerics import float8_training_linear, gemm_kind
 from fxquant.training.state import state_for
 
 __all__ = [
@@ -264,7 +264,20 @@ def float8_regions(gm: fx.GraphModule, example_inputs, config: QuantConfig) -> F
             continue
         recipe = plan.scheme
         padded = recipe.padded_in_features(plan.site.in_features)
-        rows.append(row.replace(padded_in_features=padded, bytes_after=row.bytes_before))
+        # which GEMM each of fprop, dgrad, wgrad runs: _scaled_mm, emulated, or high precision
+        gemms = {
+            role: "high precision" if hp else gemm_kind(recipe)
+            for role, hp in zip(
+                ("fprop", "dgrad", "wgrad"), recipe.override_linear_precision, strict=True
+            )
+        }
+        rows.append(
+            row.replace(
+                padded_in_features=padded,
+                bytes_after=row.bytes_before,
+                extra={**row.extra, "fp8_gemms": gemms},
+            )
+        )
         node = env[plan.site.node]
         x, w = env_arg(env, plan.site.x), env[plan.site.weight_node]
         bias = env_arg(env, plan.site.bias)

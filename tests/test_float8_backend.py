@@ -184,6 +184,11 @@ def test_default_region_skips_first_and_last_and_pads_odd_dims():
     assert got["mid"] == got["mid2"] == got["body"] == "fp8"  # 20 is padded to 32
     rows = {r["name"]: r for r in last_reports[-1]}
     assert rows["mid2"]["padded_in_features"] == 32
+    # each row says which GEMM fprop, dgrad and wgrad run
+    assert rows["mid2"]["fp8_gemms"] == dict.fromkeys(("fprop", "dgrad", "wgrad"), "_scaled_mm")
+    _regions(Float8Recipe(scaling="mxfp8", override_linear_precision=(False, False, True)))
+    gemms = {r["name"]: r for r in last_reports[-1]}["body"]["fp8_gemms"]
+    assert gemms == {"fprop": "emulated", "dgrad": "emulated", "wgrad": "high precision"}
 
 
 def test_without_padding_dims_not_divisible_by_16_are_skipped():
@@ -402,8 +407,12 @@ def test_two_gloo_ranks_compute_identical_scales(tmp_path):
 # --------------------------------------------------------------------------------------------
 
 
-def test_quantize_with_a_float8_recipe_exports_the_trained_scales():
+def test_quantize_with_a_float8_recipe_exports_the_trained_scales(monkeypatch):
     from fxquant.passes.lower import lower
+
+    # the native kernels at every M: a CPU class whose table takes large M to a bf16 GEMM rounds
+    # each sum to bf16 (tests/test_cpu_dispatch.py bounds that path)
+    monkeypatch.setenv("FXQUANT_CPU_DISPATCH", "native")
 
     model = make_model()
     recipe = Float8Recipe(amax_history_len=4)

@@ -323,3 +323,57 @@ def test_recipe_and_static_scheme_round_trip_through_config_json():
         QuantConfig(scheme=Float8Static(activation_scale=1.0), module_filter=lambda m, n: True)
     with pytest.raises(ValueError, match="activation_scale=0"):
         Float8Static(activation_scale=0)
+
+
+# --------------------------------------------------------------------------------------------
+# The real FP8 GEMMs (torch._scaled_mm) against the emulated ones
+# --------------------------------------------------------------------------------------------
+
+_SCALED = [
+    Float8Recipe(scaling="delayed", fp8_format="HYBRID"),
+    Float8Recipe(scaling="current", granularity="tensor", fp8_format="HYBRID"),
+    Float8Recipe(scaling="current", granularity="row", fp8_format="E4M3"),
+]
+
+
+@pytest.mark.parametrize("recipe", _SCALED, ids=lambda r: f"{r.scaling}-{r.granularity}")
+def test_scaled_mm_gemms_equal_the_emulated_ones_up_to_summation_order(recipe, monkeypatch):
+    # One step's output and gradients: the same fp8 values and scales go into both paths; the
+    # emulated GEMM multiplies dequantized values (two fp32 roundings per product) and sums in
+    # another order, so they differ by fp32 rounding only: bound 2e-6 of the largest magnitude.
+    from fxquant.training import numerics
+
+    assert numerics.gemm_kind(recipe) == "_scaled_mm"
+    x, w, b = _data()
+    delayed = recipe.scaling == "delayed"
+    scales = dict(fwd_scale=torch.tensor([2.0, 40.0, 1.0]), bwd_scale=torch.tensor([8.0, 1.0]))
+    torch.manual_seed(1)  # the same upstream gradient for both
+    got = _run(recipe, x, w, b, **(scales if delayed else {}))
+    monkeypatch.setattr(numerics, "gemm_kind", lambda r: "emulated")
+    torch.manual_seed(1)
+    want = _run(recipe, x, w, b, **(scales if delayed else {}))
+    for name, a, e in zip(("y", "grad_x", "grad_w", "grad_b"), got[:4], want[:4], strict=True):
+        bound = 2e-6 * e.abs().max().item()
+        assert (a - e).abs().max().item() <= bound, name
+
+
+@pytest.mark.parametrize("recipe", _SCALED, ids=lambda r: f"{r.scaling}-{r.granularity}")
+def test_scaled_mm_saves_x_for_the_backward_in_fp8(recipe):
+    x, w, b = _data()
+    x, w = x.requires_grad_(), w.requires_grad_()
+    delayed = recipe.scaling == "delayed"
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        y, _ = float8_training_linear(
+            x,
+            w,
+            b,
+            torch.tensor([2.0, 40.0, 1.0]) if delayed else None,
+            torch.tensor([8.0, 1.0]) if delayed else None,
+            torch.zeros(2, requires_grad=True) if delayed else None,
+            recipe=recipe,
+        )
+    big = [t for t in saved if t.numel() == x.numel()]
+    assert [t.dtype for t in big] == [E4M3]  # x's copy: one byte a value, no fp32 copy of x
+    y.sum().backward()
+    assert x.grad is not None and w.grad is not None

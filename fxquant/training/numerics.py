@@ -9,10 +9,18 @@ it reports back.
 
 Every GEMM operand is cast from its high-precision source along that GEMM's reduction dim and
 never re-quantized: fprop x·Wᵀ casts x and W along K, dgrad g·W casts g and W along N, wgrad gᵀ·x
-casts g and x along M (the row-wise, column-wise copies of TE/torchao). The GEMM itself is
-emulated: the fp8 values, dequantized exactly to fp32, are multiplied with fp32 accumulation,
-which is what an FP8 tensor core computes up to summation order. This is also the reference the
-tests hold the compiled graphs to.
+casts g and x along M (the row-wise, column-wise copies of TE/torchao).
+
+The GEMMs of per-tensor and per-row scales (``delayed``, ``current``) are real FP8 GEMMs:
+``torch._scaled_mm`` on the fp8 operands and their dequant scales (fp32 accumulation; the
+second operand column-major; on CUDA K and N zero-padded to multiples of 16), the tensor-core
+path on a GPU and the same code on CPU, where torch runs it too. What the backward needs of x
+is saved as fp8 (1 byte a value: the copy cast along M, or for per-tensor scales the forward's
+own copy), never in high precision. MXFP8 and block scales have no ``_scaled_mm`` layout on
+every device and torch this supports, so those GEMMs are emulated: the fp8 values, dequantized
+exactly to fp32, multiplied with fp32 accumulation, what an FP8 tensor core computes up to
+summation order. The emulated casts (``cast_*``) are also the reference the tests hold the
+``_scaled_mm`` path to (the same fp8 values; sums in another order).
 
 Scales here follow Transformer Engine where state is kept: a delayed-scaling ``scale`` multiplies
 into fp8 (``q = sat(x * scale)``, dequantized by ``1 / scale``). Current, MX and block scales are
@@ -38,6 +46,9 @@ __all__ = [
     "delayed_scaling_update",
     "float8_training_linear",
     "fp8_max",
+    "gemm_kind",
+    "quantize_rows",
+    "scaled_gemm",
 ]
 
 E4M3 = torch.float8_e4m3fn
@@ -188,8 +199,69 @@ def delayed_scaling_update(
 
 
 def _gemm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """a [M, K] · b [K, N] of fp8-exact fp32 values, fp32 accumulation."""
+    """a [M, K] · b [K, N] of fp8-exact fp32 values, fp32 accumulation (the emulated GEMM)."""
     return a.float() @ b.float()
+
+
+def gemm_kind(recipe: Float8Recipe) -> str:
+    """Which GEMM the recipe's FP8 linears run: ``"_scaled_mm"`` (per-tensor and per-row
+    scales) or ``"emulated"`` (MXFP8 and block scales: dequantized fp8 values, fp32 GEMM)."""
+    return "_scaled_mm" if recipe.scaling in ("delayed", "current") else "emulated"
+
+
+def quantize_rows(
+    t: torch.Tensor, recipe: Float8Recipe, dtype: torch.dtype, *, scale: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """2-D ``t`` cast along its last dim (the GEMM's reduction dim) as ``cast_operand`` casts it,
+    kept in fp8: (values in ``dtype``, dequant scale, 0-d or [rows, 1] fp32). Delayed and current
+    scaling only (:func:`gemm_kind`)."""
+    t = t.float().contiguous()  # a transposed operand becomes row-major: K last in memory
+    if recipe.scaling == "delayed":
+        mult = scale.float().reshape(())
+        return _saturate_fp8(t * mult, dtype), (1.0 / mult)
+    per_row = recipe.granularity == "row"
+    amax = t.abs().amax(dim=1, keepdim=True) if per_row else t.abs().amax()
+    s = amax.clamp(min=EPS) / fp8_max(dtype)
+    return _saturate_fp8(t / s, dtype), s
+
+
+def _saturate_fp8(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    m = fp8_max(dtype)
+    return t.clamp(-m, m).to(dtype)
+
+
+def _pad16(t: torch.Tensor, dim: int, value: float = 0.0) -> torch.Tensor:
+    extra = -t.shape[dim] % 16
+    if not extra:
+        return t
+    pad = [0, 0] * (t.dim() - 1 - dim % t.dim()) + [0, extra]
+    if t.dtype in (E4M3, E5M2):  # F.pad has no fp8 kernels: pad the bytes
+        return F.pad(t.view(torch.uint8), pad).view(t.dtype)
+    return F.pad(t, pad, value=value)
+
+
+def scaled_gemm(
+    a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb: torch.Tensor
+) -> torch.Tensor:
+    """fp32 [M, N] = (a · sa) [M, K] · ((b · sb) [N, K])ᵀ on fp8 ``a`` and ``b`` (both with K
+    last), with ``torch._scaled_mm``: per-tensor (0-d) or per-row ([M, 1] / [N, 1]) scales.
+
+    ``b`` goes in as the column-major [K, N] ``_scaled_mm`` wants (a transposed view, no copy).
+    On CUDA, K and N are zero-padded to multiples of 16 (zeros add nothing; padded rows of b
+    get scale 1 and are sliced off), and row-wise scales give a bf16 product there (the only
+    output rowwise ``_scaled_mm`` supports), so that path rounds the product to bf16.
+    """
+    m, n = a.shape[0], b.shape[0]
+    out_dtype = torch.float32
+    if a.is_cuda:
+        a, b = _pad16(a, 1), _pad16(_pad16(b, 1), 0)
+        if sb.dim():
+            sb = _pad16(sb, 0, value=1.0)
+        if sa.dim() or sb.dim():
+            out_dtype = torch.bfloat16
+    scale_b = sb.t() if sb.dim() else sb  # [1, N]: one scale per column of bᵀ
+    y = torch._scaled_mm(a, b.t(), scale_a=sa, scale_b=scale_b, out_dtype=out_dtype)
+    return y[:m, :n].float()
 
 
 class _Float8TrainingLinear(torch.autograd.Function):
@@ -197,16 +269,34 @@ class _Float8TrainingLinear(torch.autograd.Function):
     def forward(ctx, x2, weight, bias, fwd_scale, bwd_scale, amax_sink, recipe):
         ctx.recipe = recipe
         ctx.bias_dtype = None if bias is None else bias.dtype
-        ctx.save_for_backward(x2, weight, fwd_scale, bwd_scale)
-        fprop_hp = recipe.override_linear_precision[0]
+        ctx.x_dtype = x2.dtype
+        fprop_hp, _, wgrad_hp = recipe.override_linear_precision
+        xs = None if fwd_scale is None else fwd_scale[0]
+        ws = None if fwd_scale is None else fwd_scale[1]
+        scaled = gemm_kind(recipe) == "_scaled_mm"
+        xq = xq_scale = None
         if fprop_hp:
             y = x2 @ weight.to(x2.dtype).t()
+        elif scaled:
+            xq, xq_scale = quantize_rows(x2, recipe, E4M3, scale=xs)
+            wq, wq_scale = quantize_rows(weight, recipe, E4M3, scale=ws)
+            y = scaled_gemm(xq, xq_scale, wq, wq_scale).to(x2.dtype)
         else:
-            xs = None if fwd_scale is None else fwd_scale[0]
-            ws = None if fwd_scale is None else fwd_scale[1]
-            xq = cast_operand(x2, recipe, E4M3, dim=1, scale=xs)
-            wq = cast_operand(weight, recipe, E4M3, dim=1, scale=ws, weight=True)
-            y = _gemm(xq, wq.t()).to(x2.dtype)
+            xc = cast_operand(x2, recipe, E4M3, dim=1, scale=xs)
+            wc = cast_operand(weight, recipe, E4M3, dim=1, scale=ws, weight=True)
+            y = _gemm(xc, wc.t()).to(x2.dtype)
+        # What wgrad reads of x: for the _scaled_mm path its fp8 copy cast along M ([K, M], one
+        # byte a value; per-tensor scales make it the forward's own copy, transposed), else x.
+        if scaled and not wgrad_hp and ctx.needs_input_grad[1]:
+            if recipe.scaling == "delayed" or recipe.granularity == "tensor":
+                if xq is None:
+                    xq, xq_scale = quantize_rows(x2, recipe, E4M3, scale=xs)
+                x_saved, x_scale = xq.t().contiguous(), xq_scale
+            else:
+                x_saved, x_scale = quantize_rows(x2.t(), recipe, E4M3, scale=xs)
+        else:
+            x_saved, x_scale = x2, None
+        ctx.save_for_backward(x_saved, x_scale, weight, fwd_scale, bwd_scale)
         if bias is not None:
             y = y + bias.to(y.dtype)
         if fwd_scale is None:
@@ -225,9 +315,10 @@ class _Float8TrainingLinear(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_y, _grad_amax):
-        x2, weight, fwd_scale, bwd_scale = ctx.saved_tensors
+        x_saved, x_scale, weight, fwd_scale, bwd_scale = ctx.saved_tensors
         recipe = ctx.recipe
         _, dgrad_hp, wgrad_hp = recipe.override_linear_precision
+        scaled = gemm_kind(recipe) == "_scaled_mm"
         gdt = grad_dtype(recipe)
         gs = None if bwd_scale is None else bwd_scale[0]
         xs = None if fwd_scale is None else fwd_scale[0]
@@ -236,17 +327,24 @@ class _Float8TrainingLinear(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             if dgrad_hp:
                 grad_x = grad_y @ weight.to(grad_y.dtype)
+            elif scaled:  # g [M, N] · W [N, K]: both cast along N
+                gq, g_scale = quantize_rows(grad_y, recipe, gdt, scale=gs)
+                wq, w_scale = quantize_rows(weight.t(), recipe, E4M3, scale=ws)
+                grad_x = scaled_gemm(gq, g_scale, wq, w_scale)
             else:
                 gq = cast_operand(grad_y, recipe, gdt, dim=1, scale=gs)
                 wq = cast_operand(weight, recipe, E4M3, dim=0, scale=ws, weight=True)
                 grad_x = _gemm(gq, wq)
-            grad_x = grad_x.to(x2.dtype)
+            grad_x = grad_x.to(ctx.x_dtype)
         if ctx.needs_input_grad[1]:
             if wgrad_hp:
-                grad_w = grad_y.t().to(x2.dtype) @ x2
+                grad_w = grad_y.t().to(x_saved.dtype) @ x_saved
+            elif scaled:  # gᵀ [N, M] · x [M, K]: both cast along M (x's copy saved as [K, M])
+                gq, g_scale = quantize_rows(grad_y.t(), recipe, gdt, scale=gs)
+                grad_w = scaled_gemm(gq, g_scale, x_saved, x_scale)
             else:
                 gq = cast_operand(grad_y, recipe, gdt, dim=0, scale=gs)
-                xq = cast_operand(x2, recipe, E4M3, dim=0, scale=xs)
+                xq = cast_operand(x_saved, recipe, E4M3, dim=0, scale=xs)
                 grad_w = _gemm(gq.t(), xq)
             grad_w = grad_w.to(weight.dtype)
         if ctx.bias_dtype is not None and ctx.needs_input_grad[2]:
