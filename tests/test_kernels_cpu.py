@@ -42,6 +42,22 @@ def _close(got: torch.Tensor, want: torch.Tensor) -> None:
         assert (got - want).abs().max() <= tol, (got - want).abs().max()
 
 
+def test_int8_scaled_extremes_do_not_saturate():
+    # every product at +-127 * 127 over a long K, on every path (VNNI's x + 128 included)
+    k = 4160  # 65 blocks of 64
+    w = torch.full((3, k), 127, dtype=torch.int8)
+    w[1] = -127
+    w[2, ::2] = -127
+    xq = torch.full((6, k), -127, dtype=torch.int8)
+    xq[1] = 127
+    xq[3, 1::3] = 0
+    xs, s = torch.rand(6) + 0.5, torch.rand(3) + 0.5
+    got = fxq.native_int8_scaled_linear(xq, xs, w, s)
+    # (sums up to 6.7e7, past fp32's exact integers: the reference's fp32 matmul would round)
+    want = (xq.long() @ w.long().t()).float() * xs.reshape(-1, 1) * s
+    assert torch.equal(got, want)
+
+
 @pytest.mark.parametrize("k", [1, 7, 8, 9, 31, 33, 100, 127, 136, 200])
 def test_int8_weight_only_every_k(k):
     g = torch.Generator().manual_seed(k)

@@ -22,6 +22,9 @@
 #include <immintrin.h>
 #define FXQ_AVX2 1
 #endif
+#if defined(FXQ_AVX2) && defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#define FXQ_VNNI512 1  // int8 x int8 dot products in one instruction (vpdpbusd)
+#endif
 
 #pragma GCC visibility push(hidden)
 
