@@ -28,28 +28,21 @@ inline uint16_t bf16_bits(float f) {
 }
 
 #ifdef FXQ_AVX2
-// eight fp32 -> eight bf16 (ties to even), stored at out
-inline void store_bf16x8(uint16_t* out, __m256 v) {
-  const __m256i b = _mm256_castps_si256(v);
-  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
-  const __m256i r = _mm256_srli_epi32(
-      _mm256_add_epi32(_mm256_add_epi32(b, _mm256_set1_epi32(0x7FFF)), odd), 16);
+// eight 32-bit lanes, each < 2^16, stored as eight uint16 at out
+inline void store_u16x8(uint16_t* out, __m256i r) {
   // packus works per 128-bit lane: [r0..r3 r0..r3 | r4..r7 r4..r7]; gather quads 0 and 2
   const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
   _mm_storeu_si128((__m128i*)out, _mm256_castsi256_si128(packed));
 }
-#endif
 
-AOTITorchError new_bf16(int64_t N, int64_t K, AtenTensorHandle* ret, uint16_t** data) {
-  const int64_t sizes[2] = {N, K}, strides[2] = {K, 1};
-  if (AOTITorchError e = aoti_torch_empty_strided(2, sizes, strides, aoti_torch_dtype_bfloat16(),
-                                                  aoti_torch_device_type_cpu(), 0, ret))
-    return e;
-  void* p = nullptr;
-  if (AOTITorchError e = aoti_torch_get_data_ptr(*ret, &p)) return e;
-  *data = (uint16_t*)p;
-  return AOTI_TORCH_SUCCESS;
+// eight fp32 -> eight bf16 (ties to even), stored at out
+inline void store_bf16x8(uint16_t* out, __m256 v) {
+  const __m256i b = _mm256_castps_si256(v);
+  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
+  store_u16x8(out, _mm256_srli_epi32(
+                       _mm256_add_epi32(_mm256_add_epi32(b, _mm256_set1_epi32(0x7FFF)), odd), 16));
 }
+#endif
 
 }  // namespace
 }  // namespace fxq
@@ -65,7 +58,8 @@ AOTITorchError aoti_torch_cpu_native_float8_to_bfloat16(AtenTensorHandle w,
   if (!view(w, 2, aoti_torch_dtype_float8_e4m3fn(), &wm)) return AOTI_TORCH_FAILURE;
   const int64_t N = wm.rows, K = wm.cols;
   uint16_t* out = nullptr;
-  if (AOTITorchError e = new_bf16(N, K, ret0, &out)) return e;
+  if (AOTITorchError e = new_matrix(N, K, aoti_torch_dtype_bfloat16(), ret0, (void**)&out))
+    return e;
   const uint8_t* src = wm.as<uint8_t>();
   const int64_t total = N * K;
   constexpr int64_t kBlock = 4096;
@@ -75,11 +69,8 @@ AOTITorchError aoti_torch_cpu_native_float8_to_bfloat16(AtenTensorHandle w,
     int64_t i = b0;
 #ifdef FXQ_AVX2
     // an e4m3 value's fp32 bits end in 16 zeros (at most 3 mantissa bits): bf16 is the top half
-    for (; i + 8 <= end; i += 8) {
-      const __m256i top = _mm256_srli_epi32(_mm256_castps_si256(load_fp8x8(src + i)), 16);
-      const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(top, top), 0x08);
-      _mm_storeu_si128((__m128i*)(out + i), _mm256_castsi256_si128(packed));
-    }
+    for (; i + 8 <= end; i += 8)
+      store_u16x8(out + i, _mm256_srli_epi32(_mm256_castps_si256(load_fp8x8(src + i)), 16));
 #endif
     for (; i < end; ++i) out[i] = bf16_bits(fp8_e4m3_to_float(src[i]));
   }
@@ -100,7 +91,8 @@ AOTITorchError aoti_torch_cpu_native_int4_to_bfloat16(AtenTensorHandle w, AtenTe
     return AOTI_TORCH_FAILURE;
   const int64_t N = wm.rows, K = 2 * wm.cols, G = K / group;
   uint16_t* out = nullptr;
-  if (AOTITorchError e = new_bf16(N, K, ret0, &out)) return e;
+  if (AOTITorchError e = new_matrix(N, K, aoti_torch_dtype_bfloat16(), ret0, (void**)&out))
+    return e;
   const uint8_t* src = wm.as<uint8_t>();
   const float* sp = sm.as<float>();
   const float* op = om.as<float>();
@@ -110,22 +102,11 @@ AOTITorchError aoti_torch_cpu_native_int4_to_bfloat16(AtenTensorHandle w, AtenTe
     uint16_t* o = out + n * K;
     for (int64_t k0 = 0; k0 < K; k0 += 32) {  // K is a multiple of the group, hence of 32
       const float s = sp[n * G + k0 / group], b = op[n * G + k0 / group];
-      const uint8_t* bytes = row + k0 / 2;
+      uint16_t* at = o + k0;
 #ifdef FXQ_AVX2
-      const __m256i low = _mm256_set1_epi32(0x0F);
-      const __m256 sv = _mm256_set1_ps(s), bv = _mm256_set1_ps(b);
-      for (int h = 0; h < 2; ++h) {  // bytes 0-7: columns 0-7 and 16-23; 8-15: 8-15, 24-31
-        const __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(bytes + 8 * h)));
-        const __m256 lo = _mm256_cvtepi32_ps(_mm256_and_si256(v, low));
-        const __m256 hi = _mm256_cvtepi32_ps(_mm256_srli_epi32(v, 4));
-        store_bf16x8(o + k0 + 8 * h, _mm256_fmadd_ps(lo, sv, bv));
-        store_bf16x8(o + k0 + 16 + 8 * h, _mm256_fmadd_ps(hi, sv, bv));
-      }
+      int4_block(row + k0 / 2, s, b, [at](int c, __m256 v) { store_bf16x8(at + c, v); });
 #else
-      for (int i = 0; i < 16; ++i) {
-        o[k0 + i] = bf16_bits(float(bytes[i] & 0x0F) * s + b);
-        o[k0 + 16 + i] = bf16_bits(float(bytes[i] >> 4) * s + b);
-      }
+      int4_block(row + k0 / 2, s, b, [at](int c, float v) { at[c] = bf16_bits(v); });
 #endif
     }
   }

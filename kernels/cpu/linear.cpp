@@ -66,22 +66,11 @@ void dequant_rows(Fmt fmt, const uint8_t* w, int64_t K, const float* scale, cons
       const int64_t G = K / group;
       for (int64_t k0 = 0; k0 < K; k0 += 32) {  // K is a multiple of the group, hence of 32
         const float s = scale[n * G + k0 / group], b = offset[n * G + k0 / group];
-        const uint8_t* bytes = row + k0 / 2;
+        float* at = o + k0;
 #ifdef FXQ_AVX2
-        const __m256i low = _mm256_set1_epi32(0x0F);
-        const __m256 sv = _mm256_set1_ps(s), bv = _mm256_set1_ps(b);
-        for (int h = 0; h < 2; ++h) {  // bytes 0-7 hold columns 0-7 and 16-23; 8-15: 8-15, 24-31
-          const __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(bytes + 8 * h)));
-          const __m256 lo = _mm256_cvtepi32_ps(_mm256_and_si256(v, low));
-          const __m256 hi = _mm256_cvtepi32_ps(_mm256_srli_epi32(v, 4));
-          _mm256_storeu_ps(o + k0 + 8 * h, _mm256_fmadd_ps(lo, sv, bv));
-          _mm256_storeu_ps(o + k0 + 16 + 8 * h, _mm256_fmadd_ps(hi, sv, bv));
-        }
+        int4_block(row + k0 / 2, s, b, [at](int c, __m256 v) { _mm256_storeu_ps(at + c, v); });
 #else
-        for (int i = 0; i < 16; ++i) {
-          o[k0 + i] = float(bytes[i] & 0x0F) * s + b;
-          o[k0 + 16 + i] = float(bytes[i] >> 4) * s + b;
-        }
+        int4_block(row + k0 / 2, s, b, [at](int c, float v) { at[c] = v; });
 #endif
       }
     }
@@ -154,15 +143,17 @@ bool view(AtenTensorHandle t, int64_t dim, int32_t dtype, Mat* out) {
   return true;
 }
 
-AOTITorchError new_output(int64_t M, int64_t N, AtenTensorHandle* ret, float** data) {
-  const int64_t sizes[2] = {M, N}, strides[2] = {N, 1};
-  if (AOTITorchError e = aoti_torch_empty_strided(2, sizes, strides, aoti_torch_dtype_float32(),
+AOTITorchError new_matrix(int64_t rows, int64_t cols, int32_t dtype, AtenTensorHandle* ret,
+                          void** data) {
+  const int64_t sizes[2] = {rows, cols}, strides[2] = {cols, 1};
+  if (AOTITorchError e = aoti_torch_empty_strided(2, sizes, strides, dtype,
                                                   aoti_torch_device_type_cpu(), 0, ret))
     return e;
-  void* p = nullptr;
-  if (AOTITorchError e = aoti_torch_get_data_ptr(*ret, &p)) return e;
-  *data = (float*)p;
-  return AOTI_TORCH_SUCCESS;
+  return aoti_torch_get_data_ptr(*ret, data);
+}
+
+AOTITorchError new_output(int64_t M, int64_t N, AtenTensorHandle* ret, float** data) {
+  return new_matrix(M, N, aoti_torch_dtype_float32(), ret, (void**)data);
 }
 
 std::vector<float> dequantize_activation(const int8_t* xq, const float* xs, int64_t M, int64_t K) {

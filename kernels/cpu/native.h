@@ -74,6 +74,27 @@ inline __m256 load_fp8x8(const uint8_t* p) {
 }
 #endif
 
+// One 32-column block of the int4 layout (16 bytes; byte i holds column i in its low nibble and
+// column i + 16 in its high one), dequantized as w = u * s + b and handed to put(column, value):
+// eight columns at a time as an __m256 with AVX2, else one float at a time.
+template <class Put>
+inline void int4_block(const uint8_t* bytes, float s, float b, Put put) {
+#ifdef FXQ_AVX2
+  const __m256i low = _mm256_set1_epi32(0x0F);
+  const __m256 sv = _mm256_set1_ps(s), bv = _mm256_set1_ps(b);
+  for (int h = 0; h < 2; ++h) {  // bytes 0-7 hold columns 0-7 and 16-23; 8-15: 8-15, 24-31
+    const __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(bytes + 8 * h)));
+    put(8 * h, _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(v, low)), sv, bv));
+    put(16 + 8 * h, _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(v, 4)), sv, bv));
+  }
+#else
+  for (int i = 0; i < 16; ++i) {
+    put(i, float(bytes[i] & 0x0F) * s + b);
+    put(16 + i, float(bytes[i] >> 4) * s + b);
+  }
+#endif
+}
+
 // ---- Shared by the shims (linear.cpp) ------------------------------------------------------
 
 struct Mat {
@@ -87,6 +108,10 @@ struct Mat {
 
 // A contiguous tensor of `dim` dims and dtype `dtype`, on CPU; 2-D ones as (rows, cols).
 bool view(AtenTensorHandle t, int64_t dim, int32_t dtype, Mat* out);
+
+// A new contiguous [rows, cols] tensor of `dtype` and its data.
+AOTITorchError new_matrix(int64_t rows, int64_t cols, int32_t dtype, AtenTensorHandle* ret,
+                          void** data);
 
 // A new fp32 [M, N] tensor and its data.
 AOTITorchError new_output(int64_t M, int64_t N, AtenTensorHandle* ret, float** data);
