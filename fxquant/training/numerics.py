@@ -73,9 +73,14 @@ def grad_dtype(recipe: Float8Recipe) -> torch.dtype:
 # --------------------------------------------------------------------------------------------
 
 
-def _saturate(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def _saturate_fp8(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``t`` clamped to the format's range, in fp8 (what ``_scaled_mm`` reads)."""
     m = fp8_max(dtype)
-    return t.clamp(-m, m).to(dtype).float()
+    return t.clamp(-m, m).to(dtype)
+
+
+def _saturate(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return _saturate_fp8(t, dtype).float()
 
 
 def cast_delayed(t: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -223,11 +228,6 @@ def quantize_rows(
     amax = t.abs().amax(dim=1, keepdim=True) if per_row else t.abs().amax()
     s = amax.clamp(min=EPS) / fp8_max(dtype)
     return _saturate_fp8(t / s, dtype), s
-
-
-def _saturate_fp8(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    m = fp8_max(dtype)
-    return t.clamp(-m, m).to(dtype)
 
 
 def _pad16(t: torch.Tensor, dim: int, value: float = 0.0) -> torch.Tensor:

@@ -100,15 +100,12 @@ AOTITorchError aoti_torch_cpu_native_int4_to_bfloat16(AtenTensorHandle w, AtenTe
   for (int64_t n = 0; n < N; ++n) {
     const uint8_t* row = src + n * (K / 2);
     uint16_t* o = out + n * K;
-    for (int64_t k0 = 0; k0 < K; k0 += 32) {  // K is a multiple of the group, hence of 32
-      const float s = sp[n * G + k0 / group], b = op[n * G + k0 / group];
-      uint16_t* at = o + k0;
+    const float *s = sp + n * G, *b = op + n * G;
 #ifdef FXQ_AVX2
-      int4_block(row + k0 / 2, s, b, [at](int c, __m256 v) { store_bf16x8(at + c, v); });
+    int4_row(row, K, group, s, b, [o](int64_t c, __m256 v) { store_bf16x8(o + c, v); });
 #else
-      int4_block(row + k0 / 2, s, b, [at](int c, float v) { at[c] = bf16_bits(v); });
+    int4_row(row, K, group, s, b, [o](int64_t c, float v) { o[c] = bf16_bits(v); });
 #endif
-    }
   }
   return AOTI_TORCH_SUCCESS;
 }

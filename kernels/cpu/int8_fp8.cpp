@@ -168,7 +168,7 @@ void gemv_int8_int8(const int8_t* xq, const float* xs, int64_t M, int64_t K, con
         y[(m + i) * N + n] = float(dots[i] - 128 * wsum) * xs[m + i] * scale[n];
     }
     for (; m < M; ++m) {
-      dot_u8s8<1>(xu.data() + m * K, K, row, dots, m < 4 ? &wsum : nullptr);
+      dot_u8s8<1>(xu.data() + m * K, K, row, dots, m == 0 ? &wsum : nullptr);
       y[m * N + n] = float(dots[0] - 128 * wsum) * xs[m] * scale[n];
     }
   }

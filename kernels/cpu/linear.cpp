@@ -62,17 +62,14 @@ void dequant_rows(Fmt fmt, const uint8_t* w, int64_t K, const float* scale, cons
 #endif
       for (; k < K; ++k) o[k] = fp8_e4m3_to_float(row[k]) * s;
     } else {
-      const uint8_t* row = w + n * (K / 2);
       const int64_t G = K / group;
-      for (int64_t k0 = 0; k0 < K; k0 += 32) {  // K is a multiple of the group, hence of 32
-        const float s = scale[n * G + k0 / group], b = offset[n * G + k0 / group];
-        float* at = o + k0;
+      const uint8_t* row = w + n * (K / 2);
+      const float *s = scale + n * G, *b = offset + n * G;
 #ifdef FXQ_AVX2
-        int4_block(row + k0 / 2, s, b, [at](int c, __m256 v) { _mm256_storeu_ps(at + c, v); });
+      int4_row(row, K, group, s, b, [o](int64_t c, __m256 v) { _mm256_storeu_ps(o + c, v); });
 #else
-        int4_block(row + k0 / 2, s, b, [at](int c, float v) { at[c] = v; });
+      int4_row(row, K, group, s, b, [o](int64_t c, float v) { o[c] = v; });
 #endif
-      }
     }
   }
 }

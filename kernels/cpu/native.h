@@ -95,6 +95,16 @@ inline void int4_block(const uint8_t* bytes, float s, float b, Put put) {
 #endif
 }
 
+// One weight row of the int4 layout (K columns, a multiple of the group, hence of 32), its
+// groups' scale and offset, block by block: put(column, value or __m256 of eight) as above.
+template <class Put>
+inline void int4_row(const uint8_t* row, int64_t K, int64_t group, const float* scale,
+                     const float* offset, Put put) {
+  for (int64_t k0 = 0; k0 < K; k0 += 32)
+    int4_block(row + k0 / 2, scale[k0 / group], offset[k0 / group],
+               [&](int c, auto v) { put(k0 + c, v); });
+}
+
 // ---- Shared by the shims (linear.cpp) ------------------------------------------------------
 
 struct Mat {

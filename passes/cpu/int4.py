@@ -150,7 +150,8 @@ def dequantize_native_int4(
 ) -> Tensor:
     """The native kernel's int4 layout (``kernels/cpu/int4.cpp``: per 32 columns 16 bytes, byte
     i holding column i low and column i + 16 high; w = u * scale + offset per group) → W [N, K]
-    in ``dtype``, in aten ops that Inductor fuses into one pass."""
+    in ``dtype``, in aten ops: the layout's reading in plain torch, which the native decoder
+    (``fxquant::native_int4_to_bfloat16``) is tested against."""
     n, half = weight.shape
     b = weight.reshape(n, half // 16, 16)
     u = torch.stack([b & 0x0F, b >> 4], dim=2).reshape(n, -1, group_size).float()
