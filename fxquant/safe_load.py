@@ -66,7 +66,8 @@ def load_program(path: str | os.PathLike) -> torch.export.ExportedProgram:
             # torch's reader does not check the stored CRC-32s: a flipped bit in a weight would
             # load as a different model, silently. One pass over the bytes (~1 GB/s).
             bad = None if _crc_skipped(zf) else zf.testzip()
-    except (zipfile.BadZipFile, OSError, EOFError, zlib.error) as e:
+    # (a flipped bit in an entry's UTF-8 name fails to decode before any CRC is read)
+    except (zipfile.BadZipFile, OSError, EOFError, zlib.error, UnicodeDecodeError) as e:
         raise ProgramLoadError(f"{path}: unreadable archive ({e})") from None
     if bad is not None:
         raise ProgramLoadError(

@@ -102,3 +102,16 @@ def test_not_a_program_is_one_clear_error(program_file, tmp_path):
         load_program(package)
     with pytest.raises(ProgramLoadError, match="no such file"):
         load_program(tmp_path / "missing.pt2")
+
+
+def test_an_entry_name_that_is_not_utf8_is_an_unreadable_archive(tmp_path):
+    # what one flipped bit in the central directory's UTF-8 name does (found by the fuzz test)
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        zf.writestr("p/data\u00e9.pkl", b"x")
+    data = bytearray(buf.getvalue())
+    data[data.rfind("data\u00e9".encode()) + 4] = 0xAF  # not a UTF-8 start byte
+    path = tmp_path / "p.pt2"
+    path.write_bytes(bytes(data))
+    with pytest.raises(ProgramLoadError, match="unreadable archive.*utf-8"):
+        load_program(path)
