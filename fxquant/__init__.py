@@ -23,6 +23,7 @@ from fxquant.core.scheme import SCHEMES
 # stays as cheap as registering the ops.
 _EXPORTS = {
     "from_accelerate": "fxquant.training.accelerate",
+    "fp8_autocast": "fxquant.training.autocast",
     "aot_compile": "fxquant.api",
     "quantize": "fxquant.api",
     "AWQ": "fxquant.calibration.methods",
@@ -99,6 +100,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
     from fxquant.report import Report, report  # noqa: F401
     from fxquant.runtime import LLMPackage, generate  # noqa: F401
     from fxquant.training.accelerate import from_accelerate  # noqa: F401
+    from fxquant.training.autocast import fp8_autocast  # noqa: F401
     from fxquant.training.state import fp8_state_dict, load_fp8_state_dict  # noqa: F401
 
 from fxquant.version import __version__ as __version__  # noqa: E402  (re-exported)

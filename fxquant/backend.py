@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from fxquant.core.config import QuantConfig
+from fxquant.core.config import Float8Recipe, QuantConfig
 from fxquant.passes.float8_regions import (
     copy_graph_module,
     float8_regions,
@@ -31,6 +31,7 @@ from fxquant.passes.lower import lowerings, prepack
 from fxquant.passes.pipeline import run_passes
 from fxquant.passes.rewrite import DynamoEditor
 from fxquant.report import read_graph
+from fxquant.training.autocast import has_regions
 
 __all__ = ["CallWatch", "fxquant_backend", "last_reports", "recompile_limit_hit", "watch"]
 
@@ -115,6 +116,9 @@ def fxquant_backend(
     config = QuantConfig.coerce(options.get("config", DEFAULT_RECIPE))
     inductor_config = dict(options.get("inductor_config") or {})
     _watch_recompile_limit()
+    if has_regions(gm.graph):
+        config = _autocast_config(config if "config" in options else None)
+        return _float8_training(gm, example_inputs, config, inductor_config, autocast=True)
     if uses_float8_training(config):
         return _float8_training(gm, example_inputs, config, inductor_config)
     editor = DynamoEditor(gm, example_inputs)
@@ -147,10 +151,30 @@ def fxquant_backend(
     return run
 
 
-def _float8_training(gm, example_inputs, config: QuantConfig, inductor_config: dict):
+def _autocast_config(config: QuantConfig | None) -> QuantConfig:
+    """The config of a forward with ``fxquant.fp8_autocast`` regions: the one given when it is
+    an FP8 training config, else every linear with ``Float8Recipe()`` (TE's defaults), the
+    regions choosing which run in FP8."""
+    if config is None or not config.schemes:
+        return QuantConfig(scheme=Float8Recipe(), modules_to_not_convert=())
+    if not uses_float8_training(config):
+        names = sorted({type(s).__name__ for s in config.schemes})
+        raise ValueError(
+            f"the forward has fxquant.fp8_autocast regions (FP8 training), but the config "
+            f"assigns inference schemes ({', '.join(names)}); compile it with a Float8Recipe "
+            "config, or with no config (the regions' recipes apply)"
+        )
+    return config
+
+
+def _float8_training(
+    gm, example_inputs, config: QuantConfig, inductor_config: dict, *, autocast: bool = False
+):
     """The training branch: FP8 autocast regions (``fxquant.passes.float8_regions``), compiled
     by Inductor with autograd (AOTAutograd traces the FP8 backward too), wrapped in the runtime
-    that keeps the delayed-scaling state (``fxquant.training.state``)."""
+    that keeps the delayed-scaling state (``fxquant.training.state``). With ``autocast`` the
+    forward's ``fp8_autocast`` regions decide, in eval as in training (a forward that reads
+    ``self.training``, as ``contextual_fp8_autocast`` does, is compiled once per mode)."""
     from torch._inductor.compile_fx import compile_fx
 
     from fxquant.training.state import Float8TrainingProgram, remember_owners
@@ -175,7 +199,7 @@ def _float8_training(gm, example_inputs, config: QuantConfig, inductor_config: d
         sites=fg.sites,
         probe=fg.probe,
         eval_fn=eval_fn,
-        autocast_during_eval=any(s.use_autocast_during_eval for s in config.schemes),
+        autocast_during_eval=autocast or any(s.use_autocast_during_eval for s in config.schemes),
     )
 
 

@@ -5,8 +5,10 @@ Where it sits: the training branch of the backend (``fxquant.backend``). A regio
 the graph the config assigns a ``Float8Recipe``: ``modules_to_not_convert`` and ``overrides`` by
 module name, then ``module_filter(module, fqn)`` when given, else accelerate's default (skip the
 first and the last linear of the model, in ``named_modules()`` order), then what the shapes allow
-(dims divisible by 16 unless ``pad_inner_dim``; by 32 / 128 for MX / block). Every decision is a
-report row. Outside a region the graph is untouched.
+(dims divisible by 16 unless ``pad_inner_dim``; by 32 / 128 for MX / block). When the forward
+has ``fxquant.fp8_autocast`` (``fxquant.training.autocast``), the regions it marks come first:
+only linears called inside an enabled one may train in FP8, with the region's recipe. Every
+decision is a report row. Outside a region the graph is untouched.
 
 The rewritten graph is a copy (Dynamo keeps using the graph it handed over). With delayed scaling it
 gains inputs (per site a forward and a backward scale, then one amax sink [sites, 2]) and outputs
@@ -27,6 +29,8 @@ from fxquant.core.config import Float8Recipe, QuantConfig, Scheme
 from fxquant.core.row import LayerRow
 from fxquant.passes.plan import LayerPlan, Site, find_sites, plan_sites
 from fxquant.passes.rewrite import COPIED_META, DynamoEditor, _row, counters
+from fxquant.training.autocast import has_regions, region_of
+from fxquant.training.layers import fp8_linear_names
 from fxquant.training.numerics import float8_training_linear, gemm_kind
 from fxquant.training.state import state_for
 
@@ -115,15 +119,38 @@ def plan_regions(
     *,
     root: torch.nn.Module | None,
     linears: list[str] | None,
+    autocast: bool = False,
 ) -> list[LayerPlan]:
-    """The region decision for each site, in graph order."""
-    if linears is None:  # no root module found: the graph's own call order stands in
+    """The region decision for each site, in graph order. With ``autocast`` (the forward has
+    ``fxquant.fp8_autocast``), a site trains in FP8 only inside an enabled region, only if it is
+    a ``Float8Linear`` when the model has any, and with its region's recipe when it names one."""
+    if autocast:  # the regions say where FP8 runs: accelerate's first/last rule is not TE's
+        linears = []
+    elif linears is None:  # no root module found: the graph's own call order stands in
         linears = list(dict.fromkeys(s.module_name for s in sites))
-    return plan_sites(
-        sites,
-        config,
-        choose=lambda site: region_choice(site.module_name, config, root=root, linears=linears),
-    )
+    fp8_names = fp8_linear_names(root) if autocast else None
+
+    def choose(site: Site) -> tuple[Float8Recipe | None, str]:
+        region = region_of(site.node) if autocast else None
+        if autocast:
+            if region is None:
+                return None, "outside every fxquant.fp8_autocast region"
+            if not region.enabled:
+                return None, "inside fxquant.fp8_autocast(enabled=False)"
+            if fp8_names is not None and site.module_name not in fp8_names:
+                return None, (
+                    "not converted by convert_model (the model has FP8 layers: only they "
+                    "train in FP8)"
+                )
+        recipe, why = region_choice(site.module_name, config, root=root, linears=linears)
+        if recipe is not None and region is not None:
+            if region.recipe is not None:
+                recipe, why = region.recipe, why + "; recipe of its fp8_autocast region"
+            else:
+                why += "; inside fp8_autocast"
+        return recipe, why
+
+    return plan_sites(sites, config, choose=choose)
 
 
 def inference_config(model: torch.nn.Module, config: QuantConfig) -> QuantConfig:
@@ -213,6 +240,7 @@ def float8_regions(gm: fx.GraphModule, example_inputs, config: QuantConfig) -> F
         config,
         root=root,
         linears=linears,
+        autocast=has_regions(gm.graph),
     )
     new_gm, env = copy_graph_module(gm)
     graph = new_gm.graph

@@ -158,10 +158,13 @@ def _linear_module_name(node: fx.Node) -> str | None:
         return None
     if not path.startswith("L["):
         return path  # torch.export: already the fully qualified name
-    # Dynamo: L['self'].layers.0.q_proj, L['self']._modules['fc'], L['fn'][0]
+    # Dynamo: L['self'].layers.0.q_proj, L['self']._modules['fc'], L['fn'][0], and through a
+    # forward wrapper's bound method (contextual_fp8_autocast): L['model_forward'].__self__.fc
     parts = re.findall(r"\['([^']*)'\]|\[(\d+)\]|\.(\w+)", path)
     names = [a or b or c for a, b, c in parts][1:]  # the first is the root
-    return ".".join(n for n in names if n not in ("_modules", "_parameters", "_buffers"))
+    return ".".join(
+        n for n in names if n not in ("_modules", "_parameters", "_buffers", "__self__")
+    )
 
 
 def node_value(node: object):

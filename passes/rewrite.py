@@ -244,7 +244,9 @@ def fqn_from_source(source_name: str) -> str:
     """``L['self']._modules['fc']._parameters['weight']`` → ``fc.weight``."""
     parts = re.findall(r"\['([^']*)'\]|\.([A-Za-z_]\w*)", source_name)
     names = [a or b for a, b in parts][1:]  # the first is the root module (L['self'])
-    return ".".join(n for n in names if n not in ("_modules", "_parameters", "_buffers"))
+    return ".".join(
+        n for n in names if n not in ("_modules", "_parameters", "_buffers", "__self__")
+    )
 
 
 # Quantized weights by float weight tensor (held weakly) and scheme, for the life of that

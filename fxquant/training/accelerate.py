@@ -21,7 +21,7 @@ import torch
 
 from fxquant.core.config import Float8Recipe, QuantConfig
 
-__all__ = ["AO_FIELDS", "TE_FIELDS", "from_accelerate", "te_module_filter"]
+__all__ = ["AO_FIELDS", "TE_FIELDS", "from_accelerate", "handler_kind", "te_module_filter"]
 
 # accelerate ≥ 1.10: field → how fxquant honours it (docs/fp8_training.md shows this table).
 TE_FIELDS = {
@@ -99,6 +99,11 @@ def _kind(obj: Any, fields: dict[str, Any], kind: str | None) -> str:
         f"object, or a dict with TE fields ({', '.join(TE_FIELDS)}) or AO fields "
         f"({', '.join(AO_FIELDS)}), or say kind='te' / kind='ao'"
     )
+
+
+def handler_kind(obj: Any) -> str:
+    """'te' or 'ao': which of accelerate's recipe kwargs ``obj`` is (object or dict)."""
+    return _kind(obj, _fields(obj), None)
 
 
 def from_accelerate(obj: Any, *, kind: str | None = None) -> QuantConfig:

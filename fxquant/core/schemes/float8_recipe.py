@@ -4,6 +4,7 @@ pass (``fxquant.passes.float8_regions``) reads it.
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from dataclasses import dataclass
 from typing import ClassVar
@@ -102,6 +103,11 @@ class Float8Recipe(Scheme):
                 "the field in 2.0, so the same recipe there ran fprop/dgrad in FP8.",
                 stacklevel=3,
             )
+        # Every field in one string, which fxquant.fp8_autocast writes into the graph's node
+        # annotations: Dynamo keeps a string as one constant, while an int read off the recipe
+        # turns symbolic when the same forward is compiled again with another value.
+        fields = tuple((f.name, getattr(self, f.name)) for f in dataclasses.fields(self))
+        object.__setattr__(self, "region_key", repr(fields))
 
     @property
     def block_size(self) -> int | None:
