@@ -46,8 +46,8 @@ RECIPES = {
     "fp8 delayed (HYBRID)": Float8Recipe(scaling="delayed"),
     "fp8 current, tensor": Float8Recipe(scaling="current"),
     "fp8 current, row": Float8Recipe(scaling="current", granularity="row"),
-    "fp8 mxfp8": Float8Recipe(scaling="mxfp8"),
-    "fp8 block 128": Float8Recipe(scaling="block"),
+    "fp8 mxfp8": Float8Recipe(scaling="mxfp8", emulate=True),
+    "fp8 block 128": Float8Recipe(scaling="block", emulate=True),
 }
 
 

@@ -31,7 +31,7 @@ from fxquant.passes.plan import LayerPlan, Site, find_sites, plan_sites
 from fxquant.passes.rewrite import COPIED_META, DynamoEditor, _row, counters
 from fxquant.training.autocast import has_regions, region_of
 from fxquant.training.layers import fp8_linear_names
-from fxquant.training.numerics import float8_training_linear, gemm_kind
+from fxquant.training.numerics import float8_training_linear, gemm_kind, missing_gemm
 from fxquant.training.state import state_for
 
 __all__ = [
@@ -242,9 +242,13 @@ def float8_regions(gm: fx.GraphModule, example_inputs, config: QuantConfig) -> F
         linears=linears,
         autocast=has_regions(gm.graph),
     )
+    chosen = [p for p in plans if p.scheme is not None]
+    for p in chosen:
+        problem = missing_gemm(p.scheme)
+        if problem is not None:
+            raise ValueError(f"layer {p.name or '<root>'!r}: {problem}")
     new_gm, env = copy_graph_module(gm)
     graph = new_gm.graph
-    chosen = [p for p in plans if p.scheme is not None]
     delayed = [p for p in chosen if p.scheme.scaling == "delayed"]
 
     anchor = [n for n in graph.nodes if n.op == "placeholder"][-1]

@@ -19,6 +19,7 @@ from conftest import TinyLlama
 from fxquant import Float8Recipe, QuantConfig
 from fxquant.backend import last_reports
 from fxquant.core.reference import sqnr
+from fxquant.training.numerics import missing_gemm
 from fxquant.training.state import fp8_state_dict, load_fp8_state_dict
 
 VOCAB = 96
@@ -141,8 +142,8 @@ def test_fp8_training_follows_fp32_for_200_steps(name, recipe, fp32_losses):
     [
         ("current", Float8Recipe(scaling="current")),
         ("row", Float8Recipe(scaling="current", granularity="row")),
-        ("mxfp8", Float8Recipe(scaling="mxfp8")),
-        ("block", Float8Recipe(scaling="block")),
+        ("mxfp8", Float8Recipe(scaling="mxfp8", emulate=True)),
+        ("block", Float8Recipe(scaling="block", emulate=True)),
     ],
 )
 def test_other_recipes_follow_fp32_for_60_steps(name, recipe, fp32_losses):
@@ -186,9 +187,24 @@ def test_default_region_skips_first_and_last_and_pads_odd_dims():
     assert rows["mid2"]["padded_in_features"] == 32
     # each row says which GEMM fprop, dgrad and wgrad run
     assert rows["mid2"]["fp8_gemms"] == dict.fromkeys(("fprop", "dgrad", "wgrad"), "_scaled_mm")
-    _regions(Float8Recipe(scaling="mxfp8", override_linear_precision=(False, False, True)))
+    _regions(
+        Float8Recipe(scaling="mxfp8", override_linear_precision=(False, False, True), emulate=True)
+    )
     gemms = {r["name"]: r for r in last_reports[-1]}["body"]["fp8_gemms"]
     assert gemms == {"fprop": "emulated", "dgrad": "emulated", "wgrad": "high precision"}
+
+
+def test_a_recipe_with_no_fp8_gemm_here_is_refused_unless_emulation_is_asked():
+    # at compile time, naming the first layer it would take (mid's N=20 is not a multiple of 32)
+    match = r"layer 'body': Float8Recipe\(scaling='mxfp8'\) has no FP8 GEMM.*emulate=True"
+    with pytest.raises(Exception, match=match):
+        _regions(Float8Recipe(scaling="mxfp8"))
+    assert "128 block scales" in missing_gemm(Float8Recipe(scaling="block"))
+    assert missing_gemm(Float8Recipe(scaling="block", emulate=True)) is None
+    with pytest.warns(UserWarning, match="high precision"):
+        all_hp = Float8Recipe(scaling="mxfp8", override_linear_precision=(True,) * 3)
+    assert missing_gemm(all_hp) is None
+    assert missing_gemm(Float8Recipe(scaling="current")) is None
 
 
 def test_without_padding_dims_not_divisible_by_16_are_skipped():

@@ -2,7 +2,8 @@
 
 Run by ``benchmarks/gpu/run.sh`` on a lent H200 (one call; see benchmarks/README.md). Five
 sections, in priority order, each written to ``$OUT/gpu.json`` as soon as it finishes, inside a
-wall-clock budget (``--budget-s``) so the call ends well before the device's per-call limit:
+wall-clock budget (``--budget-s``) so the call ends well before the device's per-call limit
+(``--sections fp8_training`` runs that section alone, about 2-3 minutes):
 
 1. **kernels**: every recipe at Llama-3-8B linear shapes (``shapes.py`` ``llama3-8b``: q/o, kv,
    gate_up, down) and M in 1, 16, 128, 2048. The weight is quantized by the scheme itself
@@ -23,6 +24,10 @@ wall-clock budget (``--budget-s``) so the call ends well before the device's per
    sequence, quantized with each recipe (norm fusion on), packaged by AOTInductor for CUDA and
    timed at decode (M = 1) and prefill (M = 2048) against the bf16 package.
 4. the targets of the kernels issue, printed beside the measured ratios (never asserted).
+4b. **fp8_training** (``fp8_training.py``): one Llama-3-8B decoder block, sequence 4096, forward
+   + backward in bf16 (Inductor) vs each FP8 training recipe (``backend="fxquant"``, real
+   ``torch._scaled_mm`` GEMMs), at batch 1 then 4 then 2 as the budget allows; 20 training
+   steps' loss beside bf16's; the training issue's targets beside the ratios (never asserted).
 5. **every_k**: each recipe's CUDA lowering at every K in 1..200 (``nn.Linear(K, 24)``), M = 1
    (decode kernels) and M = 17 (prefill kernels), against the semantic op's reference: the
    shape preconditions (masks, groups, padding) on a real device, no timing.
@@ -90,6 +95,7 @@ class Results:
             "norm_quant": None,
             "stack": [],
             "decode": [],
+            "fp8_training": None,
             "complete": False,
         }
 
@@ -560,6 +566,29 @@ def _decode_line(row: dict) -> str:
 # --------------------------------------------------------------------------- 4. targets
 
 
+# --------------------------------------------------------------------------- 4b. fp8 training
+
+
+def _fp8_training_module():
+    """benchmarks/gpu/fp8_training.py, loaded by its path: benchmarks/ (on PYTHONPATH) has a
+    CPU benchmark of the same module name."""
+    import importlib.util
+
+    name = "fxquant_gpu_fp8_training"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(
+            name, Path(__file__).with_name("fp8_training.py")
+        )
+        sys.modules[name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules[name])
+    return sys.modules[name]
+
+
+def run_fp8_training(res: Results, budget: Budget, *, device: str, smoke: bool) -> None:
+    """FP8 training of one Llama-3-8B block vs bf16: see fp8_training.py."""
+    _fp8_training_module().run_fp8_training(res, budget, device=device, smoke=smoke, layer=Layer)
+
+
 # --------------------------------------------------------------------------- 5. every K
 
 
@@ -703,6 +732,7 @@ def write_table(rec: dict, path: Path) -> None:
                 f"| {r['shape']} | {r['tokens']} | {r['ms']:.3f} | "
                 f"{'-' if speed is None else f'{speed:.2f}'} | {r['sqnr_vs_reference_db']:.0f} |"
             )
+    lines += _fp8_training_module().table_lines(rec.get("fp8_training"))
     lines += ["", "| every K 1..200 | worst SQNR dB | at K | layers quantized |"]
     lines.append("|---|---|---|---|")
     for recipe, r in rec.get("every_k", {}).items():
@@ -722,7 +752,7 @@ def main() -> None:
     ap.add_argument("--smoke", action="store_true", help="CPU + TRITON_INTERPRET=1, tiny shapes")
     ap.add_argument(
         "--sections",
-        default="kernels,experts,norm_quant,stack,decode,every_k",
+        default="kernels,experts,norm_quant,stack,decode,fp8_training,every_k",
         help="comma-separated subset to run",
     )
     a = ap.parse_args()
@@ -763,6 +793,8 @@ def main() -> None:
         run_stack(res, budget, device=device, smoke=a.smoke)
     if "decode" in sections:
         run_decode(res, budget, device=device, smoke=a.smoke)
+    if "fp8_training" in sections:
+        run_fp8_training(res, budget, device=device, smoke=a.smoke)
     if "every_k" in sections:
         run_every_k(res, budget, device=device, smoke=a.smoke)
     res.rec["targets"] = targets(res.rec)

@@ -12,6 +12,11 @@ graph in ``state.Float8TrainingProgram``.
   ``fp8_state_dict`` / ``load_fp8_state_dict`` to checkpoint them.
 - ``accelerate``: ``from_accelerate``, accelerate / Transformer Engine / torchao recipe kwargs →
   a ``QuantConfig`` with a ``Float8Recipe``.
+- ``autocast``: ``fp8_autocast``, FP8 regions written in a forward (node annotations the regions
+  pass reads).
+- ``layers``: ``Float8Linear`` / ``Float8LayerNorm``, the layers ``convert_model`` marks.
+
+accelerate's four FP8 functions built on these are in ``fxquant.accelerate``.
 
 The modules are imported by their own paths (``fxquant.training.state``); the public names are
 re-exported by the ``fxquant`` facade.

@@ -43,7 +43,8 @@ AO_FIELDS = {
     "from cast_config_grad_output, wgrad in high precision when its casts are disabled",
     "module_filter_func": "QuantConfig.module_filter; None → skip the first and last Linear",
     "pad_inner_dim": "Float8Recipe.pad_inner_dim (default True)",
-    "enable_fsdp_float8_all_gather": "accepted, no effect: fxquant does not shard parameters",
+    "enable_fsdp_float8_all_gather": "accepted, no effect yet: the FP8 all-gather under FSDP2 "
+    "is not built",
 }
 # torchao Float8LinearConfig fields read through "config" (the rest of the table in the docs).
 _AO_RECIPE_NAMES = {
@@ -170,7 +171,7 @@ def _from_torchao_config(config: Any) -> dict[str, Any]:
                 f"AORecipeKwargs config recipe {config!r} is not supported; allowed: "
                 + ", ".join(_AO_RECIPE_NAMES)
             )
-        return dict(_AO_RECIPE_NAMES[config], pad_inner_dim=None)
+        return dict(_AO_RECIPE_NAMES[config], pad_inner_dim=None, emulate=False)
     cast_in = _attr(config, "cast_config_input")
     grad = _attr(config, "cast_config_grad_output")
     for name in ("cast_config_input", "cast_config_weight", "cast_config_grad_output"):
@@ -201,6 +202,7 @@ def _from_torchao_config(config: Any) -> dict[str, Any]:
             stacklevel=4,
         )
     return {
+        "emulate": bool(_attr(config, "emulate", False)),
         "granularity": "row" if gran == "axiswise" else "tensor",
         "fp8_format": "E4M3" if e4m3 else "HYBRID",
         "wgrad_hp": wgrad_hp,
@@ -211,7 +213,13 @@ def _from_torchao_config(config: Any) -> dict[str, Any]:
 def _from_ao(fields: dict[str, Any]) -> QuantConfig:
     config = fields.get("config")
     parsed = (
-        {"granularity": "tensor", "fp8_format": "HYBRID", "wgrad_hp": False, "pad_inner_dim": None}
+        {
+            "granularity": "tensor",
+            "fp8_format": "HYBRID",
+            "wgrad_hp": False,
+            "pad_inner_dim": None,
+            "emulate": False,
+        }
         if config is None
         else _from_torchao_config(config)
     )
@@ -224,6 +232,7 @@ def _from_ao(fields: dict[str, Any]) -> QuantConfig:
         fp8_format=parsed["fp8_format"],
         override_linear_precision=(False, False, parsed["wgrad_hp"]),
         pad_inner_dim=bool(pad),
+        emulate=parsed["emulate"],
     )
     module_filter: Callable | None = fields.get("module_filter_func")
     return QuantConfig(scheme=recipe, modules_to_not_convert=(), module_filter=module_filter)

@@ -214,6 +214,21 @@ def gemm_kind(recipe: Float8Recipe) -> str:
     return "_scaled_mm" if recipe.scaling in ("delayed", "current") else "emulated"
 
 
+def missing_gemm(recipe: Float8Recipe) -> str | None:
+    """Why the recipe's FP8 GEMMs cannot run on this device and torch, or None: MX and block
+    scales have no ``_scaled_mm`` layout fxquant calls and no training kernel, so they run only
+    emulated, which the recipe must ask for (``emulate=True``)."""
+    if gemm_kind(recipe) == "_scaled_mm" or recipe.emulate or all(recipe.override_linear_precision):
+        return None
+    what = "MX (E8M0 per 32)" if recipe.scaling == "mxfp8" else "1x128 / 128x128 block"
+    return (
+        f"Float8Recipe(scaling={recipe.scaling!r}) has no FP8 GEMM here: fxquant calls no "
+        f"torch._scaled_mm with {what} scales (torch {torch.__version__}) and has no training "
+        "kernel for them; pass emulate=True to run it emulated (FP8 numerics, an fp32 GEMM: "
+        "slower than high precision), or use scaling='delayed' / 'current'"
+    )
+
+
 def quantize_rows(
     t: torch.Tensor, recipe: Float8Recipe, dtype: torch.dtype, *, scale: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -241,10 +256,17 @@ def _pad16(t: torch.Tensor, dim: int, value: float = 0.0) -> torch.Tensor:
 
 
 def scaled_gemm(
-    a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb: torch.Tensor
+    a: torch.Tensor,
+    sa: torch.Tensor,
+    b: torch.Tensor,
+    sb: torch.Tensor,
+    *,
+    out_dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
-    """fp32 [M, N] = (a · sa) [M, K] · ((b · sb) [N, K])ᵀ on fp8 ``a`` and ``b`` (both with K
-    last), with ``torch._scaled_mm``: per-tensor (0-d) or per-row ([M, 1] / [N, 1]) scales.
+    """[M, N] in ``out_dtype`` = (a · sa) [M, K] · ((b · sb) [N, K])ᵀ on fp8 ``a`` and ``b`` (both
+    with K last), with ``torch._scaled_mm``: per-tensor (0-d) or per-row ([M, 1] / [N, 1]) scales.
+    On CUDA a per-tensor GEMM writes ``out_dtype`` itself (a bf16 model's product never makes an
+    fp32 pass through memory); elsewhere the fp32 product is converted.
 
     ``b`` goes in as the column-major [K, N] ``_scaled_mm`` wants (a transposed view, no copy).
     On CUDA, K and N are zero-padded to multiples of 16 (zeros add nothing; padded rows of b
@@ -252,16 +274,15 @@ def scaled_gemm(
     output rowwise ``_scaled_mm`` supports), so that path rounds the product to bf16.
     """
     m, n = a.shape[0], b.shape[0]
-    out_dtype = torch.float32
+    gemm_dtype = torch.float32
     if a.is_cuda:
         a, b = _pad16(a, 1), _pad16(_pad16(b, 1), 0)
         if sb.dim():
             sb = _pad16(sb, 0, value=1.0)
-        if sa.dim() or sb.dim():
-            out_dtype = torch.bfloat16
+        gemm_dtype = torch.bfloat16 if sa.dim() or sb.dim() else out_dtype
     scale_b = sb.t() if sb.dim() else sb  # [1, N]: one scale per column of bᵀ
-    y = torch._scaled_mm(a, b.t(), scale_a=sa, scale_b=scale_b, out_dtype=out_dtype)
-    return y[:m, :n].float()
+    y = torch._scaled_mm(a, b.t(), scale_a=sa, scale_b=scale_b, out_dtype=gemm_dtype)
+    return y[:m, :n].to(out_dtype)
 
 
 class _Float8TrainingLinear(torch.autograd.Function):
@@ -280,7 +301,7 @@ class _Float8TrainingLinear(torch.autograd.Function):
         elif scaled:
             xq, xq_scale = quantize_rows(x2, recipe, E4M3, scale=xs)
             wq, wq_scale = quantize_rows(weight, recipe, E4M3, scale=ws)
-            y = scaled_gemm(xq, xq_scale, wq, wq_scale).to(x2.dtype)
+            y = scaled_gemm(xq, xq_scale, wq, wq_scale, out_dtype=x2.dtype)
         else:
             xc = cast_operand(x2, recipe, E4M3, dim=1, scale=xs)
             wc = cast_operand(weight, recipe, E4M3, dim=1, scale=ws, weight=True)
@@ -330,7 +351,7 @@ class _Float8TrainingLinear(torch.autograd.Function):
             elif scaled:  # g [M, N] · W [N, K]: both cast along N
                 gq, g_scale = quantize_rows(grad_y, recipe, gdt, scale=gs)
                 wq, w_scale = quantize_rows(weight.t(), recipe, E4M3, scale=ws)
-                grad_x = scaled_gemm(gq, g_scale, wq, w_scale)
+                grad_x = scaled_gemm(gq, g_scale, wq, w_scale, out_dtype=ctx.x_dtype)
             else:
                 gq = cast_operand(grad_y, recipe, gdt, dim=1, scale=gs)
                 wq = cast_operand(weight, recipe, E4M3, dim=0, scale=ws, weight=True)
@@ -341,7 +362,7 @@ class _Float8TrainingLinear(torch.autograd.Function):
                 grad_w = grad_y.t().to(x_saved.dtype) @ x_saved
             elif scaled:  # gᵀ [N, M] · x [M, K]: both cast along M (x's copy saved as [K, M])
                 gq, g_scale = quantize_rows(grad_y.t(), recipe, gdt, scale=gs)
-                grad_w = scaled_gemm(gq, g_scale, x_saved, x_scale)
+                grad_w = scaled_gemm(gq, g_scale, x_saved, x_scale, out_dtype=weight.dtype)
             else:
                 gq = cast_operand(grad_y, recipe, gdt, dim=0, scale=gs)
                 xq = cast_operand(x_saved, recipe, E4M3, dim=0, scale=xs)

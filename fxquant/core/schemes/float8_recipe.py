@@ -45,6 +45,9 @@ class Float8Recipe(Scheme):
             precision.
         pad_inner_dim: when K or N is not a multiple of 16, pad it (with zeros, which change no
             result) instead of skipping the layer.
+        emulate: allow emulated FP8 GEMMs (the fp8 values upcast, an fp32 GEMM: FP8 numerics,
+            slower than high precision) where the device has no FP8 GEMM for the recipe (today
+            ``mxfp8`` and ``block``); without it such a recipe is refused at compile time.
     """
 
     name: ClassVar[str] = "float8_training"
@@ -59,6 +62,7 @@ class Float8Recipe(Scheme):
     override_linear_precision: tuple[bool, bool, bool] = (False, False, False)
     use_autocast_during_eval: bool = False
     pad_inner_dim: bool = True
+    emulate: bool = False
 
     def __post_init__(self) -> None:
         name = "Float8Recipe"
@@ -89,6 +93,7 @@ class Float8Recipe(Scheme):
         object.__setattr__(self, "override_linear_precision", olp)
         check_choice(name, "use_autocast_during_eval", self.use_autocast_during_eval, (True, False))
         check_choice(name, "pad_inner_dim", self.pad_inner_dim, (True, False))
+        check_choice(name, "emulate", self.emulate, (True, False))
         if self.interval != 1:
             warnings.warn(
                 f"Float8Recipe.interval={self.interval} is ignored: scales update every step. "
