@@ -52,8 +52,13 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
-from machine import machine_info, write_results  # run as `python benchmarks/...`
-from shapes import ModelShape, get_shape
+
+# The benchmark stack of cpu_latency.py. A class of our own matters here: under
+# torch.compile(DDP(model)) Dynamo starts a new frame at the wrapped module's forward, and it does
+# not start frames in torch.nn's files (an nn.Sequential would run eagerly, uncompiled).
+from cpu_latency import Stack  # run as `python benchmarks/...`: a sibling script
+from machine import machine_info, write_results
+from shapes import get_shape
 from torch import nn
 
 import fxquant
@@ -66,31 +71,6 @@ ROWS = {
     "fp32 inductor": None,
     "fp8 delayed": QuantConfig(scheme=Float8Recipe(scaling="delayed")),
 }
-
-
-class Block(nn.Module):
-    def __init__(self, d: int, ffn: int) -> None:
-        super().__init__()
-        self.norm = nn.LayerNorm(d)
-        self.fc1 = nn.Linear(d, ffn)
-        self.fc2 = nn.Linear(ffn, d)
-
-    def forward(self, x):
-        return x + self.fc2(F.gelu(self.fc1(self.norm(x))))
-
-
-class Stack(nn.Module):
-    # A class of our own: under torch.compile(DDP(model)) Dynamo starts a new frame at the wrapped
-    # module's forward, and it does not start frames in torch.nn's files (an nn.Sequential would
-    # run eagerly, uncompiled).
-    def __init__(self, shape: ModelShape) -> None:
-        super().__init__()
-        self.blocks = nn.ModuleList(Block(shape.d_model, shape.ffn) for _ in range(shape.layers))
-
-    def forward(self, x):
-        for block in self.blocks:
-            x = block(x)
-        return x
 
 
 def _rank(rank: int, row: str, args: argparse.Namespace, store: str, out: str) -> None:
