@@ -25,6 +25,7 @@ from fxquant.core.config import Float8Recipe, QuantConfig
 from fxquant.passes.float8_regions import (
     copy_graph_module,
     float8_regions,
+    root_and_linears,
     uses_float8_training,
 )
 from fxquant.passes.lower import lowerings, prepack
@@ -32,6 +33,7 @@ from fxquant.passes.pipeline import run_passes
 from fxquant.passes.rewrite import DynamoEditor
 from fxquant.report import read_graph
 from fxquant.training.autocast import has_regions
+from fxquant.training.layers import has_fp8_layers
 
 __all__ = ["CallWatch", "fxquant_backend", "last_reports", "recompile_limit_hit", "watch"]
 
@@ -116,7 +118,9 @@ def fxquant_backend(
     config = QuantConfig.coerce(options.get("config", DEFAULT_RECIPE))
     inductor_config = dict(options.get("inductor_config") or {})
     _watch_recompile_limit()
-    if has_regions(gm.graph):
+    if has_regions(gm.graph) or ("config" not in options and _has_fp8_layers(gm)):
+        # regions decide; a model with FP8 layers (convert_model) and no region trains them in
+        # high precision, as te.Linear outside te.fp8_autocast does
         config = _autocast_config(config if "config" in options else None)
         return _float8_training(gm, example_inputs, config, inductor_config, autocast=True)
     if uses_float8_training(config):
@@ -151,6 +155,11 @@ def fxquant_backend(
     return run
 
 
+def _has_fp8_layers(gm: torch.fx.GraphModule) -> bool:
+    root, _ = root_and_linears(gm)
+    return root is not None and has_fp8_layers(root)
+
+
 def _autocast_config(config: QuantConfig | None) -> QuantConfig:
     """The config of a forward with ``fxquant.fp8_autocast`` regions: the one given when it is
     an FP8 training config, else every linear with ``Float8Recipe()`` (TE's defaults), the
@@ -179,7 +188,7 @@ def _float8_training(
 
     from fxquant.training.state import Float8TrainingProgram, remember_owners
 
-    fg = float8_regions(gm, example_inputs, config)
+    fg = float8_regions(gm, example_inputs, config, autocast=autocast)
     if fg.root is not None:
         remember_owners(fg.root)
     last_reports.append(fg.rows)

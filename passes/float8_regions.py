@@ -40,6 +40,7 @@ __all__ = [
     "copy_graph_module",
     "float8_regions",
     "plan_regions",
+    "root_and_linears",
     "uses_float8_training",
 ]
 
@@ -57,7 +58,7 @@ def uses_float8_training(config: QuantConfig) -> bool:
     return bool(fp8)
 
 
-def _root_and_linears(gm: fx.GraphModule):
+def root_and_linears(gm: fx.GraphModule):
     """The module whose frame Dynamo is compiling (the root the weight names are relative to)
     and its Linear names in ``named_modules()`` order, or (None, None). Dynamo hands a backend
     no module; the frame it is tracing still holds it, and the first/last rule and
@@ -232,15 +233,18 @@ def copy_graph_module(gm: fx.GraphModule) -> tuple[fx.GraphModule, dict[fx.Node,
     return new_gm, env
 
 
-def float8_regions(gm: fx.GraphModule, example_inputs, config: QuantConfig) -> Float8Graph:
-    """Plan the regions of a Dynamo graph and rewrite a copy of it."""
-    root, linears = _root_and_linears(gm)
+def float8_regions(
+    gm: fx.GraphModule, example_inputs, config: QuantConfig, *, autocast: bool | None = None
+) -> Float8Graph:
+    """Plan the regions of a Dynamo graph and rewrite a copy of it. ``autocast``: whether the
+    ``fp8_autocast`` regions decide (default: when the graph has any)."""
+    root, linears = root_and_linears(gm)
     plans = plan_regions(
         find_sites(gm.graph, DynamoEditor(gm, example_inputs).weight_of),
         config,
         root=root,
         linears=linears,
-        autocast=has_regions(gm.graph),
+        autocast=has_regions(gm.graph) if autocast is None else autocast,
     )
     chosen = [p for p in plans if p.scheme is not None]
     for p in chosen:

@@ -1,13 +1,8 @@
 """FP8 training through ``torch.compile(model, backend="fxquant")``: it compiles whole, trains
-like fp32, keeps TE's delayed-scaling state per layer, switches off in eval, saves and resumes,
-and agrees across ranks."""
+like fp32, keeps TE's delayed-scaling state per layer, switches off in eval, saves and resumes
+(across ranks: tests/test_float8_distributed.py)."""
 
 from __future__ import annotations
-
-import os
-import subprocess
-import sys
-import textwrap
 
 import pytest
 import torch
@@ -366,56 +361,6 @@ def test_load_fp8_state_dict_rejects_a_mismatched_state():
     sd = {"layers.0.k_proj.input.amax_history": torch.zeros(4)}
     with pytest.raises(ValueError, match="lacks key"):
         load_fp8_state_dict(model, sd)
-
-
-# --------------------------------------------------------------------------------------------
-# Two ranks (gloo): amaxes all-reduced with MAX, so both compute the same scales
-# --------------------------------------------------------------------------------------------
-
-_RANK_SCRIPT = textwrap.dedent(
-    """
-    import os, sys, torch, torch.distributed as dist
-    sys.path.insert(0, {tests!r})
-    import test_float8_backend as t
-    from fxquant import Float8Recipe
-    from fxquant.training.state import fp8_state_dict
-    dist.init_process_group("gloo")
-    rank = dist.get_rank()
-    torch.set_num_threads(1)
-    model = t.make_model()
-    run = t.compile_fp8(model, Float8Recipe(amax_history_len=4))
-    t._steps(model, run, 3, seed=10 + rank)  # each rank sees different data
-    torch.save(fp8_state_dict(model), os.path.join({out!r}, f"rank{{rank}}.pt"))
-    dist.destroy_process_group()
-    """
-)
-
-
-@pytest.mark.slow
-def test_two_gloo_ranks_compute_identical_scales(tmp_path):
-    script = tmp_path / "rank.py"
-    tests = os.path.dirname(__file__)
-    script.write_text(_RANK_SCRIPT.format(tests=tests, out=str(tmp_path)))
-    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT="29513", WORLD_SIZE="2")
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(script)],
-            env=dict(env, RANK=str(r)),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for r in range(2)
-    ]
-    for p in procs:
-        out, _ = p.communicate(timeout=600)
-        assert p.returncode == 0, out[-3000:]
-    s0, s1 = (torch.load(tmp_path / f"rank{r}.pt") for r in range(2))
-    scales = [k for k in s0 if k.endswith(".scale")]
-    assert all(torch.equal(s0[k], s1[k]) for k in scales)
-    assert any(s0[k] != 1 for k in scales)  # the scales did move
-    # the histories (apart from row 0, this step's own amaxes) agree too
-    assert all(torch.equal(s0[k][1:], s1[k][1:]) for k in s0 if k.endswith("amax_history"))
 
 
 # --------------------------------------------------------------------------------------------

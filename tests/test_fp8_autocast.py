@@ -286,3 +286,15 @@ def test_a_real_accelerate_loop_trains_with_fxquant_fp8():
     assert state["up.input.scale"] != 1.0 and state["up.grad_output.scale"] != 1.0
     unwrapped = accelerator.unwrap_model(model)
     assert has_transformer_engine_layers(unwrapped)
+
+
+def test_converted_layers_without_a_region_train_in_high_precision():
+    # te.Linear outside te.fp8_autocast runs in high precision; with no config given, a model
+    # with FP8 layers is not taken for an inference model (the default int8wo) either
+    torch.manual_seed(0)
+    model, x = MLP(), torch.randn(4, 32)
+    convert_model(model)
+    y = _run(torch.compile(model, backend="fxquant"), x)
+    assert _decisions() == {"up": None, "mid": None, "down": None}
+    assert model.up.weight.grad is not None  # trained, not an inference graph
+    torch.testing.assert_close(y, model(x), rtol=1e-5, atol=1e-6)

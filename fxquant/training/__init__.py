@@ -15,6 +15,8 @@ graph in ``state.Float8TrainingProgram``.
 - ``autocast``: ``fp8_autocast``, FP8 regions written in a forward (node annotations the regions
   pass reads).
 - ``layers``: ``Float8Linear`` / ``Float8LayerNorm``, the layers ``convert_model`` marks.
+- ``fsdp``: the FP8 all-gather under FSDP2 (``enable_fsdp_float8_all_gather``,
+  ``Float8AllGatherWeight``).
 
 accelerate's four FP8 functions built on these are in ``fxquant.accelerate``.
 

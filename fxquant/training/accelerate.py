@@ -43,8 +43,9 @@ AO_FIELDS = {
     "from cast_config_grad_output, wgrad in high precision when its casts are disabled",
     "module_filter_func": "QuantConfig.module_filter; None → skip the first and last Linear",
     "pad_inner_dim": "Float8Recipe.pad_inner_dim (default True)",
-    "enable_fsdp_float8_all_gather": "accepted, no effect yet: the FP8 all-gather under FSDP2 "
-    "is not built",
+    "enable_fsdp_float8_all_gather": "accepted; under FSDP2 call "
+    "fxquant.training.fsdp.enable_fsdp_float8_all_gather(model, ...) before fully_shard "
+    "(current tensorwise scaling only)",
 }
 # torchao Float8LinearConfig fields read through "config" (the rest of the table in the docs).
 _AO_RECIPE_NAMES = {
