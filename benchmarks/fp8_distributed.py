@@ -1,39 +1,41 @@
-"""What does FP8 training through ``torch.compile(backend="fxquant")`` cost under DDP, next to fp32,
-in steps/s, bytes all-reduced per step and peak memory? Two CPU processes, gloo.
+"""What does FP8 training through ``torch.compile(backend="fxquant")`` cost under DDP and FSDP2,
+next to high precision, in steps/s, bytes communicated per step and peak memory? Two CPU
+processes, gloo.
 
-The model is a row of ``shapes.py`` built as the issue's MLP stack: blocks of LayerNorm →
-Linear(D, ffn) → GELU → Linear(ffn, D) with a residual (default ``bench-stack-1024``: D=1024,
-ffn=4096, 4 blocks, 33.6 M parameters), wrapped in ``DistributedDataParallel`` and compiled as
-PyTorch recommends, ``torch.compile(DDP(model))`` (Dynamo's DDPOptimizer splits the graph at the
-gradient buckets, so each bucket's all-reduce can start while the backward runs). Each rank trains
-AdamW on its own rows (MSE to a fixed random linear map of the input). Rows:
+The model is a row of ``shapes.py`` built as the issue's MLP stack (``cpu_latency.Stack``: blocks
+of LayerNorm → Linear(D, ffn) → GELU → Linear(ffn, D) with a residual; default
+``bench-stack-1024``: D=1024, ffn=4096, 4 blocks, 33.6 M parameters). Each rank trains AdamW on
+its own rows (MSE to a fixed random linear map of the input). Rows:
 
-- ``fp32 inductor``: ``torch.compile(DDP(model))``;
-- ``fp8 delayed``: ``torch.compile(DDP(model), backend="fxquant", options={"config":
-  QuantConfig(scheme=Float8Recipe(scaling="delayed"))})`` (the first and the last Linear stay in
-  high precision: accelerate's default filter).
+- ``ddp``: ``DistributedDataParallel``, compiled as PyTorch recommends,
+  ``torch.compile(DDP(model))`` (Dynamo's DDPOptimizer splits the graph at the gradient
+  buckets): ``fp32 inductor``, and ``fp8 delayed`` (``backend="fxquant"``,
+  ``Float8Recipe(scaling="delayed")``; the first and the last Linear stay in high precision:
+  accelerate's default filter);
+- ``fsdp2``: ``fully_shard`` on each block and the root, bf16 parameters for compute
+  (``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``), then ``torch.compile(model)``:
+  ``bf16 inductor``; ``fp8 current`` (every linear, current tensorwise scaling); and
+  ``fp8 current + fp8 all-gather`` (the same, the weights all-gathered in e4m3 by
+  ``fxquant.training.fsdp.enable_fsdp_float8_all_gather``).
 
 Per row, each in its own pair of processes (a clean compile cache in memory and a clean peak):
 
 - steps/s: 1 / the median step time after ``--warmup`` steps, a step being the slower rank's
-  forward + backward (with DDP's all-reduce) + optimizer step, ranks lined up by a barrier first;
-- bytes per step each rank all-reduces: DDP's gradient buckets (counted in a comm hook that wraps
-  PyTorch's default ``allreduce_hook``: the bucket buffer's bytes; both rows pay the hook's bit of
-  Python) and the FP8 amaxes (``fxquant.training.state.update_states`` all-reduces 5 fp32 per FP8
-  layer with MAX, once a step in each compiled graph that has FP8 layers: DDPOptimizer's pieces
-  each send their own; counted by wrapping ``torch.distributed.all_reduce`` in the rank). These
-  are the payloads: a ring all-reduce over 2 ranks sends and receives that much per rank;
+  forward + backward (with its collectives) + optimizer step, ranks lined up by a barrier first;
+- bytes per step and rank: DDP's gradient buckets (a comm hook wrapping PyTorch's default
+  ``allreduce_hook``), the FP8 amax all-reduces (``torch.distributed.all_reduce`` with MAX:
+  delayed scaling's state, the FP8 all-gather's shared scale), and FSDP2's all-gathers (bytes
+  received) and reduce-scatters (bytes sent), counted by wrapping ``all_gather_single`` /
+  ``reduce_scatter_single``, which FSDP2 calls;
 - peak RSS per rank (``resource.getrusage(RUSAGE_SELF).ru_maxrss``): the whole process, the
   compile included.
 
-FP8 GEMMs on this CPU are ``torch._scaled_mm`` (or emulated): slower than fp32 by construction,
-so the step-time ratio measures that cost, not a speed-up; the byte counts are what carries over
-to a GPU: FP8 leaves the gradients (fp32, the master weights' dtype) as they are and adds a few
-bytes of amaxes a step. The results are keyed by parallelism ({"ddp": ...}) so an FSDP2 section
-can sit beside them.
+FP8 GEMMs on this CPU are ``torch._scaled_mm``: slower than fp32 or bf16 by construction, so the
+step-time ratio measures that cost, not a speed-up; the byte counts are what carries over to a
+GPU.
 
-    python benchmarks/fp8_distributed.py               # ~1.5 min on 2 cores, ~3 cold
-    python benchmarks/fp8_distributed.py --steps 6     # a quick look
+    python benchmarks/fp8_distributed.py                   # ~8 min on 2 cores
+    python benchmarks/fp8_distributed.py --parallel fsdp2  # one section
 """
 
 from __future__ import annotations
@@ -67,14 +69,45 @@ from fxquant.passes.cpu.dispatch import machine_class
 
 RESULTS = Path(__file__).resolve().parent / "results"
 WORLD = 2
+# Under FSDP2 each block is its own graph (Dynamo breaks at every fully_shard module), so the
+# first/last rule would skip both linears of every block: the FSDP rows admit every linear.
+_EVERY_LINEAR = QuantConfig(
+    scheme=Float8Recipe(scaling="current"), module_filter=lambda module, fqn: True
+)
 ROWS = {
-    "fp32 inductor": None,
-    "fp8 delayed": QuantConfig(scheme=Float8Recipe(scaling="delayed")),
+    "ddp": {
+        "fp32 inductor": None,
+        "fp8 delayed": QuantConfig(scheme=Float8Recipe(scaling="delayed")),
+    },
+    "fsdp2": {
+        "bf16 inductor": None,
+        "fp8 current": _EVERY_LINEAR,
+        "fp8 current + fp8 all-gather": _EVERY_LINEAR,
+    },
 }
 
 
-def _rank(rank: int, row: str, args: argparse.Namespace, store: str, out: str) -> None:
-    """One DDP rank of one row; writes ``out/rank<r>.json``."""
+def _fsdp2(model: nn.Module, row: str) -> None:
+    """Shard each block, then the root, with bf16 mixed precision (fp32 gradient reduction);
+    the all-gather row first wraps every linear weight for the FP8 all-gather."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    from fxquant.training.fsdp import enable_fsdp_float8_all_gather
+
+    if row.endswith("fp8 all-gather"):
+        enable_fsdp_float8_all_gather(model, recipe=_EVERY_LINEAR.scheme, world_size=WORLD)
+    mesh = init_device_mesh("cpu", (WORLD,))
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
+
+
+def _rank(
+    rank: int, parallel: str, row: str, args: argparse.Namespace, store: str, out: str
+) -> None:
+    """One rank of one row (``parallel``: "ddp" or "fsdp2"); writes ``out/rank<r>.json``."""
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -95,7 +128,14 @@ def _rank(rank: int, row: str, args: argparse.Namespace, store: str, out: str) -
     teacher = torch.randn(shape.d_model, shape.d_model) / shape.d_model**0.5
     g = torch.Generator().manual_seed(100 + rank)  # each rank its own rows
     xs = [torch.randn(args.rows, shape.d_model, generator=g) for _ in range(4)]
-    count = {"grad_bytes": 0, "grad_calls": 0, "amax_bytes": 0, "amax_calls": 0}
+    count = {
+        "grad_bytes": 0,
+        "grad_calls": 0,
+        "amax_bytes": 0,
+        "amax_calls": 0,
+        "all_gather_bytes": 0,
+        "reduce_scatter_bytes": 0,
+    }
 
     def counting_allreduce_hook(state, bucket):
         buf = bucket.buffer()
@@ -111,14 +151,30 @@ def _rank(rank: int, row: str, args: argparse.Namespace, store: str, out: str) -
             count["amax_calls"] += 1
         return real_all_reduce(tensor, op=op, group=group, async_op=async_op)
 
+    # FSDP2 calls these through the module attribute: what each rank receives / sends
+    real_all_gather, real_reduce_scatter = dist.all_gather_single, dist.reduce_scatter_single
+
+    def all_gather_single(output, input, *a, **kw):
+        count["all_gather_bytes"] += output.numel() * output.element_size()
+        return real_all_gather(output, input, *a, **kw)
+
+    def reduce_scatter_single(output, input, *a, **kw):
+        count["reduce_scatter_bytes"] += input.numel() * input.element_size()
+        return real_reduce_scatter(output, input, *a, **kw)
+
     dist.all_reduce = all_reduce
-    ddp = DDP(model)
-    ddp.register_comm_hook(None, counting_allreduce_hook)
-    config = ROWS[row]
-    if config is None:
-        run = torch.compile(ddp)
+    dist.all_gather_single, dist.reduce_scatter_single = all_gather_single, reduce_scatter_single
+    if parallel == "ddp":
+        wrapped = DDP(model)
+        wrapped.register_comm_hook(None, counting_allreduce_hook)
     else:
-        run = torch.compile(ddp, backend="fxquant", options={"config": config})
+        _fsdp2(model, row)
+        wrapped = model
+    config = ROWS[parallel][row]
+    if config is None:
+        run = torch.compile(wrapped)
+    else:
+        run = torch.compile(wrapped, backend="fxquant", options={"config": config})
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     steps = []
     for i in range(args.warmup + args.steps):
@@ -126,7 +182,7 @@ def _rank(rank: int, row: str, args: argparse.Namespace, store: str, out: str) -
         dist.barrier()
         before = dict(count)
         t0 = time.perf_counter()
-        loss = F.mse_loss(run(x), x @ teacher)
+        loss = F.mse_loss(run(x).float(), x @ teacher)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -134,6 +190,7 @@ def _rank(rank: int, row: str, args: argparse.Namespace, store: str, out: str) -
         seconds = time.perf_counter() - t0
         steps.append({"s": seconds, "loss": loss_value, **{k: count[k] - before[k] for k in count}})
     dist.all_reduce = real_all_reduce
+    dist.all_gather_single, dist.reduce_scatter_single = real_all_gather, real_reduce_scatter
     result = {
         "steps": steps,
         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,  # Linux: KiB
@@ -143,17 +200,19 @@ def _rank(rank: int, row: str, args: argparse.Namespace, store: str, out: str) -
         ],
         "fp8_layers": len(layer_states(model)),
         "linears": sum(isinstance(m, nn.Linear) for m in model.modules()),
-        "param_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
+        "param_bytes": sum(
+            p.numel() * p.element_size() for p in model.parameters()
+        ),  # under FSDP2: of the whole (DTensor) parameters
     }
     Path(out, f"rank{rank}.json").write_text(json.dumps(result))
     dist.destroy_process_group()
 
 
-def measure(row: str, args: argparse.Namespace) -> dict:
+def measure(parallel: str, row: str, args: argparse.Namespace) -> dict:
     load = os.getloadavg()[0]  # other jobs share the cores: a loaded row is slower
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
-        mp.spawn(_rank, args=(row, args, f"{tmp}/store", tmp), nprocs=WORLD)
+        mp.spawn(_rank, args=(parallel, row, args, f"{tmp}/store", tmp), nprocs=WORLD)
         wall = time.perf_counter() - t0
         ranks = [json.loads(Path(tmp, f"rank{r}.json").read_text()) for r in range(WORLD)]
     timed = [
@@ -176,6 +235,8 @@ def measure(row: str, args: argparse.Namespace) -> dict:
         "grad_allreduce_calls_per_step": per_step("grad_calls"),
         "amax_allreduce_bytes_per_step": per_step("amax_bytes"),
         "amax_allreduce_calls_per_step": per_step("amax_calls"),
+        "all_gather_bytes_per_step": per_step("all_gather_bytes"),
+        "reduce_scatter_bytes_per_step": per_step("reduce_scatter_bytes"),
         "peak_rss_mib_per_rank": [round(r["peak_rss_mib"], 1) for r in ranks],
         "fp8_graphs": ranks[0]["fp8_graphs"],
         "fp8_layers": ranks[0]["fp8_layers"],
@@ -190,9 +251,15 @@ def measure(row: str, args: argparse.Namespace) -> dict:
     out["allreduce_bytes_per_step"] = (
         out["grad_allreduce_bytes_per_step"] + out["amax_allreduce_bytes_per_step"]
     )
+    out["communicated_bytes_per_step"] = (
+        out["allreduce_bytes_per_step"]
+        + out["all_gather_bytes_per_step"]
+        + out["reduce_scatter_bytes_per_step"]
+    )
     print(
-        f"{row:14s} first {out['first_step_s']:5.1f} s  median {out['median_step_ms']:7.1f} ms"
-        f"/step ({out['steps_per_s']:.2f}/s)  {out['allreduce_bytes_per_step'] / 2**20:8.2f} MiB"
+        f"{parallel} {row:28s} first {out['first_step_s']:5.1f} s  "
+        f"median {out['median_step_ms']:7.1f} ms"
+        f"/step ({out['steps_per_s']:.2f}/s)  {out['communicated_bytes_per_step'] / 2**20:8.2f} MiB"
         f"/step  peak {max(out['peak_rss_mib_per_rank']):6.0f} MiB  ({out['wall_s']:.0f} s)",
         flush=True,
     )
@@ -203,25 +270,43 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", default="bench-stack-1024", help="a row of benchmarks/shapes.py")
     ap.add_argument("--rows", type=int, default=128, help="rows (tokens) per rank and step")
-    ap.add_argument("--steps", type=int, default=20, help="timed steps per row")
-    ap.add_argument("--warmup", type=int, default=3, help="untimed steps first (compile)")
+    ap.add_argument("--steps", type=int, default=10, help="timed steps per row")
+    ap.add_argument("--warmup", type=int, default=2, help="untimed steps first (compile)")
+    ap.add_argument(
+        "--parallel", default="ddp,fsdp2", help="comma-separated: ddp, fsdp2 (default both)"
+    )
     ap.add_argument(
         "--out", default=None, help="JSON path (default results/fp8_distributed_<class>.json)"
     )
     args = ap.parse_args()
     out_path = args.out or str(RESULTS / f"fp8_distributed_{machine_class()}.json")
     t_start = time.time()
-    ddp = {row: measure(row, args) for row in ROWS}
-    base, fp8 = ddp["fp32 inductor"], ddp["fp8 delayed"]
-    ratios = {
-        "step_time": round(fp8["median_step_ms"] / base["median_step_ms"], 2),
-        "allreduce_bytes": round(
-            fp8["allreduce_bytes_per_step"] / base["allreduce_bytes_per_step"], 6
-        ),
-        "peak_rss": round(
-            max(fp8["peak_rss_mib_per_rank"]) / max(base["peak_rss_mib_per_rank"]), 2
-        ),
-    }
+    parts = [p for p in args.parallel.split(",") if p]
+    unknown = set(parts) - set(ROWS)
+    if unknown:
+        raise SystemExit(f"--parallel {sorted(unknown)}: allowed {', '.join(ROWS)}")
+    results = {}
+    for parallel in parts:
+        rows = {row: measure(parallel, row, args) for row in ROWS[parallel]}
+        base_name = next(iter(rows))
+        base = rows[base_name]
+        ratios = {}
+        for row, r in list(rows.items())[1:]:
+            ratios[f"{row} vs {base_name}"] = {
+                "step_time": round(r["median_step_ms"] / base["median_step_ms"], 2),
+                "communicated_bytes": round(
+                    r["communicated_bytes_per_step"] / base["communicated_bytes_per_step"], 4
+                ),
+                "all_gather_bytes": round(
+                    r["all_gather_bytes_per_step"] / base["all_gather_bytes_per_step"], 4
+                )
+                if base["all_gather_bytes_per_step"]
+                else None,
+                "peak_rss": round(
+                    max(r["peak_rss_mib_per_rank"]) / max(base["peak_rss_mib_per_rank"]), 2
+                ),
+            }
+        results[parallel] = {**rows, "ratios": ratios}
     shape = get_shape(args.shape)
     res = {
         "script": "benchmarks/fp8_distributed.py",
@@ -240,28 +325,35 @@ def main() -> None:
         "warmup": args.warmup,
         "optimizer": "AdamW lr 1e-3",
         "note": "FP8 GEMMs are torch._scaled_mm on CPU: slower than fp32 here by construction. "
-        "Bytes are all-reduce payloads per rank and step (grad buckets via a DDP comm hook, FP8 "
-        "amaxes via torch.distributed.all_reduce). Peak RSS includes the compile. Machines are "
-        "shared: quote the ratios.",
+        "Bytes are payloads per rank and step: all-reduces (DDP grad buckets via a comm hook, FP8 "
+        "amaxes via torch.distributed.all_reduce), FSDP2 all-gathers (received) and "
+        "reduce-scatters (sent). Peak RSS includes the compile. Machines are shared: quote the "
+        "ratios.",
         "machine": machine_info(),
         "versions": {"torch": torch.__version__, "fxquant": fxquant.__version__},
-        "results": {"ddp": {**ddp, "fp8_vs_fp32": ratios}},  # an "fsdp2" section sits beside
+        "results": results,
         "wall_s": time.time() - t_start,
     }
-    print(f"\nDDP, {WORLD} ranks (gloo), {shape.name}, {args.rows} rows/rank, medians:")
-    print(f"{'row':14s} {'steps/s':>8s} {'ms/step':>8s} {'grad B/step':>12s} {'amax B/step':>12s}"
-          f" {'amax calls':>10s} {'peak RSS MiB (r0, r1)':>22s}")  # fmt: skip
-    for row, r in ddp.items():
-        rss = ", ".join(f"{v:.0f}" for v in r["peak_rss_mib_per_rank"])
-        print(
-            f"{row:14s} {r['steps_per_s']:8.2f} {r['median_step_ms']:8.1f} "
-            f"{r['grad_allreduce_bytes_per_step']:12d} {r['amax_allreduce_bytes_per_step']:12d} "
-            f"{r['amax_allreduce_calls_per_step']:10d} {rss:>22s}"
-        )
-    print(
-        f"{'fp8 / fp32':14s} step time {ratios['step_time']:.2f}x, bytes all-reduced "
-        f"{ratios['allreduce_bytes']:.6f}x, peak RSS {ratios['peak_rss']:.2f}x"
-    )
+    for parallel, rows in results.items():
+        print(f"\n{parallel}, {WORLD} ranks (gloo), {shape.name}, {args.rows} rows/rank, medians:")
+        print(f"{'row':30s} {'steps/s':>8s} {'ms/step':>8s} {'all-reduce B':>13s} "
+              f"{'all-gather B':>13s} {'red-scat B':>12s} {'peak RSS MiB':>13s}")  # fmt: skip
+        for row, r in rows.items():
+            if row == "ratios":
+                continue
+            print(
+                f"{row:30s} {r['steps_per_s']:8.2f} {r['median_step_ms']:8.1f} "
+                f"{r['allreduce_bytes_per_step']:13d} {r['all_gather_bytes_per_step']:13d} "
+                f"{r['reduce_scatter_bytes_per_step']:12d} {max(r['peak_rss_mib_per_rank']):13.0f}"
+            )
+        for name, q in rows["ratios"].items():
+            gather = (
+                "" if q["all_gather_bytes"] is None else f", all-gather {q['all_gather_bytes']}x"
+            )
+            print(
+                f"  {name}: step time {q['step_time']}x, bytes {q['communicated_bytes']}x"
+                f"{gather}, peak RSS {q['peak_rss']}x"
+            )
     write_results(res, out_path)
 
 
