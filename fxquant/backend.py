@@ -4,7 +4,9 @@ The Dynamo entry of the data flow. Dynamo hands us a torch-level GraphModule who
 graph inputs; the same pass pipeline as the export path (``fxquant.passes.pipeline``: plan →
 rewrite → fuse) quantizes each chosen weight once, here at compile time (inference semantics:
 recompile after changing the weights), and Inductor compiles the result with the lowerings of
-``fxquant.passes.lower`` as decompositions.
+``fxquant.passes.lower`` as decompositions. A config with a ``Float8Recipe``, a forward with
+``fxquant.fp8_autocast`` regions, or (with no config) a model with ``convert_model``'s FP8 layers
+takes the training branch instead (``_float8_training``).
 Inductor settings go through ``config_patches``, scoped to this compile, never set globally.
 
 Found without ``import fxquant`` through the ``torch_dynamo_backends`` entry point.
