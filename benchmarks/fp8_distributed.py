@@ -34,7 +34,7 @@ FP8 GEMMs on this CPU are ``torch._scaled_mm``: slower than fp32 or bf16 by cons
 step-time ratio measures that cost, not a speed-up; the byte counts are what carries over to a
 GPU.
 
-    python benchmarks/fp8_distributed.py                   # ~8 min on 2 cores
+    python benchmarks/fp8_distributed.py                   # ~3 min on 2 cores
     python benchmarks/fp8_distributed.py --parallel fsdp2  # one section
 """
 

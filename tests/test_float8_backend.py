@@ -131,21 +131,6 @@ def test_fp8_training_follows_fp32_for_200_steps(name, recipe, fp32_losses):
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize(
-    "name, recipe",
-    [
-        ("current", Float8Recipe(scaling="current")),
-        ("row", Float8Recipe(scaling="current", granularity="row")),
-        ("mxfp8", Float8Recipe(scaling="mxfp8", emulate=True)),
-        ("block", Float8Recipe(scaling="block", emulate=True)),
-    ],
-)
-def test_other_recipes_follow_fp32_for_60_steps(name, recipe, fp32_losses):
-    losses, grad_sqnr = train(recipe, 60, grad_at=GRAD_AT)
-    _compare(name, losses, fp32_losses, grad_sqnr)
-
-
 # --------------------------------------------------------------------------------------------
 # Regions
 # --------------------------------------------------------------------------------------------
