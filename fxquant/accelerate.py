@@ -131,8 +131,10 @@ def apply_fp8_autowrap(model: nn.Module, fp8_recipe_handler: Any) -> nn.Module:
     forward = contextual_fp8_autocast(model.forward, recipe, recipe.use_autocast_during_eval)
     if hasattr(model.forward, "__func__"):
         model.forward = MethodType(forward, model)
-    else:
-        model.forward = functools.partial(forward, model)
+    else:  # a forward set on the instance (another wrapper): bind it to the model as well
+        bound = functools.partial(forward, model)
+        setattr(bound, _AUTOCAST_MARK, True)
+        model.forward = bound
     return model
 
 

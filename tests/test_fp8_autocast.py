@@ -298,3 +298,12 @@ def test_converted_layers_without_a_region_train_in_high_precision():
     assert _decisions() == {"up": None, "mid": None, "down": None}
     assert model.up.weight.grad is not None  # trained, not an inference graph
     torch.testing.assert_close(y, model(x), rtol=1e-5, atol=1e-6)
+
+
+def test_apply_fp8_autowrap_over_an_instance_forward():
+    model = MLP()
+    model.forward = lambda x: MLP.forward(model, x)  # a wrapper set on the instance
+    apply_fp8_autowrap(model, CURRENT)
+    assert has_transformer_engine_layers(model)
+    _run(torch.compile(model, backend="fxquant"), torch.randn(4, 32))
+    assert set(_decisions().values()) == {"current"}
