@@ -13,6 +13,8 @@ differ by about that factor and only an all-reduce with MAX can make their scale
 from __future__ import annotations
 
 import datetime
+import os
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -98,11 +100,44 @@ def _finish(model: nn.Module, losses: list[float], reports: list) -> dict:
     }
 
 
-def _new_reports():
+def new_reports():
     """A function giving the backend's reports added since this call (``last_reports`` is shared
     by every compile in the process and keeps the last 16)."""
     before = {id(rows) for rows in last_reports}
     return lambda: [rows for rows in last_reports if id(rows) not in before]
+
+
+def init_gloo(rank: int, store: str) -> None:
+    """Join the WORLD-rank gloo group through a file store, one thread per rank (two ranks on
+    two cores). A rank that dies leaves the other in a collective: fail in a minute, not in
+    gloo's 30."""
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo",
+        init_method=f"file://{store}",
+        rank=rank,
+        world_size=WORLD,
+        timeout=datetime.timedelta(seconds=60),
+    )
+
+
+def spawn_ranks(rank_main, out: Path) -> list:
+    """Run ``rank_main(rank, store, out)`` in WORLD spawned processes and load what each saved
+    (``out/rank<r>.pt``). Spawn, never fork: the parent holds Dynamo/Inductor state and OpenMP
+    threads. One Inductor compile thread per rank: each would otherwise start its own pool of
+    compile workers on the same two cores."""
+    import torch.multiprocessing as mp
+
+    saved = os.environ.get("TORCHINDUCTOR_COMPILE_THREADS")
+    os.environ["TORCHINDUCTOR_COMPILE_THREADS"] = "1"
+    try:
+        mp.spawn(rank_main, args=(str(out / "store"), str(out)), nprocs=WORLD)
+    finally:
+        if saved is None:
+            del os.environ["TORCHINDUCTOR_COMPILE_THREADS"]
+        else:
+            os.environ["TORCHINDUCTOR_COMPILE_THREADS"] = saved
+    return [torch.load(out / f"rank{r}.pt") for r in range(WORLD)]
 
 
 def single_process() -> dict:
@@ -117,7 +152,7 @@ def single_process() -> dict:
     """
     model = make_model()
     run = torch.compile(model, backend="fxquant", options={"config": CONFIG})
-    reports = _new_reports()
+    reports = new_reports()
     losses = _train(model, run, batches(), loss_scale=WORLD)
     return _finish(model, losses, reports())
 
@@ -126,15 +161,7 @@ def rank_main(rank: int, store: str, out: str) -> None:
     """One DDP rank; writes its results to ``out/rank<r>.pt``."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    torch.set_num_threads(1)  # two ranks on two cores
-    # a rank that dies leaves the other in a collective: fail in a minute, not gloo's 30
-    dist.init_process_group(
-        "gloo",
-        init_method=f"file://{store}",
-        rank=rank,
-        world_size=WORLD,
-        timeout=datetime.timedelta(seconds=60),
-    )
+    init_gloo(rank, store)
     # See every MAX all-reduce (only update_states sends one; DDP's own gradient all-reduce runs
     # in its C++ reducer): the rows before and after, to check the reduction elementwise.
     reductions = []
@@ -157,7 +184,7 @@ def rank_main(rank: int, store: str, out: str) -> None:
         ddp = DDP(model, bucket_cap_mb=BUCKET_CAP_MB)
         run = torch.compile(ddp, backend="fxquant", options={"config": CONFIG})
         data = [(x[rank * B : (rank + 1) * B], y[rank * B : (rank + 1) * B]) for x, y in batches()]
-        reports = _new_reports()
+        reports = new_reports()
         result = _finish(model, _train(model, run, data), reports())
     finally:
         dist.all_reduce = real_all_reduce

@@ -14,17 +14,14 @@ batch, scaled by ``RANK_SCALE[r]`` so that the ranks' amaxes differ.
 
 from __future__ import annotations
 
-import datetime
-
 import torch
 import torch.distributed as dist
+from _dist_worker import WORLD, init_gloo, new_reports  # the shared two-rank plumbing
 from torch import nn
 
 from fxquant import Float8Recipe, QuantConfig
-from fxquant.backend import last_reports
 from fxquant.training.fsdp import enable_fsdp_float8_all_gather
 
-WORLD = 2
 B = 8  # rows per rank and step
 STEPS = 4
 D, H = 64, 128
@@ -88,11 +85,6 @@ def _rows(rank: int, t: torch.Tensor) -> torch.Tensor:
     return t[rank * B : (rank + 1) * B]
 
 
-def _new_reports():
-    before = {id(rows) for rows in last_reports}
-    return lambda: [rows for rows in last_reports if id(rows) not in before]
-
-
 def _fp8_layers(reports: list) -> list[list[str]]:
     return [[r["name"] for r in rows if r["status"] == "quantized"] for rows in reports]
 
@@ -111,7 +103,7 @@ def single_process(scaling: str) -> dict:
     torch._dynamo.reset()
     model = make_model()
     run = torch.compile(model, backend="fxquant", options={"config": config(scaling)})
-    reports = _new_reports()
+    reports = new_reports()
     opt = torch.optim.SGD(model.parameters(), lr=LR / WORLD)
     losses = []
     for x, y in batches():
@@ -165,7 +157,7 @@ def _run_variant(
         return real(output_tensor, input_tensor, group=group, async_op=async_op)
 
     dist.all_gather_single = all_gather_single
-    reports = _new_reports()
+    reports = new_reports()
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     losses, step_bytes = [], []
     try:
@@ -193,14 +185,7 @@ def rank_main(rank: int, store: str, out: str) -> None:
     """One FSDP2 rank; runs every variant and writes ``out/rank<r>.pt``."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    torch.set_num_threads(1)  # two ranks on two cores
-    dist.init_process_group(
-        "gloo",
-        init_method=f"file://{store}",
-        rank=rank,
-        world_size=WORLD,
-        timeout=datetime.timedelta(seconds=60),
-    )
+    init_gloo(rank, store)
     mesh = init_device_mesh("cpu", (WORLD,))
     results = {v: _run_variant(rank, mesh, *v) for v in VARIANTS + BF16_VARIANTS}
     torch.save(results, f"{out}/rank{rank}.pt")

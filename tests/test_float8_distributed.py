@@ -14,7 +14,6 @@ from __future__ import annotations
 import _dist_worker as w
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 LAYERS = ("fc1", "fc2", "fc3")
 ROLES = ("input", "weight", "output", "grad_output", "grad_input")
@@ -34,14 +33,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """(rank 0's results, rank 1's, the single process's): see _dist_worker._finish."""
-    out = tmp_path_factory.mktemp("ddp")
-    with pytest.MonkeyPatch.context() as mp_env:
-        # one Inductor compile thread per rank: each rank would otherwise start its own pool of
-        # compile workers on the same two cores
-        mp_env.setenv("TORCHINDUCTOR_COMPILE_THREADS", "1")
-        # spawn, never fork: the parent holds Dynamo/Inductor state and OpenMP threads
-        mp.spawn(w.rank_main, args=(str(out / "store"), str(out)), nprocs=w.WORLD)
-    ranks = [torch.load(out / f"rank{r}.pt") for r in range(w.WORLD)]
+    ranks = w.spawn_ranks(w.rank_main, tmp_path_factory.mktemp("ddp"))
     torch._dynamo.reset()
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as the ranks ran

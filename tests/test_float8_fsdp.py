@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import re
 
+import _dist_worker as dist_worker
 import _fsdp_worker as w
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from fxquant import Float8Recipe
 from fxquant.training.fsdp import Float8AllGatherWeight, enable_fsdp_float8_all_gather
@@ -40,12 +40,7 @@ slow = pytest.mark.slow
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """(rank 0's results, rank 1's), each {variant: results}: see _fsdp_worker._run_variant."""
-    out = tmp_path_factory.mktemp("fsdp")
-    with pytest.MonkeyPatch.context() as mp_env:
-        # one Inductor compile thread per rank (see tests/test_float8_distributed.py)
-        mp_env.setenv("TORCHINDUCTOR_COMPILE_THREADS", "1")
-        mp.spawn(w.rank_main, args=(str(out / "store"), str(out)), nprocs=w.WORLD)
-    return tuple(torch.load(out / f"rank{r}.pt") for r in range(w.WORLD))
+    return tuple(dist_worker.spawn_ranks(w.rank_main, tmp_path_factory.mktemp("fsdp")))
 
 
 @pytest.fixture(scope="module")
