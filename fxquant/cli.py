@@ -167,7 +167,9 @@ def _cmd_quantize(args) -> int:
         print(
             f"exporting {args.source} with a KV cache of {args.max_cache_len} ...", file=sys.stderr
         )
-        ep = fxquant.export_llm(model, max_cache_len=args.max_cache_len, max_batch=args.max_batch)
+        ep = fxquant.export_llm(
+            model, max_cache_len=args.max_cache_len, max_batch=args.max_batch, logits=args.logits
+        )
     else:
         model, example_inputs, dynamic_shapes = load_source(args.source, seq_len=args.seq_len)
         print(f"exporting {args.source} ...", file=sys.stderr)
@@ -424,6 +426,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     q.add_argument("--max-cache-len", type=int, default=2048, help="with --llm: cache positions")
     q.add_argument("--max-batch", type=int, default=1, help="with --llm: sequences per call")
+    q.add_argument(
+        "--logits",
+        choices=("last", "all"),
+        default="last",
+        help="with --llm: the last position's logits (for generating; prefill skips the LM head "
+        "on the other prompt tokens) or every position's (for scoring text)",
+    )
     q.set_defaults(fn=_cmd_quantize)
 
     g = sub.add_parser(

@@ -258,7 +258,9 @@ def run_demo(
     t0 = time.perf_counter()
     # every package first: the missing ones are built side by side, one process each
     # (about two minutes each on two cores; the package cache serves every later run)
-    built = build_packages(source, variants, max_cache_len=_CACHE_LEN)
+    # every position's logits: the packages score perplexity too (a deployed one keeps the
+    # last position's only, export_llm's default, and prefills faster)
+    built = build_packages(source, variants, max_cache_len=_CACHE_LEN, logits="all")
     if any(b.built for b in built.values()):
         print(f"packages built in {time.perf_counter() - t0:.0f} s (cached for the next run)")
     tokenizer = load_tokenizer(source)

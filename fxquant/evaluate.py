@@ -155,6 +155,12 @@ def perplexity(
     for start in bar:
         chunk = ids[start : start + window].unsqueeze(0)
         logits = _logits(fn, chunk)
+        if logits.shape[1] != chunk.shape[1]:
+            raise ValueError(
+                f"perplexity: {chunk.shape[1]} tokens in, logits for {logits.shape[1]} positions "
+                "out; scoring needs every position's (an export_llm program or package returns "
+                'the last one\'s unless exported with logits="all")'
+            )
         # fp32 log-softmax whatever the model dtype: bf16 logits would round the NLL itself.
         nll = F.cross_entropy(logits[0, :-1].float(), chunk[0, 1:], reduction="sum")
         nll_sum += nll.item()

@@ -4,7 +4,10 @@ Where this sits: the capture step of the data flow, for causal LMs that are serv
 token. A Hugging Face decoder-only model is wrapped with a static KV cache whose tensors are
 buffers of the wrapper, and exported once with a dynamic number of tokens T:
 
-    (input_ids [B, T] int64, cache_position [T] int64) → logits [B, T, V] fp32
+    (input_ids [B, T] int64, cache_position [T] int64) → logits [B, L, V] fp32
+
+with L = 1 (the last position's logits: what generation reads, and all a prompt's prefill
+needs; the default) or L = T (``logits="all"``: every position's, for scoring text).
 
 ``cache_position`` holds the positions of those T tokens: ``arange(T)`` for a prompt (one call
 prefills it), ``[p]`` for the token at position p (one call per decoded token). The program
@@ -15,9 +18,14 @@ over without any reset. The result is an ordinary ``ExportedProgram``: ``fxquant
 ``fxquant.generate`` (``fxquant.runtime``) drives the package.
 
 What is fixed at export: the batch (``max_batch`` rows; the runtime pads fewer), the cache
-length, the dtype. The program records them (:func:`llm_info`) and ``aot_compile`` copies them
-into the package's metadata, where the runtime checks every request against them before any
-computation.
+length, the dtype, which logits come out. The program records them (:func:`llm_info`) and
+``aot_compile`` copies them into the package's metadata, where the runtime checks every request
+against them before any computation.
+
+Why only the last position's logits by default: a prompt's prefill would otherwise run the LM
+head on every prompt token (on SmolLM2-135M a fifth of the prefill's multiply-adds: a 49152 ×
+576 head, 128 rows for a 128-token prompt) and return logits nobody reads; llama.cpp computes
+the last token's only as well.
 
 Built on transformers' ``StaticCache`` (``cache_utils``), as its executorch exporter is, with
 two differences: prompts prefill in one call (T is dynamic) and ``cache_position`` is an input
@@ -27,6 +35,7 @@ exact while the cache is no longer than the window (checked).
 
 from __future__ import annotations
 
+import inspect
 import json
 import traceback
 from typing import Any
@@ -69,8 +78,12 @@ def _architecture(model: nn.Module) -> str:
     return archs[0]
 
 
+LOGITS = ("last", "all")  # export_llm's choices of which positions' logits the program returns
+
+
 class CachedCausalLM(nn.Module):
-    """``(input_ids [B, T], cache_position [T]) → logits [B, T, V]`` over a static KV cache.
+    """``(input_ids [B, T], cache_position [T]) → logits [B, L, V]`` over a static KV cache,
+    L = 1 (``logits="last"``) or T (``"all"``).
 
     The cache tensors are this module's buffers (``cache_key_<i>``, ``cache_value_<i>``,
     ``cache_length_<i>``, non-persistent), so ``torch.export`` lifts them as buffers the
@@ -78,14 +91,20 @@ class CachedCausalLM(nn.Module):
     during a non-strict export they are the tracer's versions, not the eager tensors.
     """
 
-    def __init__(self, model: nn.Module, *, max_cache_len: int, max_batch: int = 1) -> None:
+    def __init__(
+        self, model: nn.Module, *, max_cache_len: int, max_batch: int = 1, logits: str = "last"
+    ) -> None:
         super().__init__()
+        if logits not in LOGITS:
+            raise ValueError(f"logits={logits!r}: allowed are {', '.join(map(repr, LOGITS))}")
         from transformers.cache_utils import StaticCache, StaticLayer
         from transformers.configuration_utils import get_head_shapes
 
         config = _text_config(model)
         self.model = model
-        self.max_cache_len, self.max_batch = max_cache_len, max_batch
+        self.max_cache_len, self.max_batch, self.logits = max_cache_len, max_batch, logits
+        # transformers' causal LMs slice the hidden states before their head when asked
+        self._keep = "logits_to_keep" in inspect.signature(model.forward).parameters
         self.cache = StaticCache(config=config, max_cache_len=max_cache_len)
         # every layer becomes a _VisibleLayer: sliding-window layers have data-dependent control
         # flow (a full layer is the same attention while max_cache_len <= the window, which
@@ -115,13 +134,16 @@ class CachedCausalLM(nn.Module):
             # the layer writes at cumulative_length + arange(T): start at this call's position
             layer.cumulative_length.copy_(cache_position[0])
         position_ids = cache_position.unsqueeze(0).expand(input_ids.shape[0], -1)
+        last = self.logits == "last"
         out = self.model(
             input_ids=input_ids,
             position_ids=position_ids,
             cache=self.cache,
             use_cache=True,
+            **({"logits_to_keep": 1} if last and self._keep else {}),
         )
-        return out.logits.float()
+        logits = out.logits[:, -1:] if last else out.logits
+        return logits.float()
 
 
 def _visible_layer_class(base: type) -> type:
@@ -288,6 +310,7 @@ def export_llm(
     max_cache_len: int = 2048,
     max_batch: int = 1,
     example_tokens: int = 8,
+    logits: str = "last",
 ) -> ExportedProgram:
     """Export a Hugging Face causal LM with a static KV cache, for prefill and decode alike.
 
@@ -299,6 +322,10 @@ def export_llm(
         max_batch: rows of the cache; the program takes exactly this many sequences (the
             runtime pads fewer).
         example_tokens: trace-time T (>= 2: a 1 would specialize the dynamic dim).
+        logits: ``"last"`` (default): the program returns the last position's logits
+            [max_batch, 1, V], all that generating text reads, and a prefill skips the LM head
+            on the other prompt tokens; ``"all"``: [max_batch, T, V], for scoring text
+            (perplexity).
 
     Returns:
         An ``ExportedProgram`` ``(input_ids [max_batch, T], cache_position [T]) → logits``
@@ -310,12 +337,16 @@ def export_llm(
         LLMExportError: an architecture the exporter cannot trace (the message names it and
             the failing op; ``fxquant.evaluate.export_causal_lm`` still exports it uncached).
     """
+    if logits not in LOGITS:
+        raise ValueError(f"export_llm: logits={logits!r}; allowed: {', '.join(map(repr, LOGITS))}")
     config = _text_config(model)
     _check(model, config, max_cache_len=max_cache_len, max_batch=max_batch)
     example_tokens = max(2, min(example_tokens, max_cache_len))
     arch = _architecture(model)
     try:
-        wrapper = CachedCausalLM(model, max_cache_len=max_cache_len, max_batch=max_batch).eval()
+        wrapper = CachedCausalLM(
+            model, max_cache_len=max_cache_len, max_batch=max_batch, logits=logits
+        ).eval()
         vocab = config.vocab_size
         ids = torch.randint(0, vocab, (max_batch, example_tokens))
         pos = torch.arange(example_tokens)
@@ -342,6 +373,7 @@ def export_llm(
         "eos_token_ids": _eos_ids(model),
         "dtype": str(_dtype(model)).removeprefix("torch."),
         "positional_limit": _positional_limit(config),
+        "logits": logits,
     }
     set_llm_info(ep, info)
     return ep

@@ -58,6 +58,7 @@ def package_key(
     *,
     max_cache_len: int,
     max_batch: int,
+    logits: str = "last",
 ) -> str:
     """The cache key of a package: model file, config, sizes, versions and CPU."""
     from fxquant.passes.cpu.dispatch import machine_class
@@ -69,6 +70,7 @@ def package_key(
         "config": None if config is None else config.to_dict(),
         "max_cache_len": max_cache_len,
         "max_batch": max_batch,
+        "logits": logits,
         "fxquant": __version__,
         "torch": torch.__version__,
         "isa": isa_flags(),
@@ -184,6 +186,7 @@ def llm_package(
     *,
     max_cache_len: int = 2048,
     max_batch: int = 1,
+    logits: str = "last",
     model=None,
     program=None,
     cache_dir: str | os.PathLike | None = None,
@@ -198,7 +201,7 @@ def llm_package(
         source: a ``.gguf`` file or a Hugging Face model folder (the cache key).
         config: a QuantConfig, a recipe name (``"int8wo"``, ``"int4wo-64+lm_head=int8wo"`` …)
             or None for the float model.
-        max_cache_len, max_batch: as ``fxquant.export_llm``.
+        max_cache_len, max_batch, logits: as ``fxquant.export_llm``.
         model, program: the loaded model (or a function that loads it) / its ``export_llm``
             program, when the caller has them already (they must come from ``source``, the
             program with these sizes); the model is loaded only if a build needs it.
@@ -214,7 +217,7 @@ def llm_package(
     cfg = None if config is None else QuantConfig.coerce(config)
     if variant is None:
         variant = config if isinstance(config, str) else ("fp32" if cfg is None else "custom")
-    key = package_key(source, cfg, max_cache_len=max_cache_len, max_batch=max_batch)
+    key = package_key(source, cfg, max_cache_len=max_cache_len, max_batch=max_batch, logits=logits)
     root = Path(cache_dir) if cache_dir is not None else cache_root()
     path = root / "packages" / f"{key}.pt2"
     if path.is_file():
@@ -239,7 +242,9 @@ def llm_package(
                 model = model()
             bar.update()
             step("export with KV cache")
-            program = export_llm(model, max_cache_len=max_cache_len, max_batch=max_batch)
+            program = export_llm(
+                model, max_cache_len=max_cache_len, max_batch=max_batch, logits=logits
+            )
         else:
             bar.update()
         bar.update()
@@ -264,6 +269,7 @@ def build_packages(
     *,
     max_cache_len: int = 2048,
     max_batch: int = 1,
+    logits: str = "last",
     jobs: int | None = None,
     progress: bool = True,
 ) -> dict[str, BuiltPackage]:
@@ -275,6 +281,7 @@ def build_packages(
 
     Args:
         configs: ``{variant name: config, recipe name or None (fp32)}``.
+        max_cache_len, max_batch, logits: as ``fxquant.export_llm``.
         jobs: builds at a time (default: one per core, plus one).
     """
     import subprocess
@@ -291,6 +298,7 @@ def build_packages(
             config,
             max_cache_len=max_cache_len,
             max_batch=max_batch,
+            logits=logits,
             progress=False,
             only_cached=True,
         )
@@ -318,6 +326,8 @@ def build_packages(
                     str(max_cache_len),
                     "--max-batch",
                     str(max_batch),
+                    "--logits",
+                    logits,
                 ]
                 cmd += ["--variant", name, "--source-digest", _source_digest()]
                 if cfg is not None:
@@ -345,6 +355,7 @@ def build_packages(
                     todo[name],
                     max_cache_len=max_cache_len,
                     max_batch=max_batch,
+                    logits=logits,
                     progress=False,
                     only_cached=True,
                 )
@@ -365,6 +376,7 @@ def _main(argv=None) -> int:
     parser.add_argument("--config", default=None, help="QuantConfig JSON; omit for fp32")
     parser.add_argument("--max-cache-len", type=int, default=2048)
     parser.add_argument("--max-batch", type=int, default=1)
+    parser.add_argument("--logits", choices=("last", "all"), default="last")
     parser.add_argument("--variant", default=None, help="the name the package is listed under")
     parser.add_argument("--source-digest", default=None, help="the parent's _source_digest()")
     args = parser.parse_args(argv)
@@ -380,6 +392,7 @@ def _main(argv=None) -> int:
         config,
         max_cache_len=args.max_cache_len,
         max_batch=args.max_batch,
+        logits=args.logits,
         progress=False,
         variant=args.variant,
     )

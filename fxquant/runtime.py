@@ -190,8 +190,9 @@ class LLMPackage:
 
     @torch.no_grad()
     def __call__(self, input_ids: torch.Tensor, cache_position: torch.Tensor) -> torch.Tensor:
-        """Logits [B, T, V] for ``input_ids`` [B, T] at ``cache_position`` [T] (B <= max_batch;
-        fewer rows are padded with copies of the first, and their logits dropped)."""
+        """Logits [B, L, V] for ``input_ids`` [B, T] at ``cache_position`` [T] (B <= max_batch;
+        fewer rows are padded with copies of the first, and their logits dropped): L = 1, the
+        last position's, unless the program was exported with ``logits="all"`` (L = T)."""
         # Everything the compiled code would index with is checked here: it has no bounds
         # checks of its own (an id past the vocabulary or a position past the cache would read
         # or write outside its buffers).

@@ -83,7 +83,7 @@ def _cached_logits(fn, ids: torch.Tensor, split: int) -> torch.Tensor:
 @pytest.mark.parametrize("arch", ["llama", "gpt2", "qwen2", "qwen3", "mistral"])
 def test_cached_program_equals_the_uncached_model(arch):
     model = _model(arch)
-    ep = export_llm(model, max_cache_len=32)
+    ep = export_llm(model, max_cache_len=32, logits="all")
     ids = torch.randint(0, VOCAB, (1, 14))
     want = model(ids, use_cache=False).logits
     m = ep.module()
@@ -93,6 +93,33 @@ def test_cached_program_equals_the_uncached_model(arch):
     torch.testing.assert_close(m(ids[:, :5], torch.arange(5)), want[:, :5], atol=1e-5, rtol=1e-5)
     info = llm_info(ep)
     assert info["max_cache_len"] == 32 and info["max_batch"] == 1 and info["vocab_size"] == VOCAB
+    assert info["logits"] == "all"
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_by_default_the_program_returns_the_last_positions_logits(arch):
+    """What generation reads: a prompt's prefill runs the LM head on its last token only."""
+    model = _model(arch)
+    ep = export_llm(model, max_cache_len=32)
+    assert llm_info(ep)["logits"] == "last"
+    heads = [
+        n.meta["val"].shape
+        for n in ep.graph.nodes
+        if n.op == "call_function"
+        and n.target == torch.ops.aten.linear.default
+        and n.meta["val"].shape[-1] == VOCAB
+    ]
+    assert heads and all(shape[1] == 1 for shape in heads), heads  # one row, whatever T is
+    ids = torch.randint(0, VOCAB, (1, 11))
+    want = model(ids, use_cache=False).logits
+    m = ep.module()
+    got = m(ids[:, :8], torch.arange(8))
+    assert got.shape == (1, 1, VOCAB)
+    torch.testing.assert_close(got, want[:, 7:8], atol=1e-5, rtol=1e-5)
+    for i in range(8, 11):  # decode steps: one token in, its logits out
+        torch.testing.assert_close(
+            m(ids[:, i : i + 1], torch.tensor([i])), want[:, i : i + 1], atol=1e-5, rtol=1e-5
+        )
 
 
 def test_the_model_is_not_changed():
@@ -125,7 +152,7 @@ def test_grouped_query_heads_read_the_cache_without_repeating_it():
 
 def test_batch_rows_are_independent():
     model = _model()
-    ep = export_llm(model, max_cache_len=16, max_batch=2)
+    ep = export_llm(model, max_cache_len=16, max_batch=2, logits="all")
     ids = torch.randint(0, VOCAB, (2, 7))
     got = _cached_logits(ep.module(), ids, split=4)
     torch.testing.assert_close(got, model(ids, use_cache=False).logits, atol=1e-5, rtol=1e-5)
@@ -138,7 +165,7 @@ def test_quantized_cached_program_equals_the_quantized_uncached_one(recipe):
 
     model = _model()
     cfg = fxquant.QuantConfig(scheme=fxquant.from_recipe_name(recipe))
-    cached = fxquant.quantize(export_llm(model, max_cache_len=32), cfg)
+    cached = fxquant.quantize(export_llm(model, max_cache_len=32, logits="all"), cfg)
     uncached = fxquant.quantize(export_causal_lm(model), cfg)
     rep = fxquant.report(cached)
     assert len(rep.quantized) == 14 and llm_info(cached) is not None
@@ -163,6 +190,8 @@ def test_bad_sizes_are_refused_before_export():
         export_llm(model, max_cache_len=1)
     with pytest.raises(ValueError, match="sliding window"):
         export_llm(_model("mistral"), max_cache_len=100)
+    with pytest.raises(ValueError, match="logits='first'; allowed: 'last', 'all'"):
+        export_llm(model, max_cache_len=16, logits="first")
 
 
 def test_a_model_that_does_not_trace_names_the_architecture():
@@ -397,4 +426,17 @@ def test_calls_the_compiled_code_cannot_bound_check_are_refused(llm_package):
         pkg(ids, torch.tensor([-1, 0, 1]))
     with pytest.raises(PackageError, match="T >= 1"):
         pkg(torch.zeros(1, 0, dtype=torch.long), torch.arange(0))
-    assert pkg(ids, torch.arange(3)).shape == (1, 3, VOCAB)
+    assert pkg(ids, torch.arange(3)).shape == (1, 1, VOCAB)  # the last position's logits
+
+
+def test_perplexity_refuses_a_program_that_returns_the_last_logits_only():
+    from fxquant.evaluate import perplexity
+
+    m = export_llm(_model(), max_cache_len=16).module()
+    with pytest.raises(ValueError, match='8 tokens in, logits for 1 positions.*logits="all"'):
+        perplexity(
+            lambda ids: m(ids, torch.arange(ids.shape[1])),
+            torch.randint(0, VOCAB, (8,)),
+            window=8,
+            progress=False,
+        )
