@@ -60,7 +60,7 @@ from machine import machine_info, write_results
 
 import fxquant
 from fxquant import assets
-from fxquant.llm import CachedCausalLM
+from fxquant.llm import CachedCausalLM, llm_info
 from fxquant.packages import build_packages, load_tokenizer
 from fxquant.runtime import LLMPackage
 
@@ -458,6 +458,9 @@ def run(args) -> dict:
         "prompt_tokens": n,
         "new_tokens": new,
         "max_cache_len": cache_len,
+        # which logits every program returns: "last" since export_llm's default became the
+        # last position's (a prefill runs the LM head on one row); runs before that: all of them
+        "logits": (llm_info(program) or {}).get("logits", "all"),
         "rounds": args.rounds,
         "copy_bandwidth_gbs": bw,
         "llama_cpp": llama,

@@ -404,8 +404,10 @@ def _llm_decode_run(name: str) -> str:
         return missing
     vs = rec.get("versions", {})
     m = rec.get("machine", {})
+    last = rec.get("logits") == "last"
     out += [
-        f"#### {m.get('cpu_model', '?')}, {m.get('cpu_capability', '?')}",
+        f"#### {m.get('cpu_model', '?')}, {m.get('cpu_capability', '?')}"
+        + (", prefill returning the last position's logits" if last else ""),
         "",
         f"From `{how}` → `benchmarks/results/{name}`; {_machine(rec)}"
         + ("." if vs.get("torchao") else ", torchao not installed."),
@@ -413,11 +415,24 @@ def _llm_decode_run(name: str) -> str:
         f"SmolLM2-135M, fp32 weights before quantization, batch 1: a "
         f"{rec.get('prompt_tokens', '?')}-token prompt prefilled in one call, then "
         f"{rec.get('new_tokens', '?')} tokens one call each with the KV cache in the program "
-        f"(max_cache_len {rec.get('max_cache_len', '?')}). Every round runs every candidate "
+        f"(max_cache_len {rec.get('max_cache_len', '?')}"
+        + (
+            "; every program returns the last position's logits, so a prefill runs the LM head "
+            "on one row, as llama.cpp's does"
+            if last
+            else "; every program returns every position's logits"
+        )
+        + "). Every round runs every candidate "
         f"({rec.get('rounds', '?')} rounds; decode: 1 / median step); × is vs fp32 Inductor in "
-        "the same run. llama.cpp: `llama-bench` on the same GGUF (Q4_1 as shipped, its output "
-        "matrix Q8_0; Q8_0 and F32 made with its `llama-quantize`), the mean of a run before and "
-        "after the rounds. Top-1: decode steps whose argmax equals fp32 eager's (teacher "
+        "the same run. "
+        + (
+            "llama.cpp: `llama-bench` on the same GGUF (Q4_1 as shipped, its output matrix Q8_0; "
+            "Q8_0 and F32 made with its `llama-quantize`), the mean of a run before and after "
+            "the rounds. "
+            if rec.get("llama_cpp")
+            else "llama.cpp was not run (`--no-llama-cpp`): no peer row in this run. "
+        )
+        + "Top-1: decode steps whose argmax equals fp32 eager's (teacher "
         f"forced). GB/s: bytes a decode step reads × tok/s (copy bandwidth here: "
         f"{_f(rec.get('copy_bandwidth_gbs'), '.1f')} GB/s).",
         "",
