@@ -48,10 +48,11 @@ def test_int8_scaled_extremes_do_not_saturate():
     w = torch.full((3, k), 127, dtype=torch.int8)
     w[1] = -127
     w[2, ::2] = -127
-    xq = torch.full((6, k), -127, dtype=torch.int8)
+    xq = torch.full((13, k), -127, dtype=torch.int8)  # 13 rows: the GEMV's limit and past it
     xq[1] = 127
     xq[3, 1::3] = 0
-    xs, s = torch.rand(6) + 0.5, torch.rand(3) + 0.5
+    xq[9] = 127
+    xs, s = torch.rand(13) + 0.5, torch.rand(3) + 0.5
     got = fxq.native_int8_scaled_linear(xq, xs, w, s)
     # (sums up to 6.7e7, past fp32's exact integers: the reference's fp32 matmul would round)
     want = (xq.long() @ w.long().t()).float() * xs.reshape(-1, 1) * s
@@ -84,9 +85,27 @@ def test_int8_scaled_is_exact_in_the_gemv(m, n, k):
     xq, xs = ref.quantize_int8_per_token(x)
     got = fxq.native_int8_scaled_linear(xq, xs.reshape(-1), q, s)
     want = ref.int8_scaled_linear(xq, xs, q, s, out_dtype=torch.float32)
-    if m <= 64:  # int32 sums of int8 products: exact, then the same two fp32 multiplies
+    # int32 sums of int8 products: exact, then the same two fp32 multiplies, in the GEMV and in
+    # AVX2's tiled GEMM; without AVX2, past 64 rows, the chunked path dequantizes to fp32 first
+    if m <= 64 or torch.cpu._is_avx2_supported():
         assert torch.equal(got, want)
-    else:  # the chunked path dequantizes both operands to fp32 first
+    else:
+        _close(got, want)
+
+
+@pytest.mark.parametrize(("m", "n", "k"), [(9, 3, 33), (130, 5, 4160), (70, 301, 576)])
+def test_int8_scaled_gemm_tiles_and_blocks_are_exact(m, n, k):
+    # row and column tails of the 4 x 2 tiles, K tails, and (K = 4160) several activation
+    # blocks of the cache blocking
+    g = torch.Generator().manual_seed(m + n + k)
+    xq = torch.randint(-127, 128, (m, k), dtype=torch.int8, generator=g)
+    w = torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=g)
+    xs, s = torch.rand(m, generator=g) + 0.5, torch.rand(n, generator=g) + 0.5
+    got = fxq.native_int8_scaled_linear(xq, xs, w, s)
+    want = (xq.long() @ w.long().t()).float() * xs.reshape(-1, 1) * s
+    if torch.cpu._is_avx2_supported():
+        assert torch.equal(got, want)
+    else:
         _close(got, want)
 
 

@@ -180,6 +180,74 @@ void gemv_int8_int8(const int8_t* xq, const float* xs, int64_t M, int64_t K, con
 #endif
 }
 
+#ifdef FXQ_AVX2
+// ---- GEMM for larger M: int8 x int8 in exact int32, register tiles ---------------------------
+// Above a few rows the GEMV's one-weight-row-at-a-time dot products leave the multipliers idle
+// on loads; here R activation rows x C weight rows share every load (the R x C dot products of a
+// 32-byte step reuse C weight and R activation vectors), with dequantize-and-sgemm's cache
+// blocking. Products as in dot_int8_int8 (|x| times w with x's sign, no saturation), so the
+// sums, and y, are bit for bit the GEMV's. SmolLM2-135M's shapes on the AVX2 EPYC (Zen 3, 2
+// cores), against fp32 MKL sgemm of the same shape: 1.4-1.6x at M = 128 where dequantizing to
+// fp32 for MKL ran 0.8-0.9x; 2.0-2.8x at M = 16 where the GEMV ran 1.6-2.1x.
+template <int R, int C>
+inline void tile_int8_int8(const int8_t* x, const int8_t* w, int64_t K, const float* xs,
+                           const float* scale, float* y, int64_t ldy) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256i acc[R][C];
+  for (int i = 0; i < R; ++i)
+    for (int j = 0; j < C; ++j) acc[i][j] = _mm256_setzero_si256();
+  int64_t k = 0;
+  for (; k + 32 <= K; k += 32) {
+    __m256i wv[C];
+    for (int j = 0; j < C; ++j) wv[j] = _mm256_loadu_si256((const __m256i*)(w + j * K + k));
+    for (int i = 0; i < R; ++i) {
+      const __m256i xv = _mm256_loadu_si256((const __m256i*)(x + i * K + k));
+      const __m256i ax = _mm256_sign_epi8(xv, xv);
+      for (int j = 0; j < C; ++j) {
+        const __m256i p16 = _mm256_maddubs_epi16(ax, _mm256_sign_epi8(wv[j], xv));
+        acc[i][j] = _mm256_add_epi32(acc[i][j], _mm256_madd_epi16(p16, ones));
+      }
+    }
+  }
+  for (int i = 0; i < R; ++i)
+    for (int j = 0; j < C; ++j) {
+      int32_t d = hsum_i32(acc[i][j]);
+      for (int64_t t = k; t < K; ++t) d += int32_t(x[i * K + t]) * w[j * K + t];
+      y[i * ldy + j] = float(d) * xs[i] * scale[j];
+    }
+}
+
+// y[m, n] = (sum_k xq[m, k] * w[n, k]) * xs[m] * scale[n], for M past the GEMV's limit
+void gemm_int8_int8(const int8_t* xq, const float* xs, int64_t M, int64_t K, const int8_t* w,
+                    int64_t N, const float* scale, float* y) {
+  constexpr int R = 4, C = 2;  // 8 accumulators + 2 weight + 4 working registers of 16
+  const int64_t k1 = std::max<int64_t>(K, 1);
+  // a block of weight rows (16 KiB) stays in L1 while a block of activation rows (256 KiB)
+  // passes over it; the activation block stays in L2 while every weight block passes
+  const int64_t nb = std::max<int64_t>(C, 16 * 1024 / k1 / C * C);
+  const int64_t mb = std::max<int64_t>(R, 256 * 1024 / k1 / R * R);
+  const int64_t blocks = (N + nb - 1) / nb;
+  for (int64_t m0 = 0; m0 < M; m0 += mb) {
+    const int64_t m1 = std::min(M, m0 + mb);
+#pragma omp parallel for schedule(static)
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int64_t n0 = b * nb, n1 = std::min(N, n0 + nb);
+      int64_t m = m0;
+      for (; m + R <= m1; m += R) {
+        int64_t n = n0;
+        for (; n + C <= n1; n += C)
+          tile_int8_int8<R, C>(xq + m * K, w + n * K, K, xs + m, scale + n, y + m * N + n, N);
+        for (; n < n1; ++n)
+          tile_int8_int8<R, 1>(xq + m * K, w + n * K, K, xs + m, scale + n, y + m * N + n, N);
+      }
+      for (; m < m1; ++m)
+        for (int64_t n = n0; n < n1; ++n)
+          tile_int8_int8<1, 1>(xq + m * K, w + n * K, K, xs + m, scale + n, y + m * N + n, N);
+    }
+  }
+}
+#endif
+
 // ---- Shims' shared body: int8 and fp8 weights, fp32 activations ---------------------------
 
 AOTITorchError bytes_linear(Fmt fmt, int32_t w_dtype, AtenTensorHandle x, AtenTensorHandle w,
@@ -241,8 +309,13 @@ AOTITorchError aoti_torch_cpu_native_int8_scaled_linear(AtenTensorHandle xq, Ate
   const float* sp = sm.as<float>();
   auto gemv = [&](float* y) { gemv_int8_int8(xp, xsp, M, K, wm.as<int8_t>(), N, sp, y); };
   auto mm = [&](float* y) {
+#ifdef FXQ_AVX2
+    gemm_int8_int8(xp, xsp, M, K, wm.as<int8_t>(), N, sp, y);
+    return AOTI_TORCH_SUCCESS;
+#else
     const std::vector<float> xf = dequantize_activation(xp, xsp, M, K);
     return gemm_chunked(Fmt::kInt8, xf.data(), M, K, wm.as<uint8_t>(), N, sp, nullptr, 0, y);
+#endif
   };
   return run_linear(M, N, kGemvMaxMInt8Int8, ret0, gemv, mm);
 }

@@ -32,9 +32,16 @@ namespace fxq {
 
 // Up to this many rows a GEMV (the weight read once, decoded once per four activation rows)
 // beats dequantize + mm; above it the mm wins. Measured on SmolLM2's linears (all 211 of them,
-// each size) on the AVX2 EPYC: int8 x int8 keeps winning longest (one maddubs per 32 products).
+// each size) on the AVX2 EPYC. int8 x int8 has its own register-tiled GEMM on AVX2
+// (int8_fp8.cpp), which overtakes the GEMV past 8 rows (Zen 3: on a weight streamed from
+// memory the GEMV still wins at 2-8 rows, in cache the GEMM wins from 1); with AVX-512 VNNI
+// the GEMV's vpdpbusd keeps winning up to 64 rows, past which the dispatch table takes over.
 #ifndef FXQ_GEMV_MAX_M
+#ifdef FXQ_VNNI512
 #define FXQ_GEMV_MAX_M 32, 16, 32, 64, 32
+#else
+#define FXQ_GEMV_MAX_M 32, 16, 32, 8, 32
+#endif
 #endif
 constexpr int64_t kGemvLimits[] = {FXQ_GEMV_MAX_M};  // int8, int4, fp8, int8 x int8, int4 x int8
 constexpr const int64_t* kGemvMaxM = kGemvLimits;
