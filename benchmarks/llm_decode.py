@@ -458,9 +458,8 @@ def run(args) -> dict:
         "prompt_tokens": n,
         "new_tokens": new,
         "max_cache_len": cache_len,
-        # which logits every program returns: "last" since export_llm's default became the
-        # last position's (a prefill runs the LM head on one row); runs before that: all of them
-        "logits": (llm_info(program) or {}).get("logits", "all"),
+        # which logits every program returns (results files from before this field: "all")
+        "logits": llm_info(program)["logits"],
         "rounds": args.rounds,
         "copy_bandwidth_gbs": bw,
         "llama_cpp": llama,

@@ -385,6 +385,7 @@ def _cmd_demo(args) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from fxquant.demo import add_demo_arguments
+    from fxquant.llm import LOGITS
 
     # the module docstring is RST; --help shows it without the double backticks
     description = __doc__.splitlines()[0].replace("``", "")
@@ -428,7 +429,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--max-batch", type=int, default=1, help="with --llm: sequences per call")
     q.add_argument(
         "--logits",
-        choices=("last", "all"),
+        choices=LOGITS,
         default="last",
         help="with --llm: the last position's logits (for generating; prefill skips the LM head "
         "on the other prompt tokens) or every position's (for scoring text)",

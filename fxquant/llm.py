@@ -81,6 +81,11 @@ def _architecture(model: nn.Module) -> str:
 LOGITS = ("last", "all")  # export_llm's choices of which positions' logits the program returns
 
 
+def _check_logits(who: str, logits: str) -> None:
+    if logits not in LOGITS:
+        raise ValueError(f"{who}: logits={logits!r}; allowed: {', '.join(map(repr, LOGITS))}")
+
+
 class CachedCausalLM(nn.Module):
     """``(input_ids [B, T], cache_position [T]) → logits [B, L, V]`` over a static KV cache,
     L = 1 (``logits="last"``) or T (``"all"``).
@@ -95,8 +100,7 @@ class CachedCausalLM(nn.Module):
         self, model: nn.Module, *, max_cache_len: int, max_batch: int = 1, logits: str = "last"
     ) -> None:
         super().__init__()
-        if logits not in LOGITS:
-            raise ValueError(f"logits={logits!r}: allowed are {', '.join(map(repr, LOGITS))}")
+        _check_logits("CachedCausalLM", logits)
         from transformers.cache_utils import StaticCache, StaticLayer
         from transformers.configuration_utils import get_head_shapes
 
@@ -337,8 +341,7 @@ def export_llm(
         LLMExportError: an architecture the exporter cannot trace (the message names it and
             the failing op; ``fxquant.evaluate.export_causal_lm`` still exports it uncached).
     """
-    if logits not in LOGITS:
-        raise ValueError(f"export_llm: logits={logits!r}; allowed: {', '.join(map(repr, LOGITS))}")
+    _check_logits("export_llm", logits)
     config = _text_config(model)
     _check(model, config, max_cache_len=max_cache_len, max_batch=max_batch)
     example_tokens = max(2, min(example_tokens, max_cache_len))

@@ -371,12 +371,14 @@ def _main(argv=None) -> int:
     (what :func:`build_packages` runs in each of its processes)."""
     import argparse
 
+    from fxquant.llm import LOGITS
+
     parser = argparse.ArgumentParser(prog="python -m fxquant.packages", description=_main.__doc__)
     parser.add_argument("source")
     parser.add_argument("--config", default=None, help="QuantConfig JSON; omit for fp32")
     parser.add_argument("--max-cache-len", type=int, default=2048)
     parser.add_argument("--max-batch", type=int, default=1)
-    parser.add_argument("--logits", choices=("last", "all"), default="last")
+    parser.add_argument("--logits", choices=LOGITS, default="last")
     parser.add_argument("--variant", default=None, help="the name the package is listed under")
     parser.add_argument("--source-digest", default=None, help="the parent's _source_digest()")
     args = parser.parse_args(argv)

@@ -15,6 +15,14 @@ inline int32_t hsum_i32(__m256i v) {
   return _mm_cvtsi128_si32(lo);
 }
 
+// 32 products xq * w of int8 bytes, summed in pairs and then fours into eight int32 lanes.
+// maddubs multiplies unsigned by signed bytes: |x| (ax, from _mm256_sign_epi8(xv, xv)) times w
+// with x's sign moved onto w. |x| <= 127 and |w| <= 127, so a pair sums to at most
+// 2 * 127 * 127 < 2^15: no saturation, and the int32 sums are exact.
+inline __m256i dot32_int8(__m256i ax, __m256i xv, __m256i wv, __m256i ones16) {
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(ax, _mm256_sign_epi8(wv, xv)), ones16);
+}
+
 inline __m256 load_int8x8(const int8_t* p) {
   return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)p)));
 }
@@ -100,15 +108,11 @@ inline int32_t dot_int8_int8(const int8_t* x, const int8_t* row, int64_t K) {
   int64_t k = 0;
   int32_t out = 0;
 #ifdef FXQ_AVX2
-  // maddubs multiplies unsigned by signed bytes: |x| times w with x's sign moved onto w.
-  // |x| <= 127 and |w| <= 127, so a pair sums to at most 2 * 127 * 127 < 2^15: no saturation,
-  // and the int32 sums are exact.
   const __m256i ones = _mm256_set1_epi16(1);
   auto dot32 = [&](int64_t at) {
     const __m256i xv = _mm256_loadu_si256((const __m256i*)(x + at));
     const __m256i wv = _mm256_loadu_si256((const __m256i*)(row + at));
-    const __m256i p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(xv, xv), _mm256_sign_epi8(wv, xv));
-    return _mm256_madd_epi16(p16, ones);
+    return dot32_int8(_mm256_sign_epi8(xv, xv), xv, wv, ones);
   };
   __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
   for (; k + 128 <= K; k += 128) {
@@ -185,8 +189,8 @@ void gemv_int8_int8(const int8_t* xq, const float* xs, int64_t M, int64_t K, con
 // Above a few rows the GEMV's one-weight-row-at-a-time dot products leave the multipliers idle
 // on loads; here R activation rows x C weight rows share every load (the R x C dot products of a
 // 32-byte step reuse C weight and R activation vectors), with dequantize-and-sgemm's cache
-// blocking. Products as in dot_int8_int8 (|x| times w with x's sign, no saturation), so the
-// sums, and y, are bit for bit the GEMV's. SmolLM2-135M's shapes on the AVX2 EPYC (Zen 3, 2
+// blocking. Products as in dot_int8_int8 (dot32_int8), so the sums, and y, are bit for bit
+// the GEMV's. SmolLM2-135M's shapes on the AVX2 EPYC (Zen 3, 2
 // cores), against fp32 MKL sgemm of the same shape: 1.4-1.6x at M = 128 where dequantizing to
 // fp32 for MKL ran 0.8-0.9x; 2.0-2.8x at M = 16 where the GEMV ran 1.6-2.1x.
 template <int R, int C>
@@ -202,11 +206,9 @@ inline void tile_int8_int8(const int8_t* x, const int8_t* w, int64_t K, const fl
     for (int j = 0; j < C; ++j) wv[j] = _mm256_loadu_si256((const __m256i*)(w + j * K + k));
     for (int i = 0; i < R; ++i) {
       const __m256i xv = _mm256_loadu_si256((const __m256i*)(x + i * K + k));
-      const __m256i ax = _mm256_sign_epi8(xv, xv);
-      for (int j = 0; j < C; ++j) {
-        const __m256i p16 = _mm256_maddubs_epi16(ax, _mm256_sign_epi8(wv[j], xv));
-        acc[i][j] = _mm256_add_epi32(acc[i][j], _mm256_madd_epi16(p16, ones));
-      }
+      const __m256i ax = _mm256_sign_epi8(xv, xv);  // |x|, once for the C weight rows
+      for (int j = 0; j < C; ++j)
+        acc[i][j] = _mm256_add_epi32(acc[i][j], dot32_int8(ax, xv, wv[j], ones));
     }
   }
   for (int i = 0; i < R; ++i)
