@@ -190,9 +190,9 @@ void gemv_int8_int8(const int8_t* xq, const float* xs, int64_t M, int64_t K, con
 // on loads; here R activation rows x C weight rows share every load (the R x C dot products of a
 // 32-byte step reuse C weight and R activation vectors), with dequantize-and-sgemm's cache
 // blocking. Products as in dot_int8_int8 (dot32_int8), so the sums, and y, are bit for bit
-// the GEMV's. SmolLM2-135M's shapes on the AVX2 EPYC (Zen 3, 2
-// cores), against fp32 MKL sgemm of the same shape: 1.4-1.6x at M = 128 where dequantizing to
-// fp32 for MKL ran 0.8-0.9x; 2.0-2.8x at M = 16 where the GEMV ran 1.6-2.1x.
+// the GEMV's. benchmarks/cpu_kernels.py on the AVX2 EPYC (Zen 3, 2 cores; SmolLM2-135M's 211
+// linears): w8a8 1.37x / 1.44x fp32 at M = 128 / 512, where dequantizing to fp32 for MKL
+// measured 1.01-1.25x / 1.02x.
 template <int R, int C>
 inline void tile_int8_int8(const int8_t* x, const int8_t* w, int64_t K, const float* xs,
                            const float* scale, float* y, int64_t ldy) {

@@ -37,8 +37,9 @@ namespace fxq {
 // memory the GEMV still wins at 2-8 rows, in cache the GEMM wins from 1); with AVX-512 VNNI
 // the GEMV's vpdpbusd keeps winning up to 64 rows, past which the dispatch table takes over.
 // int4 x int8's GEMV (maddubs on unsigned codes, a whole group in int16 lanes) beats
-// dequantize + sgemm up to 128 rows on the AVX2 EPYC (Zen 3; SmolLM2's blocks and head, 2.0x vs
-// 1.5x fp32 at M = 64, 1.6x vs 1.4x at 128, even at 256).
+// dequantize + sgemm up to 128 rows on the AVX2 EPYC (Zen 3; SmolLM2's blocks and head, a
+// one-off comparison of two builds, not a benchmarks/ script: 2.0x vs 1.5x fp32 at M = 64,
+// 1.6x vs 1.4x at 128, even at 256).
 #ifndef FXQ_GEMV_MAX_M
 #ifdef FXQ_VNNI512
 #define FXQ_GEMV_MAX_M 32, 16, 32, 64, 32
