@@ -14,6 +14,17 @@ import torch
 # reads this when a kernel is defined, so it is set before any fxquant.kernels module imports.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+# pytest-xdist runs one worker per core, and each worker's torch would start one OpenMP thread
+# per core: oversubscribed, the threads spin-wait on each other (the 200-step fp32 training
+# fixture took 128 s beside a busy worker, 11 s alone). One core's share of threads per worker,
+# for the subprocesses it starts too. tests/test_kernels_cpu.py runs the native kernels with
+# two threads on purpose.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:
+    WORKER_THREADS = max(1, (os.cpu_count() or 1) // _WORKERS)
+    torch.set_num_threads(WORKER_THREADS)
+    os.environ["OMP_NUM_THREADS"] = str(WORKER_THREADS)
 import torch.nn.functional as F
 from torch import nn
 

@@ -34,6 +34,16 @@ DEFAULT_UTILS = torch.library._OPCHECK_DEFAULT_UTILS
 MS = (0, 1, 2, 5, 8, 16, 17, 32, 33, 64, 65, 100)
 
 
+@pytest.fixture(autouse=True)
+def _two_threads():
+    # the kernels split N (and the GEMV's rows) across OpenMP threads: run them with two even
+    # where conftest gives each pytest worker one, so the split and its edges stay tested
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(threads)
+
+
 def _close(got: torch.Tensor, want: torch.Tensor) -> None:
     # fp32 sums in another order: relative to the output's scale, not per element
     assert got.shape == want.shape and got.dtype == torch.float32
