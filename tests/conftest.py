@@ -15,6 +15,9 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+import torch.nn.functional as F
+from torch import nn
+
 # pytest-xdist runs one worker per core, and each worker's torch would start one OpenMP thread
 # per core: oversubscribed, the threads spin-wait on each other (the 200-step fp32 training
 # fixture took 128 s beside a busy worker, 11 s alone). One core's share of threads per worker,
@@ -25,8 +28,6 @@ if _WORKERS > 1:
     WORKER_THREADS = max(1, (os.cpu_count() or 1) // _WORKERS)
     torch.set_num_threads(WORKER_THREADS)
     os.environ["OMP_NUM_THREADS"] = str(WORKER_THREADS)
-import torch.nn.functional as F
-from torch import nn
 
 
 def run_in_shards(

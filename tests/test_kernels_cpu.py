@@ -103,10 +103,13 @@ def test_int8_scaled_is_exact_in_the_gemv(m, n, k):
         _close(got, want)
 
 
-@pytest.mark.parametrize(("m", "n", "k"), [(9, 3, 33), (130, 5, 4160), (70, 301, 576)])
+@pytest.mark.parametrize(
+    ("m", "n", "k"), [(9, 3, 33), (130, 5, 4160), (70, 301, 576), (10, 200, 130), (17, 48, 64)]
+)
 def test_int8_scaled_gemm_tiles_and_blocks_are_exact(m, n, k):
-    # row and column tails of the 4 x 2 tiles, K tails, and (K = 4160) several activation
-    # blocks of the cache blocking
+    # AVX2's panel GEMM: row tails of its 3-row tiles, panels of fewer than 8 columns and blocks
+    # ending in 1 or 2 panels, K not a multiple of 4 (padded quads) or of 32 (the transposing
+    # pack's tail), and several panel blocks per thread (K = 4160: one panel a block)
     g = torch.Generator().manual_seed(m + n + k)
     xq = torch.randint(-127, 128, (m, k), dtype=torch.int8, generator=g)
     w = torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=g)

@@ -185,66 +185,149 @@ void gemv_int8_int8(const int8_t* xq, const float* xs, int64_t M, int64_t K, con
 }
 
 #ifdef FXQ_AVX2
-// ---- GEMM for larger M: int8 x int8 in exact int32, register tiles ---------------------------
+// ---- GEMM for larger M: int8 x int8 in exact int32, packed weight panels ---------------------
 // Above a few rows the GEMV's one-weight-row-at-a-time dot products leave the multipliers idle
-// on loads; here R activation rows x C weight rows share every load (the R x C dot products of a
-// 32-byte step reuse C weight and R activation vectors), with dequantize-and-sgemm's cache
-// blocking. Products as in dot_int8_int8 (dot32_int8), so the sums, and y, are bit for bit
-// the GEMV's. benchmarks/cpu_kernels.py on the AVX2 EPYC (Zen 3, 2 cores; SmolLM2-135M's 211
-// linears): w8a8 1.37x / 1.44x fp32 at M = 128 / 512, where dequantizing to fp32 for MKL
-// measured 1.01-1.25x / 1.02x.
-template <int R, int C>
-inline void tile_int8_int8(const int8_t* x, const int8_t* w, int64_t K, const float* xs,
-                           const float* scale, float* y, int64_t ldy) {
-  const __m256i ones = _mm256_set1_epi16(1);
-  __m256i acc[R][C];
-  for (int i = 0; i < R; ++i)
-    for (int j = 0; j < C; ++j) acc[i][j] = _mm256_setzero_si256();
+// on loads and horizontal sums. Here, as in fbgemm and oneDNN, the weight is read in panels of
+// 8 output columns laid out k-quad by k-quad (32 bytes: the 8 columns' next 4 k), so one
+// broadcast activation quad meets 8 columns in one maddubs and each int32 lane is one output:
+// no horizontal sums, and every load is a whole vector. The panels are packed from the int8
+// [N, K] weight per call, per block, into a buffer that stays in L1 while every activation row
+// passes over it (an 8 x 8 transpose of 32-bit quads: a few percent of the GEMM's time at 16
+// rows), so the stored weight keeps the one layout the GEMV and the other candidates read.
+// Products as in dot_int8_int8 (dot32_int8's sign trick), summed exactly in int32, then
+// float(sum) * xs[m] * scale[n]: bit for bit the GEMV's y.
+// Measured on the AVX2 EPYC (Zen 3), one thread, against the sign trick's register-only bound
+// of ~65 GMAC/s: 65-69 GMAC/s at M = 128 on SmolLM2's and the benchmark stack's shapes, where
+// the row-layout register tiles this replaces ran 43-53 (benchmarks/cpu_kernels.py has the
+// per-model figures).
+
+// r[i] = 8 int32 of row i  ->  r[j] = the j-th int32 of rows 0..7
+inline void transpose8x8_epi32(__m256i* r) {
+  __m256i t[8], u[8];
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = _mm256_unpacklo_epi32(r[i], r[i + 1]);
+    t[i + 1] = _mm256_unpackhi_epi32(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 8; i += 4) {
+    u[i] = _mm256_unpacklo_epi64(t[i], t[i + 2]);
+    u[i + 1] = _mm256_unpackhi_epi64(t[i], t[i + 2]);
+    u[i + 2] = _mm256_unpacklo_epi64(t[i + 1], t[i + 3]);
+    u[i + 3] = _mm256_unpackhi_epi64(t[i + 1], t[i + 3]);
+  }
+  for (int i = 0; i < 4; ++i) {
+    r[i] = _mm256_permute2x128_si256(u[i], u[i + 4], 0x20);
+    r[i + 4] = _mm256_permute2x128_si256(u[i], u[i + 4], 0x31);
+  }
+}
+
+// One panel from `rows` (<= 8) weight rows: K4 = ceil(K / 4) quads of 32 bytes, byte
+// [g * 32 + c * 4 + t] = w[c, 4g + t]; missing rows and k past K are zeros (they add nothing)
+inline void pack_panel(const int8_t* w, int64_t K, int64_t rows, __m256i* out) {
+  const int64_t K4 = (K + 3) / 4;
   int64_t k = 0;
-  for (; k + 32 <= K; k += 32) {
-    __m256i wv[C];
-    for (int j = 0; j < C; ++j) wv[j] = _mm256_loadu_si256((const __m256i*)(w + j * K + k));
+  if (rows == 8)
+    for (; k + 32 <= K; k += 32) {
+      __m256i r[8];
+      for (int c = 0; c < 8; ++c) r[c] = _mm256_loadu_si256((const __m256i*)(w + c * K + k));
+      transpose8x8_epi32(r);
+      for (int g = 0; g < 8; ++g) _mm256_store_si256(out + k / 4 + g, r[g]);
+    }
+  for (int64_t g = k / 4; g < K4; ++g) {
+    alignas(32) int8_t q[32];
+    for (int c = 0; c < 8; ++c)
+      for (int t = 0; t < 4; ++t) {
+        const int64_t kk = g * 4 + t;
+        q[c * 4 + t] = c < rows && kk < K ? w[c * K + kk] : 0;
+      }
+    out[g] = _mm256_load_si256((const __m256i*)q);
+  }
+}
+
+// y[i, 8p + c] for R activation rows x P panels: K4 broadcast quads of each row against the
+// panels' vectors; `x` rows are ldx bytes apart and hold K4 * 4 readable bytes
+template <int R, int P>
+inline void panel_tile(const int8_t* x, int64_t ldx, const __m256i* wp, int64_t K4, const float* xs,
+                       const float* scale, float* y, int64_t N, int64_t n0) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256i acc[R][P];
+  for (int i = 0; i < R; ++i)
+    for (int j = 0; j < P; ++j) acc[i][j] = _mm256_setzero_si256();
+  for (int64_t g = 0; g < K4; ++g) {
+    __m256i wv[P];
+    for (int j = 0; j < P; ++j) wv[j] = _mm256_load_si256(wp + j * K4 + g);
     for (int i = 0; i < R; ++i) {
-      const __m256i xv = _mm256_loadu_si256((const __m256i*)(x + i * K + k));
-      const __m256i ax = _mm256_sign_epi8(xv, xv);  // |x|, once for the C weight rows
-      for (int j = 0; j < C; ++j)
+      int32_t quad;
+      std::memcpy(&quad, x + i * ldx + g * 4, 4);
+      const __m256i xv = _mm256_set1_epi32(quad);
+      const __m256i ax = _mm256_sign_epi8(xv, xv);  // |x|, once for the P panels
+      for (int j = 0; j < P; ++j)
         acc[i][j] = _mm256_add_epi32(acc[i][j], dot32_int8(ax, xv, wv[j], ones));
     }
   }
-  for (int i = 0; i < R; ++i)
-    for (int j = 0; j < C; ++j) {
-      int32_t d = hsum_i32(acc[i][j]);
-      for (int64_t t = k; t < K; ++t) d += int32_t(x[i * K + t]) * w[j * K + t];
-      y[i * ldy + j] = float(d) * xs[i] * scale[j];
+  for (int i = 0; i < R; ++i) {
+    const __m256 xsv = _mm256_set1_ps(xs[i]);
+    for (int j = 0; j < P; ++j) {
+      const int64_t n = n0 + 8 * j;
+      const __m256 v = _mm256_mul_ps(_mm256_cvtepi32_ps(acc[i][j]), xsv);
+      if (n + 8 <= N) {
+        _mm256_storeu_ps(y + i * N + n, _mm256_mul_ps(v, _mm256_loadu_ps(scale + n)));
+      } else {
+        alignas(32) float t[8];
+        _mm256_store_ps(t, v);
+        for (int c = 0; n + c < N; ++c) y[i * N + n + c] = t[c] * scale[n + c];
+      }
     }
+  }
+}
+
+// R rows x up to 3 panels, the panel count a runtime value (the block's last tile)
+template <int R>
+inline void panel_tile_n(int64_t panels, const int8_t* x, int64_t ldx, const __m256i* wp,
+                         int64_t K4, const float* xs, const float* scale, float* y, int64_t N,
+                         int64_t n0) {
+  if (panels == 3) panel_tile<R, 3>(x, ldx, wp, K4, xs, scale, y, N, n0);
+  if (panels == 2) panel_tile<R, 2>(x, ldx, wp, K4, xs, scale, y, N, n0);
+  if (panels == 1) panel_tile<R, 1>(x, ldx, wp, K4, xs, scale, y, N, n0);
 }
 
 // y[m, n] = (sum_k xq[m, k] * w[n, k]) * xs[m] * scale[n], for M past the GEMV's limit
 void gemm_int8_int8(const int8_t* xq, const float* xs, int64_t M, int64_t K, const int8_t* w,
                     int64_t N, const float* scale, float* y) {
-  constexpr int R = 4, C = 2;  // 8 accumulators + 2 weight + 4 working registers of 16
-  const int64_t k1 = std::max<int64_t>(K, 1);
-  // a block of weight rows (16 KiB) stays in L1 while a block of activation rows (256 KiB)
-  // passes over it; the activation block stays in L2 while every weight block passes
-  const int64_t nb = std::max<int64_t>(C, 16 * 1024 / k1 / C * C);
-  const int64_t mb = std::max<int64_t>(R, 256 * 1024 / k1 / R * R);
-  const int64_t blocks = (N + nb - 1) / nb;
-  for (int64_t m0 = 0; m0 < M; m0 += mb) {
-    const int64_t m1 = std::min(M, m0 + mb);
-#pragma omp parallel for schedule(static)
+  constexpr int R = 3, P = 3;  // 9 accumulators + 3 panel vectors + 4 working registers of 16
+  const int64_t K4 = (K + 3) / 4, panels = (N + 7) / 8;
+  // a block of panels (about 32 KiB, L1) is packed once and met by every activation row
+  const int64_t pb = std::max<int64_t>(P, 32 * 1024 / (K4 * 32) / P * P);
+  const int64_t blocks = (panels + pb - 1) / pb;
+  // the quads read whole 4 bytes: rows are copied with zero padding when K is not a multiple
+  std::vector<int8_t> padded;
+  const int8_t* x = xq;
+  int64_t ldx = K;
+  if (K % 4) {
+    padded.assign(M * K4 * 4, 0);
+    for (int64_t m = 0; m < M; ++m) std::memcpy(&padded[m * K4 * 4], xq + m * K, K);
+    x = padded.data();
+    ldx = K4 * 4;
+  }
+#pragma omp parallel
+  {
+    std::vector<__m256i> buf(pb * K4);
+#pragma omp for schedule(static)
     for (int64_t b = 0; b < blocks; ++b) {
-      const int64_t n0 = b * nb, n1 = std::min(N, n0 + nb);
-      int64_t m = m0;
-      for (; m + R <= m1; m += R) {
-        int64_t n = n0;
-        for (; n + C <= n1; n += C)
-          tile_int8_int8<R, C>(xq + m * K, w + n * K, K, xs + m, scale + n, y + m * N + n, N);
-        for (; n < n1; ++n)
-          tile_int8_int8<R, 1>(xq + m * K, w + n * K, K, xs + m, scale + n, y + m * N + n, N);
-      }
-      for (; m < m1; ++m)
-        for (int64_t n = n0; n < n1; ++n)
-          tile_int8_int8<1, 1>(xq + m * K, w + n * K, K, xs + m, scale + n, y + m * N + n, N);
+      const int64_t p0 = b * pb, p1 = std::min(panels, p0 + pb);
+      for (int64_t p = p0; p < p1; ++p)
+        pack_panel(w + p * 8 * K, K, std::min<int64_t>(8, N - p * 8), &buf[(p - p0) * K4]);
+      // R rows (in L1) over every panel of the block, then the next R rows
+      for (int64_t m = 0; m < M; m += R)
+        for (int64_t p = p0; p < p1; p += P) {
+          const int64_t np = std::min<int64_t>(P, p1 - p);
+          const __m256i* wp = &buf[(p - p0) * K4];
+          const int8_t* xm = x + m * ldx;
+          if (m + R <= M)
+            panel_tile_n<R>(np, xm, ldx, wp, K4, xs + m, scale, y + m * N, N, p * 8);
+          else
+            for (int64_t i = m; i < M; ++i)
+              panel_tile_n<1>(np, x + i * ldx, ldx, wp, K4, xs + i, scale, y + i * N, N, p * 8);
+        }
     }
   }
 }

@@ -32,7 +32,7 @@ namespace fxq {
 
 // Up to this many rows a GEMV (the weight read once, decoded once per four activation rows)
 // beats dequantize + mm; above it the mm wins. Measured on SmolLM2's linears (all 211 of them,
-// each size) on the AVX2 EPYC. int8 x int8 has its own register-tiled GEMM on AVX2
+// each size) on the AVX2 EPYC. int8 x int8 has its own packed-panel GEMM on AVX2
 // (int8_fp8.cpp), which overtakes the GEMV past 8 rows (Zen 3: on a weight streamed from
 // memory the GEMV still wins at 2-8 rows, in cache the GEMM wins from 1); with AVX-512 VNNI
 // the GEMV's vpdpbusd keeps winning up to 64 rows, past which the dispatch table takes over.
