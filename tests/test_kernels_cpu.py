@@ -242,9 +242,27 @@ def test_int8_int4_groups_of_256_at_the_extremes_do_not_saturate():
     s, z = torch.full((n, k // 256), 0.5), torch.zeros(n, k // 256, dtype=torch.uint8)
     kw, ks, ko = native.prepack_int4(ref.pack_int4(u), s, z, group_size=256)
     for sign in (1, -1):
-        xq = torch.full((2, k), 127 * sign, dtype=torch.int8)
-        got = fxq.native_int8_int4_linear(xq, torch.ones(2), kw, ks, ko, 256)
-        assert torch.equal(got, torch.full((2, n), sign * 127 * 15 * 0.5 * k))
+        for m in (2, 131):  # the GEMV, and AVX2's panel GEMM past its rows
+            xq = torch.full((m, k), 127 * sign, dtype=torch.int8)
+            got = fxq.native_int8_int4_linear(xq, torch.ones(m), kw, ks, ko, 256)
+            assert torch.equal(got, torch.full((m, n), sign * 127 * 15 * 0.5 * k))
+
+
+@pytest.mark.parametrize(
+    ("m", "n", "k", "group"),
+    [(129, 13, 64, 32), (130, 40, 576, 64), (200, 17, 2048, 128), (131, 24, 256, 256)],
+)
+def test_int8_int4_gemm_panels_and_blocks(m, n, k, group):
+    # past the GEMV's 8 rows (AVX2: the packed-panel GEMM): row tails of its 3-row tiles,
+    # panels of fewer than 8 columns, blocks ending in one panel, every group size, and (K =
+    # 2048) one panel pair a block
+    g = torch.Generator().manual_seed(m + n + k)
+    w, x = torch.randn(n, k, generator=g), 4 * torch.randn(m, k, generator=g)
+    p, s, z = ref.quantize_int4_grouped(w, group_size=group, symmetric=False)
+    kw, ks, ko = native.prepack_int4(p, s, z, group_size=group)
+    xq, xs = ref.quantize_int8_per_token(x)
+    got = fxq.native_int8_int4_linear(xq, xs.reshape(-1), kw, ks, ko, group)
+    _close(got, ref.int8_dynamic_int4_linear(x, p, s, z, group_size=group))
 
 
 @pytest.mark.parametrize("bits", [2, 3])

@@ -295,6 +295,143 @@ void gemv_int4_int8_b(const int8_t* xp, const float* xs, int64_t M, int64_t K, c
   }
 }
 
+#ifdef FXQ_AVX2
+// ---- W4A8 GEMM for larger M: packed panels, as int8_fp8.cpp's int8 x int8 GEMM -------------
+// The codes of 8 weight rows are unpacked from nibbles and laid out k-quad by k-quad (32 bytes:
+// the 8 columns' next 4 codes), per block, into a buffer that stays in L1 while every activation
+// row passes over it; a broadcast activation quad meets 8 columns in one maddubs (codes
+// unsigned, xq signed: no sign trick, two ops per 32 products against the int8 GEMM's four).
+// Eight quads (32 columns: pairs of at most 2 * 15 * 127, sixteen products at most 30480) sum
+// in the int16 lanes, then widen to int32 and go to fp32 times the group's scale, once per
+// 32 columns; the offset term (offset[g] * sum of the group's xq) once per group. The same
+// products and fp32 terms as the GEMV, summed in another order.
+
+struct Int4Panels {
+  int64_t K4, G;  // quads and groups per row
+  __m256i* codes;  // [panel][K4]
+  float* scale;   // [panel][G][8], 0 past N
+  float* offset;  // [panel][G][8]
+};
+
+// one panel of `rows` (<= 8) weight rows of the kernel layout (K / 2 bytes each)
+inline void pack_int4_panel(const uint8_t* w, int64_t K, int64_t rows, const float* scale,
+                            const float* offset, int64_t G, __m256i* codes, float* ps,
+                            float* po) {
+  for (int64_t k = 0; k < K; k += 32) {
+    __m256i r[8];
+    for (int c = 0; c < 8; ++c)
+      r[c] = c < rows ? nibbles32(w + c * (K / 2) + k / 2) : _mm256_setzero_si256();
+    transpose8x8_epi32(r);
+    for (int q = 0; q < 8; ++q) _mm256_store_si256(codes + k / 4 + q, r[q]);
+  }
+  for (int64_t g = 0; g < G; ++g)
+    for (int c = 0; c < 8; ++c) {
+      ps[g * 8 + c] = c < rows ? scale[c * G + g] : 0.f;
+      po[g * 8 + c] = c < rows ? offset[c * G + g] : 0.f;
+    }
+}
+
+// y[i, 8p + c] for R activation rows x P panels; xsum [R][G] the rows' group sums of xq
+template <int R, int P>
+inline void int4_panel_tile(const int8_t* x, int64_t K, const __m256i* codes, const float* ps,
+                            const float* po, int64_t K4, int64_t G, int64_t group,
+                            const float* xsum, const float* xs, float* y, int64_t N, int64_t n0) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256 acc[R][P];
+  for (int i = 0; i < R; ++i)
+    for (int j = 0; j < P; ++j) acc[i][j] = _mm256_setzero_ps();
+  for (int64_t k = 0; k < K; k += 32) {
+    const int64_t g = k / group;
+    __m256i s16[R][P];
+    for (int i = 0; i < R; ++i)
+      for (int j = 0; j < P; ++j) s16[i][j] = _mm256_setzero_si256();
+    for (int64_t q = k / 4; q < k / 4 + 8; ++q) {
+      __m256i wv[P];
+      for (int j = 0; j < P; ++j) wv[j] = _mm256_load_si256(codes + j * K4 + q);
+      for (int i = 0; i < R; ++i) {
+        int32_t quad;
+        std::memcpy(&quad, x + i * K + q * 4, 4);
+        const __m256i xv = _mm256_set1_epi32(quad);
+        for (int j = 0; j < P; ++j)
+          s16[i][j] = _mm256_add_epi16(s16[i][j], _mm256_maddubs_epi16(wv[j], xv));
+      }
+    }
+    const bool first = k % group == 0;
+    for (int j = 0; j < P; ++j) {
+      const __m256 sv = _mm256_load_ps(ps + j * G * 8 + g * 8);
+      const __m256 ov = _mm256_load_ps(po + j * G * 8 + g * 8);
+      for (int i = 0; i < R; ++i) {
+        const __m256 v = _mm256_cvtepi32_ps(_mm256_madd_epi16(s16[i][j], ones));
+        acc[i][j] = _mm256_fmadd_ps(sv, v, acc[i][j]);
+        if (first) acc[i][j] = _mm256_fmadd_ps(ov, _mm256_set1_ps(xsum[i * G + g]), acc[i][j]);
+      }
+    }
+  }
+  for (int i = 0; i < R; ++i) {
+    const __m256 xsv = _mm256_set1_ps(xs[i]);
+    for (int j = 0; j < P; ++j) {
+      const int64_t n = n0 + 8 * j;
+      const __m256 v = _mm256_mul_ps(acc[i][j], xsv);
+      if (n + 8 <= N) {
+        _mm256_storeu_ps(y + i * N + n, v);
+      } else {
+        alignas(32) float t[8];
+        _mm256_store_ps(t, v);
+        for (int c = 0; n + c < N; ++c) y[i * N + n + c] = t[c];
+      }
+    }
+  }
+}
+
+// y[m, n] = xs[m] * sum_k xq[m, k] * (u[n, k] * scale[n, g] + offset[n, g]) past the GEMV's rows
+void gemm_int4_int8(const int8_t* xq, const float* xs, int64_t M, int64_t K, const uint8_t* w,
+                    int64_t N, const float* scale, const float* offset, int64_t group, float* y) {
+  constexpr int R = 3, P = 2;  // 6 int16 + 6 fp32 accumulators + 2 panel vectors of 16
+  const int64_t K4 = K / 4, G = K / group, panels = (N + 7) / 8;
+  const std::vector<float> xsum = group_sums<int32_t>(xq, M, K, group);  // exact in fp32
+  const int64_t pb = std::max<int64_t>(P, 32 * 1024 / (K4 * 32) / P * P);
+  const int64_t blocks = (panels + pb - 1) / pb;
+#pragma omp parallel
+  {
+    std::vector<__m256i> codes(pb * K4);
+    std::vector<__m256> sc(pb * G), of(pb * G);  // [panel][G] vectors of 8 columns
+    float* ps = (float*)sc.data();
+    float* po = (float*)of.data();
+#pragma omp for schedule(static)
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int64_t p0 = b * pb, p1 = std::min(panels, p0 + pb);
+      for (int64_t p = p0; p < p1; ++p) {
+        const int64_t n = p * 8;
+        pack_int4_panel(w + n * (K / 2), K, std::min<int64_t>(8, N - n), scale + n * G,
+                        offset + n * G, G, &codes[(p - p0) * K4], ps + (p - p0) * G * 8,
+                        po + (p - p0) * G * 8);
+      }
+      for (int64_t m = 0; m < M; m += R)
+        for (int64_t p = p0; p < p1; p += P) {
+          const int64_t i0 = p - p0;
+          const __m256i* c = &codes[i0 * K4];
+          const float *s = ps + i0 * G * 8, *o = po + i0 * G * 8;
+          const int rows = int(std::min<int64_t>(R, M - m));
+          const bool two = p + 2 <= p1;
+          for (int64_t i = m; i < m + rows; i += rows == R ? R : 1) {
+            const int8_t* xm = xq + i * K;
+            const float* xsm = xsum.data() + i * G;
+            float* ym = y + i * N;
+            if (rows == R && two)
+              int4_panel_tile<R, 2>(xm, K, c, s, o, K4, G, group, xsm, xs + i, ym, N, p * 8);
+            else if (rows == R)
+              int4_panel_tile<R, 1>(xm, K, c, s, o, K4, G, group, xsm, xs + i, ym, N, p * 8);
+            else if (two)
+              int4_panel_tile<1, 2>(xm, K, c, s, o, K4, G, group, xsm, xs + i, ym, N, p * 8);
+            else
+              int4_panel_tile<1, 1>(xm, K, c, s, o, K4, G, group, xsm, xs + i, ym, N, p * 8);
+          }
+        }
+    }
+  }
+}
+#endif
+
 // groups of 32, 64, 128 or 256 columns (the shim checks)
 void gemv_int4_int8(const int8_t* xq, const float* xs, int64_t M, int64_t K, const uint8_t* w,
                     int64_t N, const float* scale, const float* offset, int64_t group, float* y) {
@@ -370,8 +507,13 @@ AOTITorchError aoti_torch_cpu_native_int8_int4_linear(AtenTensorHandle xq, AtenT
   const float* op = om.as<float>();
   auto gemv = [&](float* y) { gemv_int4_int8(xp, xsp, M, K, wp, N, sp, op, group_size, y); };
   auto mm = [&](float* y) {
+#ifdef FXQ_AVX2
+    gemm_int4_int8(xp, xsp, M, K, wp, N, sp, op, group_size, y);
+    return AOTI_TORCH_SUCCESS;
+#else
     const std::vector<float> xf = dequantize_activation(xp, xsp, M, K);
     return gemm_chunked(Fmt::kInt4, xf.data(), M, K, wp, N, sp, op, group_size, y);
+#endif
   };
   return run_linear(M, N, kGemvMaxMInt4Int8, ret0, gemv, mm);
 }

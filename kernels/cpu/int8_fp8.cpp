@@ -201,25 +201,6 @@ void gemv_int8_int8(const int8_t* xq, const float* xs, int64_t M, int64_t K, con
 // the row-layout register tiles this replaces ran 43-53 (benchmarks/cpu_kernels.py has the
 // per-model figures).
 
-// r[i] = 8 int32 of row i  ->  r[j] = the j-th int32 of rows 0..7
-inline void transpose8x8_epi32(__m256i* r) {
-  __m256i t[8], u[8];
-  for (int i = 0; i < 8; i += 2) {
-    t[i] = _mm256_unpacklo_epi32(r[i], r[i + 1]);
-    t[i + 1] = _mm256_unpackhi_epi32(r[i], r[i + 1]);
-  }
-  for (int i = 0; i < 8; i += 4) {
-    u[i] = _mm256_unpacklo_epi64(t[i], t[i + 2]);
-    u[i + 1] = _mm256_unpackhi_epi64(t[i], t[i + 2]);
-    u[i + 2] = _mm256_unpacklo_epi64(t[i + 1], t[i + 3]);
-    u[i + 3] = _mm256_unpackhi_epi64(t[i + 1], t[i + 3]);
-  }
-  for (int i = 0; i < 4; ++i) {
-    r[i] = _mm256_permute2x128_si256(u[i], u[i + 4], 0x20);
-    r[i + 4] = _mm256_permute2x128_si256(u[i], u[i + 4], 0x31);
-  }
-}
-
 // One panel from `rows` (<= 8) weight rows: K4 = ceil(K / 4) quads of 32 bytes, byte
 // [g * 32 + c * 4 + t] = w[c, 4g + t]; missing rows and k past K are zeros (they add nothing)
 inline void pack_panel(const int8_t* w, int64_t K, int64_t rows, __m256i* out) {

@@ -31,20 +31,19 @@
 namespace fxq {
 
 // Up to this many rows a GEMV (the weight read once, decoded once per four activation rows)
-// beats dequantize + mm; above it the mm wins. Measured on SmolLM2's linears (all 211 of them,
-// each size) on the AVX2 EPYC. int8 x int8 has its own packed-panel GEMM on AVX2
-// (int8_fp8.cpp), which overtakes the GEMV past 8 rows (Zen 3: on a weight streamed from
-// memory the GEMV still wins at 2-8 rows, in cache the GEMM wins from 1); with AVX-512 VNNI
-// the GEMV's vpdpbusd keeps winning up to 64 rows, past which the dispatch table takes over.
-// int4 x int8's GEMV (maddubs on unsigned codes, a whole group in int16 lanes) beats
-// dequantize + sgemm up to 128 rows on the AVX2 EPYC (Zen 3; SmolLM2's blocks and head, a
-// one-off comparison of two builds, not a benchmarks/ script: 2.0x vs 1.5x fp32 at M = 64,
-// 1.6x vs 1.4x at 128, even at 256).
+// beats the large-M path; above it that path wins. Measured on SmolLM2's linears (all 211 of
+// them, each size) on the AVX2 EPYC. Past the limit the weight-only formats dequantize a chunk
+// for MKL's sgemm; int8 x int8 and int4 x int8 have their own packed-panel GEMMs on AVX2
+// (int8_fp8.cpp, int4.cpp), which overtake their GEMVs from 4 and 9 rows (Zen 3, SmolLM2's
+// 1536 x 576 and 576 x 1536 and the stack's 4096 x 1024, two threads, one build with the GEMVs
+// and one without them, compared per M: a one-off comparison, not a benchmarks/ script). With
+// AVX-512 VNNI the GEMV's vpdpbusd keeps winning up to 64 rows, past which the dispatch table
+// takes over.
 #ifndef FXQ_GEMV_MAX_M
 #ifdef FXQ_VNNI512
 #define FXQ_GEMV_MAX_M 32, 16, 32, 64, 32
 #else
-#define FXQ_GEMV_MAX_M 32, 16, 32, 8, 128
+#define FXQ_GEMV_MAX_M 32, 16, 32, 3, 8
 #endif
 #endif
 constexpr int64_t kGemvLimits[] = {FXQ_GEMV_MAX_M};  // int8, int4, fp8, int8 x int8, int4 x int8
@@ -82,6 +81,27 @@ inline __m256 load_fp8x8(const uint8_t* p) {
   const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(b, _mm256_set1_epi32(0x80)), 24);
   return _mm256_mul_ps(_mm256_castsi256_ps(_mm256_or_si256(mag, sign)),
                        _mm256_set1_ps(0x1p120f));
+}
+
+// The packed-panel GEMMs' weight packing (int8_fp8.cpp, int4.cpp), 8 weight rows' next 32
+// bytes to the 8 k-quads of a panel: r[i] = 8 int32 of row i -> r[j] = the j-th int32 of rows
+// 0..7
+inline void transpose8x8_epi32(__m256i* r) {
+  __m256i t[8], u[8];
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = _mm256_unpacklo_epi32(r[i], r[i + 1]);
+    t[i + 1] = _mm256_unpackhi_epi32(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 8; i += 4) {
+    u[i] = _mm256_unpacklo_epi64(t[i], t[i + 2]);
+    u[i + 1] = _mm256_unpackhi_epi64(t[i], t[i + 2]);
+    u[i + 2] = _mm256_unpacklo_epi64(t[i + 1], t[i + 3]);
+    u[i + 3] = _mm256_unpackhi_epi64(t[i + 1], t[i + 3]);
+  }
+  for (int i = 0; i < 4; ++i) {
+    r[i] = _mm256_permute2x128_si256(u[i], u[i + 4], 0x20);
+    r[i + 4] = _mm256_permute2x128_si256(u[i], u[i + 4], 0x31);
+  }
 }
 #endif
 
