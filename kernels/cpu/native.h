@@ -34,7 +34,7 @@ namespace fxq {
 // beats the large-M path; above it that path wins. Measured on SmolLM2's linears (all 211 of
 // them, each size) on the AVX2 EPYC. Past the limit the weight-only formats dequantize a chunk
 // for MKL's sgemm; int8 x int8 and int4 x int8 have their own packed-panel GEMMs on AVX2
-// (int8_fp8.cpp, int4.cpp), which overtake their GEMVs from 4 and 9 rows (Zen 3, SmolLM2's
+// (int8_fp8.cpp, int4.cpp); the int8 one overtakes its GEMV from 4 rows (Zen 3, SmolLM2's
 // 1536 x 576 and 576 x 1536 and the stack's 4096 x 1024, two threads, one build with the GEMVs
 // and one without them, compared per M: a one-off comparison, not a benchmarks/ script). With
 // AVX-512 VNNI the GEMV's vpdpbusd keeps winning up to 64 rows, past which the dispatch table
@@ -43,7 +43,7 @@ namespace fxq {
 #ifdef FXQ_VNNI512
 #define FXQ_GEMV_MAX_M 32, 16, 32, 64, 32
 #else
-#define FXQ_GEMV_MAX_M 32, 16, 32, 3, 8
+#define FXQ_GEMV_MAX_M 32, 16, 32, 3, 128
 #endif
 #endif
 constexpr int64_t kGemvLimits[] = {FXQ_GEMV_MAX_M};  // int8, int4, fp8, int8 x int8, int4 x int8
