@@ -237,9 +237,7 @@ inline void panel_tile(const int8_t* x, int64_t ldx, const __m256i* wp, int64_t 
     __m256i wv[P];
     for (int j = 0; j < P; ++j) wv[j] = _mm256_load_si256(wp + j * K4 + g);
     for (int i = 0; i < R; ++i) {
-      int32_t quad;
-      std::memcpy(&quad, x + i * ldx + g * 4, 4);
-      const __m256i xv = _mm256_set1_epi32(quad);
+      const __m256i xv = broadcast_quad(x + i * ldx + g * 4);
       const __m256i ax = _mm256_sign_epi8(xv, xv);  // |x|, once for the P panels
       for (int j = 0; j < P; ++j)
         acc[i][j] = _mm256_add_epi32(acc[i][j], dot32_int8(ax, xv, wv[j], ones));
@@ -250,13 +248,7 @@ inline void panel_tile(const int8_t* x, int64_t ldx, const __m256i* wp, int64_t 
     for (int j = 0; j < P; ++j) {
       const int64_t n = n0 + 8 * j;
       const __m256 v = _mm256_mul_ps(_mm256_cvtepi32_ps(acc[i][j]), xsv);
-      if (n + 8 <= N) {
-        _mm256_storeu_ps(y + i * N + n, _mm256_mul_ps(v, _mm256_loadu_ps(scale + n)));
-      } else {
-        alignas(32) float t[8];
-        _mm256_store_ps(t, v);
-        for (int c = 0; n + c < N; ++c) y[i * N + n + c] = t[c] * scale[n + c];
-      }
+      store_columns(y + i * N + n, _mm256_mul_ps(v, load_columns(scale + n, N - n)), N - n);
     }
   }
 }

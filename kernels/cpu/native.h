@@ -34,16 +34,17 @@ namespace fxq {
 // beats the large-M path; above it that path wins. Measured on SmolLM2's linears (all 211 of
 // them, each size) on the AVX2 EPYC. Past the limit the weight-only formats dequantize a chunk
 // for MKL's sgemm; int8 x int8 and int4 x int8 have their own packed-panel GEMMs on AVX2
-// (int8_fp8.cpp, int4.cpp); the int8 one overtakes its GEMV from 4 rows (Zen 3, SmolLM2's
-// 1536 x 576 and 576 x 1536 and the stack's 4096 x 1024, two threads, one build with the GEMVs
-// and one without them, compared per M: a one-off comparison, not a benchmarks/ script). With
+// (int8_fp8.cpp, int4.cpp); the int8 one overtakes its GEMV from 4 rows, the W4A8 one from 9
+// (Zen 3, SmolLM2's 1536 x 576 and 576 x 1536 and the stack's 4096 x 1024, two threads, one
+// build with the GEMVs and one without them, compared per M: a one-off comparison, not a
+// benchmarks/ script). With
 // AVX-512 VNNI the GEMV's vpdpbusd keeps winning up to 64 rows, past which the dispatch table
 // takes over.
 #ifndef FXQ_GEMV_MAX_M
 #ifdef FXQ_VNNI512
 #define FXQ_GEMV_MAX_M 32, 16, 32, 64, 32
 #else
-#define FXQ_GEMV_MAX_M 32, 16, 32, 3, 128
+#define FXQ_GEMV_MAX_M 32, 16, 32, 3, 8
 #endif
 #endif
 constexpr int64_t kGemvLimits[] = {FXQ_GEMV_MAX_M};  // int8, int4, fp8, int8 x int8, int4 x int8
@@ -102,6 +103,32 @@ inline void transpose8x8_epi32(__m256i* r) {
     r[i] = _mm256_permute2x128_si256(u[i], u[i + 4], 0x20);
     r[i + 4] = _mm256_permute2x128_si256(u[i], u[i + 4], 0x31);
   }
+}
+#endif
+
+#ifdef FXQ_AVX2
+// The packed-panel GEMMs' shared steps. An activation quad (4 int8 at p) in every int32 lane,
+// to meet a panel's 8 columns in one maddubs
+inline __m256i broadcast_quad(const int8_t* p) {
+  int32_t quad;
+  std::memcpy(&quad, p, 4);  // activation rows carry no alignment
+  return _mm256_set1_epi32(quad);
+}
+
+// 8 fp32 columns from p, only the first `cols` read (zeros after) when fewer remain
+inline __m256 load_columns(const float* p, int64_t cols) {
+  if (cols >= 8) return _mm256_loadu_ps(p);
+  alignas(32) float t[8] = {};
+  for (int64_t c = 0; c < cols; ++c) t[c] = p[c];
+  return _mm256_load_ps(t);
+}
+
+// 8 fp32 columns to p, only the first `cols` written when fewer remain (a row's last panel)
+inline void store_columns(float* p, __m256 v, int64_t cols) {
+  if (cols >= 8) return _mm256_storeu_ps(p, v);
+  alignas(32) float t[8];
+  _mm256_store_ps(t, v);
+  for (int64_t c = 0; c < cols; ++c) p[c] = t[c];
 }
 #endif
 
