@@ -60,6 +60,7 @@ CANDIDATES: dict[str, dict[str, Callable]] = {
     "native_int4_weight_only_linear": {
         "native": cpu_int4._int4_rows_native,
         "bf16": cpu_int4._int4_rows_bf16,
+        "int8_act": cpu_int4._int4_rows_int8_act,
     },
     "native_int8_int4_linear": {
         "native": cpu_int4._int8_int4_rows_native,
@@ -121,12 +122,22 @@ def _passes(m: int, weights: dict) -> dict[str, Callable[[], None]]:
     return out
 
 
+# A candidate that gives the scheme other activation numerics (int4 weight-only's x rounded to
+# int8) competes only from this M: prefill and batched serving, where it pays most (~1.8x the
+# weight-only path at M = 128 on AVX2); decode keeps the scheme's own numerics (~10 % there).
+MIN_M = {"int8_act": 16}
+
+
 def plan(by_m: dict[int, dict[str, float]], op: str) -> list[list]:
-    """[[max M, candidate], ..., [None, candidate]]: the fastest candidate at each measured M,
-    consecutive wins merged."""
+    """[[max M, candidate], ..., [None, candidate]]: the fastest candidate at each measured M
+    (of those allowed there: ``MIN_M``), consecutive wins merged."""
     ranges: list[list] = []
     for m in sorted(by_m):
-        times = {n.split(":")[1]: t for n, t in by_m[m].items() if n.startswith(op + ":")}
+        times = {
+            name: t
+            for n, t in by_m[m].items()
+            if n.startswith(op + ":") and m >= MIN_M.get(name := n.split(":")[1], 0)
+        }
         best = min(times, key=times.get)
         if ranges and ranges[-1][1] == best:
             ranges[-1][0] = m

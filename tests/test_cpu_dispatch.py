@@ -141,6 +141,29 @@ def test_w8a8_on_int_mm_is_the_integer_product(forced):
     torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
 
 
+def test_int4_weight_only_on_int8_activations_is_the_w4a8_program(forced, monkeypatch):
+    # AVX2's large-M choice for int4 weight-only (int8_act): x rounded to int8 per token into
+    # the W4A8 kernel. It computes the W4A8 scheme's program on the same weight, and stays near
+    # the weight-only one: the activation rounding is small beside the int4 weight's error.
+    plan = {"native_int4_weight_only_linear": [[8, "native"], [None, "int8_act"]]}
+    monkeypatch.setattr(dispatch, "table", lambda: {CLASS: plan})
+    model, qep = _quantized("int4wo-64")
+    _, w4a8 = _quantized("w4a8-64")
+    lowered = lower(qep)
+    for m in (1, 8, 9, 48):
+        x = torch.randn(m, 128)
+        got = lowered.module()(x)
+        if m <= 8:
+            assert sqnr(qep.module()(x), got) >= FLOOR["native"], m
+        else:
+            assert sqnr(w4a8.module()(x), got) >= 80.0, m
+            assert sqnr(qep.module()(x), got) >= 30.0, m
+        assert sqnr(model(x), got) >= 15.0, m
+    assert dispatch.kernel_plan("int4_weight_only_linear", None, CLASS) == (
+        "fxquant native kernel up to M = 8, then W4A8 kernel (x rounded to int8 per token)"
+    )
+
+
 @pytest.mark.slow
 def test_one_package_serves_decode_and_prefill(forced, tmp_path):
     _, qep = _quantized("w4a8-64")

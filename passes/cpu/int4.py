@@ -161,7 +161,10 @@ def dequantize_native_int4(
 # The GEMMs by M (``passes/cpu/dispatch.py``): the native kernel (decode's GEMV), and for large
 # M where the table says so the weight dequantized to bf16 once per call and a bf16 GEMM (x, or
 # W4A8's int8 codes, exact, in bf16; W rounded to bf16, ~2e-3 relative; the sum rounded to
-# bf16 before the per-token scale).
+# bf16 before the per-token scale), or, for int4 weight-only, x quantized to int8 per token and
+# the W4A8 kernel: on AVX2 its panel GEMM (maddubs, exact integer sums per group) runs ~3x the
+# dequantize + fp32 sgemm path, and the int8 rounding of x (~4e-3 relative) is small beside the
+# int4 weight's own error (~4e-2: the stack's accuracy row reads the same for int4wo and w4a8).
 
 
 def _int4_rows_native(x2, weight, scale, offset, group_size):
@@ -171,6 +174,13 @@ def _int4_rows_native(x2, weight, scale, offset, group_size):
 def _int4_rows_bf16(x2, weight, scale, offset, group_size):
     w = fxq.native_int4_to_bfloat16(weight, scale, offset, group_size)  # kernels/cpu/decode.cpp
     return F.linear(x2.to(BF16), w).float()
+
+
+def _int4_rows_int8_act(x2, weight, scale, offset, group_size):
+    xq, xs = ref.quantize_int8_per_token(x2)
+    return _int8_int4_rows_native(
+        xq.contiguous(), xs.reshape(-1).contiguous(), weight, scale, offset, group_size
+    )
 
 
 def _int8_int4_rows_native(xq, xs, weight, scale, offset, group_size):
@@ -188,7 +198,11 @@ dispatches("native_int8_int4_linear", "int8_dynamic_int4_linear")
 @device_op(NATIVE, "cpu_native_int4_linear", schema=_NATIVE_SCHEMA, fake=_int4_fake)
 def _cpu_native_int4(x, weight, scale, offset, bias, group_size, out_features):
     x2 = native.pad_columns(rows(x), 2 * weight.shape[1]).contiguous()
-    candidates = {"native": _int4_rows_native, "bf16": _int4_rows_bf16}
+    candidates = {
+        "native": _int4_rows_native,
+        "bf16": _int4_rows_bf16,
+        "int8_act": _int4_rows_int8_act,
+    }
     args = (x2, weight, scale, offset, group_size)
     y = by_m("native_int4_weight_only_linear", x2.shape[0], candidates, *args)
     return finish(y, x, out_features, bias)
