@@ -162,9 +162,10 @@ def dequantize_native_int4(
 # M where the table says so the weight dequantized to bf16 once per call and a bf16 GEMM (x, or
 # W4A8's int8 codes, exact, in bf16; W rounded to bf16, ~2e-3 relative; the sum rounded to
 # bf16 before the per-token scale), or, for int4 weight-only, x quantized to int8 per token and
-# the W4A8 kernel: on AVX2 its panel GEMM (maddubs, exact integer sums per group) runs ~3x the
-# dequantize + fp32 sgemm path, and the int8 rounding of x (~4e-3 relative) is small beside the
-# int4 weight's own error (~4e-2: the stack's accuracy row reads the same for int4wo and w4a8).
+# the W4A8 kernel: on AVX2 its panel GEMM (maddubs, exact integer sums per group) runs ~1.8x the
+# dequantize + fp32 sgemm path at M = 128, and the int8 rounding of x (~8e-3 relative) is small
+# beside the int4 weight's own error (~4e-2: the stack's accuracy row reads the same for int4wo
+# and w4a8).
 
 
 def _int4_rows_native(x2, weight, scale, offset, group_size):
