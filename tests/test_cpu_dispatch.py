@@ -164,6 +164,22 @@ def test_int4_weight_only_on_int8_activations_is_the_w4a8_program(forced, monkey
     )
 
 
+def test_int8_activations_leave_groups_the_w4a8_kernel_lacks_weight_only(forced):
+    # groups of 512 (int4 weight-only's kernel takes any multiple of 32; W4A8's 32 to 256)
+    import fxquant.kernels.cpu as native
+    from fxquant.core import reference as ref
+    from fxquant.passes.cpu import int4
+
+    torch.manual_seed(0)
+    layout = native.prepack_int4(
+        *ref.quantize_int4_grouped(torch.randn(40, 1024), group_size=512, symmetric=False),
+        group_size=512,
+    )
+    x = torch.randn(24, 1024)
+    got = int4._int4_rows_int8_act(x, *layout, 512)
+    assert torch.equal(got, int4._int4_rows_native(x, *layout, 512))
+
+
 @pytest.mark.slow
 def test_one_package_serves_decode_and_prefill(forced, tmp_path):
     _, qep = _quantized("w4a8-64")

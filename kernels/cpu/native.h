@@ -37,9 +37,8 @@ namespace fxq {
 // (int8_fp8.cpp, int4.cpp); the int8 one overtakes its GEMV from 4 rows, the W4A8 one from 9
 // (Zen 3, SmolLM2's 1536 x 576 and 576 x 1536 and the stack's 4096 x 1024, two threads, one
 // build with the GEMVs and one without them, compared per M: a one-off comparison, not a
-// benchmarks/ script). With
-// AVX-512 VNNI the GEMV's vpdpbusd keeps winning up to 64 rows, past which the dispatch table
-// takes over.
+// benchmarks/ script). With AVX-512 VNNI the GEMV's vpdpbusd keeps winning up to 64 rows, past
+// which the dispatch table takes over.
 #ifndef FXQ_GEMV_MAX_M
 #ifdef FXQ_VNNI512
 #define FXQ_GEMV_MAX_M 32, 16, 32, 64, 32

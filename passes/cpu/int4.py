@@ -42,6 +42,7 @@ from fxquant.passes.cpu.prepack import prepack_rule
 fxq = torch.ops.fxquant
 _INT4_N_MULTIPLE = 16  # _convert_weight_to_int4pack_for_cpu: "expect N to be dividable by 16"
 _GROUPED = ("weight", "scale", "zero")  # the constant arguments both ops' prepack rules read
+W4A8_GROUPS = (32, 64, 128, 256)  # native_int8_int4_linear's group sizes (its int16 sums)
 
 
 # --------------------------------------------------------------------------------------------
@@ -178,6 +179,8 @@ def _int4_rows_bf16(x2, weight, scale, offset, group_size):
 
 
 def _int4_rows_int8_act(x2, weight, scale, offset, group_size):
+    if group_size not in W4A8_GROUPS:  # the W4A8 kernel's groups; the weight-only one takes more
+        return _int4_rows_native(x2, weight, scale, offset, group_size)
     xq, xs = ref.quantize_int8_per_token(x2)
     return _int8_int4_rows_native(
         xq.contiguous(), xs.reshape(-1).contiguous(), weight, scale, offset, group_size
