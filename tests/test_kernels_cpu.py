@@ -225,7 +225,12 @@ def test_int4_weight_only(m, n, k, group, symmetric):
 )
 @pytest.mark.parametrize("symmetric", [False, True])
 def test_int8_int4_w4a8(m, n, k, group, symmetric):
-    g = torch.Generator().manual_seed(m * 1000 + n + 4)
+    _check_w4a8(m, n, k, group, symmetric=symmetric, seed=m * 1000 + n + 4)
+
+
+def _check_w4a8(m: int, n: int, k: int, group: int, *, symmetric: bool, seed: int) -> None:
+    # the W4A8 kernel on random weights and activations against the scheme's reference
+    g = torch.Generator().manual_seed(seed)
     w, x = torch.randn(n, k, generator=g), 4 * torch.randn(m, k, generator=g)
     p, s, z = ref.quantize_int4_grouped(w, group_size=group, symmetric=symmetric)
     kw, ks, ko = native.prepack_int4(p, s, z, group_size=group)
@@ -256,13 +261,7 @@ def test_int8_int4_gemm_panels_and_blocks(m, n, k, group):
     # past the GEMV's 8 rows (AVX2: the packed-panel GEMM): row tails of its 3-row tiles,
     # panels of fewer than 8 columns, blocks ending in one panel, every group size, and (K =
     # 2048) one panel pair a block
-    g = torch.Generator().manual_seed(m + n + k)
-    w, x = torch.randn(n, k, generator=g), 4 * torch.randn(m, k, generator=g)
-    p, s, z = ref.quantize_int4_grouped(w, group_size=group, symmetric=False)
-    kw, ks, ko = native.prepack_int4(p, s, z, group_size=group)
-    xq, xs = ref.quantize_int8_per_token(x)
-    got = fxq.native_int8_int4_linear(xq, xs.reshape(-1), kw, ks, ko, group)
-    _close(got, ref.int8_dynamic_int4_linear(x, p, s, z, group_size=group))
+    _check_w4a8(m, n, k, group, symmetric=False, seed=m + n + k)
 
 
 @pytest.mark.parametrize("bits", [2, 3])
