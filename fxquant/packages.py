@@ -30,6 +30,7 @@ from fxquant.core.config import QuantConfig
 __all__ = [
     "BuiltPackage",
     "build_packages",
+    "converted",
     "llm_package",
     "load_causal_lm",
     "load_tokenizer",
@@ -110,22 +111,83 @@ def _native_key() -> str | None:
 
 
 def load_causal_lm(source: str | os.PathLike, *, dtype: torch.dtype = torch.float32):
-    """A causal LM from a ``.gguf`` file or a Hugging Face model folder (offline), in eval mode."""
+    """A causal LM from a ``.gguf`` file or a Hugging Face model folder (offline), in eval mode.
+
+    A GGUF file is read through its converted folder (:func:`converted`): made on the first
+    load, about a second to load from then on.
+    """
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import transformers
 
     path = Path(source)
     if path.suffix == ".gguf":
-        if not path.is_file():
-            raise FileNotFoundError(f"fxquant: no GGUF file at {path}")
-        with readable(path):
-            return transformers.AutoModelForCausalLM.from_pretrained(
-                str(path.parent), gguf_file=path.name, dtype=dtype
-            ).eval()
-    if not (path / "config.json").is_file():
+        path = converted(path, "model")
+    elif not (path / "config.json").is_file():
         raise FileNotFoundError(f"fxquant: {path} is neither a .gguf file nor a model folder")
     with readable(path):
         return transformers.AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype).eval()
+
+
+def converted(gguf: str | os.PathLike, part: str, *, cache_dir=None) -> Path:
+    """The Hugging Face folder of a GGUF file's ``part`` (``"model"``: config and weights as
+    fp32 safetensors; ``"tokenizer"``), converted once into ``<cache>/models/<key>/<part>``.
+
+    transformers reads GGUF slowly: SmolLM2-135M's model takes 19 s and its tokenizer 8 s on
+    two cores, most of it gguf-py parsing the 49k-entry vocabulary arrays element by element in
+    Python; from the converted folder each loads in about a second, so ``fxquant generate`` and
+    every package build after the first start at once. The key is the file (path, size,
+    modification time) and the transformers version, as a package's; each part is written to a
+    temporary folder and renamed into place, so a reader never sees half of one, and two
+    processes converting at once both succeed (the second one's copy is dropped).
+    """
+    import shutil
+    import tempfile
+
+    import transformers
+
+    path = Path(gguf)
+    if not path.is_file():
+        raise FileNotFoundError(f"fxquant: no GGUF file at {path}")
+    if part not in ("model", "tokenizer"):
+        raise ValueError(f"converted(part={part!r}): allowed: 'model', 'tokenizer'")
+    from fxquant.core.paths import cache_root
+
+    record = {"source": _source_identity(path), "transformers": transformers.__version__}
+    key = hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()[:24]
+    folder = (Path(cache_dir) if cache_dir is not None else cache_root()) / "models" / key
+    final = folder / part
+    if final.is_dir():
+        return final
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{part}.", dir=folder))
+    try:
+        with readable(path):
+            if part == "model":
+                model = transformers.AutoModelForCausalLM.from_pretrained(
+                    str(path.parent), gguf_file=path.name, dtype=torch.float32
+                )
+                # transformers marks a model read from GGUF "not serializable" (it was
+                # quantized); its weights are plain fp32 tensors by now, written as such
+                from safetensors.torch import save_model
+
+                model.config.save_pretrained(tmp)
+                save_model(model, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+            else:
+                tokenizer = transformers.AutoTokenizer.from_pretrained(
+                    str(path.parent), gguf_file=path.name
+                )
+                tokenizer.save_pretrained(tmp)
+        (folder / "source.json").write_text(json.dumps(record, indent=2))
+        try:
+            tmp.rename(final)
+        except OSError:
+            if not final.is_dir():  # not another process's finished copy: a real failure
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            folder.rmdir()  # only if a failed first conversion left it empty
+    return final
 
 
 @contextlib.contextmanager
@@ -150,13 +212,14 @@ def readable(path: Path):
 
 
 def load_tokenizer(source: str | os.PathLike):
-    """The tokenizer of a ``.gguf`` file or a Hugging Face model folder (offline)."""
+    """The tokenizer of a ``.gguf`` file (through its converted folder, :func:`converted`) or
+    of a Hugging Face model folder (offline)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import transformers
 
     path = Path(source)
     if path.suffix == ".gguf":
-        return transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+        path = converted(path, "tokenizer")
     return transformers.AutoTokenizer.from_pretrained(str(path))
 
 
@@ -211,7 +274,7 @@ def llm_package(
         variant: the name to list the package under (default: the recipe name, or "fp32").
     """
     from fxquant.api import aot_compile, quantize
-    from fxquant.kernels.cpu import cache_root
+    from fxquant.core.paths import cache_root
     from fxquant.llm import export_llm
 
     cfg = None if config is None else QuantConfig.coerce(config)
@@ -308,6 +371,8 @@ def build_packages(
             todo[name] = None if config is None else QuantConfig.coerce(config)
     if not todo:
         return out
+    if Path(source).suffix == ".gguf":
+        converted(source, "model")  # once here, not in every build process (GGUF reads slowly)
     jobs = jobs or (os.cpu_count() or 1) + 1
     logs = Path(tempfile.mkdtemp(prefix="fxquant-build-"))
     pending = list(todo.items())

@@ -219,6 +219,7 @@ def write_tiny_llama_gguf(path, *, v_proj="Q8_0"):
     w.add_tokenizer_model("gpt2")
     w.add_token_list([f"t{i}" for i in range(vocab)])
     w.add_token_types([1] * vocab)
+    w.add_token_scores([0.0] * vocab)  # transformers' GGUF tokenizer reader needs them
     w.add_token_merges([])
     w.add_bos_token_id(0)
     w.add_eos_token_id(1)

@@ -37,6 +37,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from fxquant.core.paths import cache_root
+
 __all__ = [
     "NATIVE_OPS",
     "aoti_options",
@@ -176,12 +178,6 @@ def pad_columns(t: Tensor, k: int) -> Tensor:
 # --------------------------------------------------------------------------------------------
 # Build and load
 # --------------------------------------------------------------------------------------------
-
-
-def cache_root() -> Path:
-    """fxquant's cache folder: ``$FXQUANT_CACHE_DIR`` or ``~/.cache/fxquant``."""
-    env = os.environ.get("FXQUANT_CACHE_DIR")
-    return Path(env) if env else Path.home() / ".cache" / "fxquant"
 
 
 def _compiler() -> str:
