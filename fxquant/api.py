@@ -119,8 +119,11 @@ def aot_compile(
     device: str = "cpu",
     inductor_configs: dict[str, Any] | None = None,
     metadata: Mapping[str, Any] | None = None,
-) -> Callable:
-    """Lower ``ep`` for ``device`` and package it with AOTInductor; return the loaded package.
+    load: bool = True,
+) -> Callable | None:
+    """Lower ``ep`` for ``device`` and package it with AOTInductor; return the loaded package
+    (None with ``load=False``: a build process that only writes it skips the seconds a load of
+    a few hundred MB takes).
 
     The package holds only aten ops and compiled kernels: it loads with
     ``torch._inductor.aoti_load_package(path)`` in a process that never imports fxquant, and
@@ -160,6 +163,8 @@ def aot_compile(
         torch._inductor.aoti_compile_and_package(
             lowered, package_path=str(tmp), inductor_configs=configs
         )
+    if not load:
+        return None
     return torch._inductor.aoti_load_package(str(package_path))
 
 

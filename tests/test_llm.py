@@ -241,7 +241,7 @@ def llm_package(tmp_path_factory):
     cfg = fxquant.QuantConfig(scheme=fxquant.Int8WeightOnly(), modules_to_not_convert=())
     ep = fxquant.quantize(export_llm(model, max_cache_len=40), cfg)
     path = tmp_path_factory.mktemp("pkg") / "tiny.pt2"
-    fxquant.aot_compile(ep, path)
+    assert fxquant.aot_compile(ep, path, load=False) is None  # written, not loaded
     prompt = CharTokenizer().encode("The capital of")
     ids, m = list(prompt), ep.module()
     logits = m(torch.tensor([ids]), torch.arange(len(ids)))
