@@ -319,9 +319,7 @@ def llm_package(
         step("AOTInductor build (minutes on 2 cores)")
         with _Ticker(bar):
             # the runtime's default tokenizer: the model file the package was made from
-            aot_compile(
-                program, path, metadata={"source": str(Path(source).resolve())}, load=False
-            )
+            aot_compile(program, path, metadata={"source": str(Path(source).resolve())}, load=False)
         bar.update()
     info = {"source": str(Path(source).resolve()), "variant": variant}
     path.with_suffix(".json").write_text(json.dumps(info, indent=2))
