@@ -132,10 +132,11 @@ def converted(gguf: str | os.PathLike, part: str, *, cache_dir=None) -> Path:
     """The Hugging Face folder of a GGUF file's ``part`` (``"model"``: config and weights as
     fp32 safetensors; ``"tokenizer"``), converted once into ``<cache>/models/<key>/<part>``.
 
-    transformers reads GGUF slowly: SmolLM2-135M's model takes 19 s and its tokenizer 8 s on
-    two cores, most of it gguf-py parsing the 49k-entry vocabulary arrays element by element in
-    Python; from the converted folder each loads in about a second, so ``fxquant generate`` and
-    every package build after the first start at once. The key is the file (path, size,
+    transformers reads GGUF slowly: SmolLM2-135M's model takes about 20 s and its tokenizer
+    5-8 s on two cores, most of it gguf-py parsing the 49k-entry vocabulary arrays element by
+    element in Python; from the converted folder each loads in under a second (0.3 s / 0.15 s),
+    so ``fxquant generate`` and every package build after the first start at once. The price is
+    disk: the weights are kept in fp32 (540 MB for SmolLM2). The key is the file (path, size,
     modification time) and the transformers version, as a package's; each part is written to a
     temporary folder and renamed into place, so a reader never sees half of one, and two
     processes converting at once both succeed (the second one's copy is dropped).
