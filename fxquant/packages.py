@@ -196,13 +196,17 @@ def readable(path: Path):
     """Turn a reader's failure inside transformers / gguf / safetensors (``struct.error``,
     ``SafetensorError``, an index error deep in a parser) into a ``CheckpointError`` naming the
     file, so the caller gets one line, not the parser's traceback."""
-    from fxquant.checkpoints import CheckpointError
-
     try:
         yield
-    except (CheckpointError, FileNotFoundError, KeyboardInterrupt, NotImplementedError):
+    except (FileNotFoundError, KeyboardInterrupt, NotImplementedError):
         raise
     except Exception as e:  # noqa: BLE001  (a dependency's parser: any type)
+        # imported on failure only: fxquant.checkpoints brings the graph passes, which a
+        # serving process (a tokenizer read through here) must not import
+        from fxquant.checkpoints import CheckpointError
+
+        if isinstance(e, CheckpointError):
+            raise
         kind = "GGUF file" if path.suffix == ".gguf" else "model folder"
         text = " ".join(str(e).split())[:240] or type(e).__name__
         module = type(e).__module__

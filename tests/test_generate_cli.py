@@ -99,8 +99,11 @@ def test_serving_a_package_imports_no_passes(tiny_model_dir, tmp_path):
         assert not loaded, loaded
         """
     )
-    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    # an empty cache: the tokenizer is converted from the GGUF file in the serving process too
+    env = {**os.environ, "FXQUANT_CACHE_DIR": str(tmp_path / "serving-cache")}
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env)
     assert run.returncode == 0, run.stderr[-3000:]
+    assert (tmp_path / "serving-cache" / "models").is_dir()
 
 
 def test_package_key_follows_the_inputs_and_fxquant_source(tmp_path, monkeypatch):
