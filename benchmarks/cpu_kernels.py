@@ -34,39 +34,16 @@ from machine import bench_interleaved, machine_info, write_results
 import fxquant.kernels.cpu as native
 from fxquant.core import reference as ref
 from fxquant.passes.cpu import dispatch
-from fxquant.passes.cpu import float8 as cpu_float8
-from fxquant.passes.cpu import int4 as cpu_int4
-from fxquant.passes.cpu import int8 as cpu_int8
+
+# the family modules declare their GEMMs' candidates (dispatch.GEMMS) when imported
+from fxquant.passes.cpu import float8 as _float8  # noqa: F401
+from fxquant.passes.cpu import int4 as _int4  # noqa: F401
+from fxquant.passes.cpu import int8 as _int8  # noqa: F401
 
 HERE = Path(__file__).resolve().parent
 D, FFN, KV, LAYERS, VOCAB = 576, 1536, 192, 30, 49152  # SmolLM2-135M
 SHAPES = [(D, D), (KV, D), (KV, D), (D, D), (FFN, D), (FFN, D), (D, FFN)] * LAYERS + [(VOCAB, D)]
 GROUP = 64
-
-# op (as the dispatch table names it) → its candidates, and how each reads its inputs
-CANDIDATES: dict[str, dict[str, Callable]] = {
-    "native_int8_weight_only_linear": {
-        "native": cpu_int8._int8_rows_native,
-        "bf16": cpu_int8._int8_rows_bf16,
-    },
-    "native_int8_scaled_linear": {
-        "native": cpu_int8._int8_scaled_rows_native,
-        "int_mm": cpu_int8._int8_scaled_rows_int_mm,
-    },
-    "native_float8_weight_only_linear": {
-        "native": cpu_float8._fp8_rows_native,
-        "bf16": cpu_float8._fp8_rows_bf16,
-    },
-    "native_int4_weight_only_linear": {
-        "native": cpu_int4._int4_rows_native,
-        "bf16": cpu_int4._int4_rows_bf16,
-        "int8_act": cpu_int4._int4_rows_int8_act,
-    },
-    "native_int8_int4_linear": {
-        "native": cpu_int4._int8_int4_rows_native,
-        "bf16": cpu_int4._int8_int4_rows_bf16,
-    },
-}
 
 
 def _weights() -> dict[str, list]:
@@ -91,6 +68,9 @@ ARGS: dict[str, tuple[str, Callable]] = {
     "native_int4_weight_only_linear": ("int4", lambda x, xq, w: (x, *w, GROUP)),
     "native_int8_int4_linear": ("int4", lambda x, xq, w: (*xq, *w, GROUP)),
 }
+# op → its candidates: the functions its lowering dispatches over (declared with
+# ``dispatch.candidates`` in passes/cpu/int8.py, float8.py, int4.py)
+CANDIDATES: dict[str, dict[str, Callable]] = {op: dispatch.GEMMS[op] for op in ARGS}
 
 
 def _passes(m: int, weights: dict) -> dict[str, Callable[[], None]]:

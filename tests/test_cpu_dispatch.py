@@ -213,3 +213,16 @@ def test_the_report_says_which_kernel_each_layer_gets(monkeypatch):
     assert wide == "one lowering at every M (no per-M dispatch)"
     monkeypatch.setenv("FXQUANT_CPU_DISPATCH", "native")
     assert rep.cpu_kernels(CLASS)[0]["kernel"] == "fxquant native kernel at every M"
+
+
+def test_each_dispatched_gemm_declares_its_candidates_once():
+    # the lowerings dispatch over dispatch.GEMMS and benchmarks/cpu_kernels.py measures them
+    import fxquant.passes.cpu.float8  # noqa: F401
+    import fxquant.passes.cpu.int4  # noqa: F401
+    import fxquant.passes.cpu.int8  # noqa: F401
+
+    for plans in dispatch.table().values():
+        for gemm, plan in plans.items():
+            assert {name for _, name in plan} <= set(dispatch.GEMMS[gemm]), gemm
+    with pytest.raises(ValueError, match=r"unknown candidates \['fp16'\]; allowed"):
+        dispatch.candidates("native_int8_weight_only_linear", fp16=lambda *a: None)

@@ -36,8 +36,10 @@ from torch.fx.experimental.symbolic_shapes import statically_known_true
 __all__ = [
     "CANDIDATES",
     "CLASSES",
+    "GEMMS",
     "TABLE_PATH",
     "by_m",
+    "candidates",
     "dispatches",
     "kernel_plan",
     "machine_class",
@@ -66,6 +68,21 @@ CANDIDATES = {
 # semantic op name → (the dispatched GEMM its native lowering runs, on which of its schemes), so
 # a report can say which kernel a layer gets without lowering it (``dispatches``)
 _DISPATCHED: dict[str, tuple[str, Callable[[Mapping], bool] | None]] = {}
+
+# GEMM (a table key) → its candidates {name: rows function}, declared once by the family module
+# whose lowering runs them (``candidates``): the lowering dispatches over them and
+# benchmarks/cpu_kernels.py measures the same functions to write the table
+GEMMS: dict[str, dict[str, Callable[..., Tensor]]] = {}
+
+
+def candidates(gemm: str, **fns: Callable[..., Tensor]) -> dict[str, Callable[..., Tensor]]:
+    """Declare the implementations the GEMM ``gemm`` (a table key) chooses between by M, by
+    candidate name (a key of ``CANDIDATES``); returns them, for :func:`by_m`."""
+    unknown = [name for name in fns if name not in CANDIDATES]
+    if unknown:
+        raise ValueError(f"{gemm}: unknown candidates {unknown}; allowed: {list(CANDIDATES)}")
+    GEMMS[gemm] = fns
+    return fns
 
 
 def dispatches(gemm: str, *ops: str, when: Callable[[Mapping], bool] | None = None) -> None:

@@ -29,7 +29,7 @@ import fxquant.core.ops  # noqa: F401  (registers the fxquant:: ops)
 from fxquant.core import reference as ref
 from fxquant.core.registry import lowering
 from fxquant.passes.cpu.common import NATIVE, epilogue, finish, row_scales, rows
-from fxquant.passes.cpu.dispatch import by_m, dispatches
+from fxquant.passes.cpu.dispatch import by_m, candidates, dispatches
 
 fxq = torch.ops.fxquant
 
@@ -113,11 +113,15 @@ dispatches(
 )
 
 
+_FP8_ROWS = candidates(
+    "native_float8_weight_only_linear", native=_fp8_rows_native, bf16=_fp8_rows_bf16
+)
+
+
 def _fp8_rows(x2: Tensor, weight: Tensor, scale: Tensor) -> Tensor:
     # e4m3 activations upcast exactly to fp32
-    candidates = {"native": _fp8_rows_native, "bf16": _fp8_rows_bf16}
     x2 = x2.float().contiguous()
-    return by_m("native_float8_weight_only_linear", x2.shape[0], candidates, x2, weight, scale)
+    return by_m("native_float8_weight_only_linear", x2.shape[0], _FP8_ROWS, x2, weight, scale)
 
 
 @lowering(NATIVE, "float8_weight_only_linear")

@@ -36,7 +36,7 @@ import fxquant.kernels.cpu as native
 from fxquant.core import reference as ref
 from fxquant.core.registry import lowering
 from fxquant.passes.cpu.common import BF16, NATIVE, device_op, epilogue, finish, rows
-from fxquant.passes.cpu.dispatch import by_m, dispatches
+from fxquant.passes.cpu.dispatch import by_m, candidates, dispatches
 from fxquant.passes.cpu.prepack import prepack_rule
 
 fxq = torch.ops.fxquant
@@ -197,18 +197,22 @@ def _int8_int4_rows_bf16(xq, xs, weight, scale, offset, group_size):
 
 dispatches("native_int4_weight_only_linear", "int4_weight_only_linear")
 dispatches("native_int8_int4_linear", "int8_dynamic_int4_linear")
+_INT4_ROWS = candidates(
+    "native_int4_weight_only_linear",
+    native=_int4_rows_native,
+    bf16=_int4_rows_bf16,
+    int8_act=_int4_rows_int8_act,
+)
+_INT8_INT4_ROWS = candidates(
+    "native_int8_int4_linear", native=_int8_int4_rows_native, bf16=_int8_int4_rows_bf16
+)
 
 
 @device_op(NATIVE, "cpu_native_int4_linear", schema=_NATIVE_SCHEMA, fake=_int4_fake)
 def _cpu_native_int4(x, weight, scale, offset, bias, group_size, out_features):
     x2 = native.pad_columns(rows(x), 2 * weight.shape[1]).contiguous()
-    candidates = {
-        "native": _int4_rows_native,
-        "bf16": _int4_rows_bf16,
-        "int8_act": _int4_rows_int8_act,
-    }
     args = (x2, weight, scale, offset, group_size)
-    y = by_m("native_int4_weight_only_linear", x2.shape[0], candidates, *args)
+    y = by_m("native_int4_weight_only_linear", x2.shape[0], _INT4_ROWS, *args)
     return finish(y, x, out_features, bias)
 
 
@@ -217,9 +221,8 @@ def _cpu_native_int8_int4(x, weight, scale, offset, bias, group_size, out_featur
     # zero columns leave each token's amax (so its scale) and every sum as they were
     x2 = native.pad_columns(rows(x), 2 * weight.shape[1])
     xq, xs = ref.quantize_int8_per_token(x2)
-    candidates = {"native": _int8_int4_rows_native, "bf16": _int8_int4_rows_bf16}
     args = (xq.contiguous(), xs.reshape(-1).contiguous(), weight, scale, offset, group_size)
-    y = by_m("native_int8_int4_linear", x2.shape[0], candidates, *args)
+    y = by_m("native_int8_int4_linear", x2.shape[0], _INT8_INT4_ROWS, *args)
     return finish(y, x, out_features, bias)
 
 

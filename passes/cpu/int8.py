@@ -37,7 +37,7 @@ import fxquant.core.ops  # noqa: F401  (registers the fxquant:: ops)
 from fxquant.core import reference as ref
 from fxquant.core.registry import lowering
 from fxquant.passes.cpu.common import BF16, NATIVE, device_op, epilogue, finish, row_scales, rows
-from fxquant.passes.cpu.dispatch import by_m, dispatches
+from fxquant.passes.cpu.dispatch import by_m, candidates, dispatches
 from fxquant.passes.cpu.prepack import prepack_rule
 
 fxq = torch.ops.fxquant
@@ -185,18 +185,24 @@ def _int8_scaled_rows_int_mm(xq2: Tensor, xs2: Tensor, weight: Tensor, scale: Te
 
 dispatches("native_int8_weight_only_linear", "int8_weight_only_linear")
 dispatches("native_int8_scaled_linear", "int8_dynamic_linear", "int8_scaled_linear")
+_INT8_ROWS = candidates(
+    "native_int8_weight_only_linear", native=_int8_rows_native, bf16=_int8_rows_bf16
+)
+_INT8_SCALED_ROWS = candidates(
+    "native_int8_scaled_linear", native=_int8_scaled_rows_native, int_mm=_int8_scaled_rows_int_mm
+)
 
 
 def _native_int8_scaled_rows(xq2: Tensor, xs2: Tensor, weight: Tensor, scale: Tensor) -> Tensor:
-    candidates = {"native": _int8_scaled_rows_native, "int_mm": _int8_scaled_rows_int_mm}
-    return by_m("native_int8_scaled_linear", xq2.shape[0], candidates, xq2, xs2, weight, scale)
+    return by_m(
+        "native_int8_scaled_linear", xq2.shape[0], _INT8_SCALED_ROWS, xq2, xs2, weight, scale
+    )
 
 
 @lowering(NATIVE, "int8_weight_only_linear")
 def _native_int8_weight_only(x, weight, scale, bias):
     x2 = rows(x)
-    candidates = {"native": _int8_rows_native, "bf16": _int8_rows_bf16}
-    y = by_m("native_int8_weight_only_linear", x2.shape[0], candidates, x2, weight, scale)
+    y = by_m("native_int8_weight_only_linear", x2.shape[0], _INT8_ROWS, x2, weight, scale)
     return finish(y, x, weight.shape[0], bias)
 
 
