@@ -80,6 +80,11 @@ def package_key(
         # the CPU lowering's kernel choice by M (passes/cpu/dispatch.py), forced or measured
         "cpu_dispatch": [machine_class(), os.environ.get("FXQUANT_CPU_DISPATCH", "table")],
     }
+    return _digest(record)
+
+
+def _digest(record: dict) -> str:
+    """A cache key: 24 hex digits of the sha256 of ``record`` as sorted JSON."""
     return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()[:24]
 
 
@@ -154,8 +159,9 @@ def converted(gguf: str | os.PathLike, part: str, *, cache_dir=None) -> Path:
     from fxquant.core.paths import cache_root
 
     record = {"source": _source_identity(path), "transformers": transformers.__version__}
-    key = hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()[:24]
-    folder = (Path(cache_dir) if cache_dir is not None else cache_root()) / "models" / key
+    folder = (
+        (Path(cache_dir) if cache_dir is not None else cache_root()) / "models" / _digest(record)
+    )
     final = folder / part
     if final.is_dir():
         return final
