@@ -119,7 +119,7 @@ def load_causal_lm(source: str | os.PathLike, *, dtype: torch.dtype = torch.floa
     """A causal LM from a ``.gguf`` file or a Hugging Face model folder (offline), in eval mode.
 
     A GGUF file is read through its converted folder (:func:`converted`): made on the first
-    load, about a second to load from then on.
+    load, several times faster to load from then on.
     """
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import transformers
@@ -137,10 +137,11 @@ def converted(gguf: str | os.PathLike, part: str, *, cache_dir=None) -> Path:
     """The Hugging Face folder of a GGUF file's ``part`` (``"model"``: config and weights as
     fp32 safetensors; ``"tokenizer"``), converted once into ``<cache>/models/<key>/<part>``.
 
-    transformers reads GGUF slowly: SmolLM2-135M's model takes about 20 s and its tokenizer
-    5-8 s on two cores, most of it gguf-py parsing the 49k-entry vocabulary arrays element by
-    element in Python; from the converted folder each loads in under a second (0.3 s / 0.15 s),
-    so ``fxquant generate`` and every package build after the first start at once. The price is
+    transformers reads GGUF slowly: in a fresh process SmolLM2-135M's model takes 21 s and its
+    tokenizer 5.7 s on two cores, most of it gguf-py parsing the 49k-entry vocabulary arrays
+    element by element in Python; from the converted folder 3.4 s and 0.7 s
+    (``benchmarks/gguf_load.py``), so ``fxquant generate`` and every package build after the
+    first start sooner. The price is
     disk: the weights are kept in fp32 (540 MB for SmolLM2). The key is the file (path, size,
     modification time) and the transformers version, as a package's; each part is written to a
     temporary folder and renamed into place, so a reader never sees half of one, and two
