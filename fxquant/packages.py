@@ -20,6 +20,7 @@ import json
 import os
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -383,8 +384,16 @@ def build_packages(
             todo[name] = None if config is None else QuantConfig.coerce(config)
     if not todo:
         return out
-    if Path(source).suffix == ".gguf":
-        converted(source, "model")  # once here, not in every build process (GGUF reads slowly)
+    # What every build process needs, made once here rather than in each of them: the native
+    # kernels' library (g++, ~10 s, in a thread: the compilers run while Python converts) and,
+    # for a GGUF file, the converted model (GGUF reads slowly)
+    import fxquant.kernels.cpu as native
+
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        kernels = pool.submit(native.load)
+        if Path(source).suffix == ".gguf":
+            converted(source, "model")
+        kernels.result()
     jobs = jobs or (os.cpu_count() or 1) + 1
     logs = Path(tempfile.mkdtemp(prefix="fxquant-build-"))
     pending = list(todo.items())

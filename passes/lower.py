@@ -137,7 +137,40 @@ def prepacked(ep: ExportedProgram, *, device: str | torch.device = "cpu") -> Exp
 
     editor = ProgramEditor(ep)
     prepack(editor, device=device)
+    drop_no_ops(editor.graph)
     return editor.finish()
+
+
+def drop_no_ops(graph: fx.Graph) -> int:
+    """Remove what export records but computes nothing: ``aten.to`` to the dtype the tensor
+    already has (it returns its input) and the dtype assertions export puts beside every ``to``
+    (the program's dtypes are fixed). A Hugging Face decoder carries two of each per norm; each
+    costs a node in every later trace, the one AOTInductor makes included. Returns the nodes
+    removed."""
+    aten = torch.ops.aten
+    done = 0
+    for node in list(graph.nodes):
+        if node.op != "call_function":
+            continue
+        if node.target is aten._assert_tensor_metadata.default and not node.users:
+            graph.erase_node(node)
+            done += 1
+        elif node.target is aten.to.dtype and _same_dtype(node):
+            node.replace_all_uses_with(node.args[0])
+            graph.erase_node(node)
+            done += 1
+    return done
+
+
+def _same_dtype(node: fx.Node) -> bool:
+    src, out = node.args[0], node.meta.get("val")
+    val = src.meta.get("val") if isinstance(src, fx.Node) else None
+    # only the plain cast: copy=True or a memory format asks for a new tensor
+    plain = len(node.args) <= 3 and not node.kwargs
+    # an output stays a node of its own (it must not become the program's input)
+    inner = all(user.op != "output" for user in node.users)
+    same = isinstance(val, Tensor) and isinstance(out, Tensor) and val.dtype == out.dtype
+    return plain and inner and same
 
 
 def lower(ep: ExportedProgram, *, device: str | torch.device = "cpu") -> ExportedProgram:

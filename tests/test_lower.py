@@ -13,6 +13,7 @@ from fxquant.passes.lower import (
     CPU_DECOMPOSITIONS,
     CPU_LOWERINGS,
     NATIVE_LOWERINGS,
+    drop_no_ops,
     lower,
     lowerings,
 )
@@ -167,3 +168,32 @@ def test_siblings_reading_one_input_become_one_gemm(recipe, cpu_kernels):
     for shape in [(1, 1, 64), (3, 7, 64)]:
         x = torch.randn(shape)
         assert sqnr(qep.module()(x), lowered.module()(x)) >= 80
+
+
+class _Casts(torch.nn.Module):
+    def forward(self, x):
+        y = x.to(torch.float32) * 2  # a no-op cast, as a Hugging Face norm records for fp32
+        z = y.to(torch.float16).to(torch.float32)  # real casts: kept
+        return z + 1, x.to(torch.float32)  # an output cast stays a node of its own
+
+
+def test_drop_no_ops_removes_same_dtype_casts_and_their_assertions():
+    x = torch.randn(4, 8)
+    ep = torch.export.export(_Casts(), (x,))
+    aten = torch.ops.aten
+
+    def count(graph, target):
+        return sum(n.target is target for n in graph.nodes)
+
+    assert count(ep.graph, aten._assert_tensor_metadata.default) > 0
+    casts = count(ep.graph, aten.to.dtype)
+    gm = ep.module()
+    graph = gm.graph
+    removed = drop_no_ops(graph)
+    gm.recompile()
+    assert count(graph, aten._assert_tensor_metadata.default) == 0
+    # the first cast goes; the two real ones and the program's output stay
+    assert count(graph, aten.to.dtype) == casts - 1 == 3
+    assert removed >= 2
+    for got, want in zip(gm(x), _Casts()(x), strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
