@@ -114,6 +114,7 @@ void gemv_int4(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t N
   const std::vector<float> xsum = group_sums<float>(x, M, K, group);
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {
+    prefetch_row_ahead(w, n, N, K / 2);
     const uint8_t* row = w + n * (K / 2);
     int64_t m = 0;
     for (; m + 4 <= M; m += 4) {
@@ -278,6 +279,7 @@ void gemv_int4_int8_b(const int8_t* xp, const float* xs, int64_t M, int64_t K, c
   const int64_t G = K / (32 * B);
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {
+    prefetch_row_ahead(w, n, N, K / 2);
     const uint8_t* row = w + n * (K / 2);
     const float* sn = scale + n * G;
     const float* on = offset + n * G;

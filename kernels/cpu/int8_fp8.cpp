@@ -92,6 +92,7 @@ void gemv_bytes(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t 
                 const float* scale, float* y) {
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {
+    prefetch_row_ahead(w, n, N, K);
     const uint8_t* row = w + n * K;
     int64_t m = 0;
     for (; m + 4 <= M; m += 4) {
@@ -163,6 +164,7 @@ void gemv_int8_int8(const int8_t* xq, const float* xs, int64_t M, int64_t K, con
   for (int64_t i = 0; i < M * K; ++i) xu[i] = uint8_t(xq[i]) ^ 0x80;  // xq + 128
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {
+    prefetch_row_ahead(w, n, N, K);
     const int8_t* row = w + n * K;
     int32_t wsum = 0, dots[4];
     int64_t m = 0;
@@ -178,9 +180,11 @@ void gemv_int8_int8(const int8_t* xq, const float* xs, int64_t M, int64_t K, con
   }
 #else
 #pragma omp parallel for schedule(static)
-  for (int64_t n = 0; n < N; ++n)
+  for (int64_t n = 0; n < N; ++n) {
+    prefetch_row_ahead(w, n, N, K);
     for (int64_t m = 0; m < M; ++m)
       y[m * N + n] = float(dot_int8_int8(xq + m * K, w + n * K, K)) * xs[m] * scale[n];
+  }
 #endif
 }
 

@@ -55,6 +55,18 @@ constexpr int64_t kChunkBytes = 2 * 1024 * 1024;
 
 enum class Fmt { kInt8, kInt4, kFp8 };
 
+// The GEMVs read each weight row once, in order. The hardware prefetcher follows that stream,
+// but asking for the row four ahead as well keeps more cache misses in flight: on SmolLM2's 121
+// int8 x int8 GEMVs of one decode step (134 MB, from memory) 6.3 -> 5.6 ms, 21 -> 24 GB/s on the
+// AVX2 EPYC, two threads (a paired one-off C++ comparison, the variants alternated 100 times;
+// 8 and 16 rows ahead were a little slower than 4, four rows interleaved far slower).
+constexpr int64_t kPrefetchRows = 4;
+inline void prefetch_row_ahead(const void* w, int64_t n, int64_t N, int64_t row_bytes) {
+  if (n + kPrefetchRows >= N) return;
+  const char* p = (const char*)w + (n + kPrefetchRows) * row_bytes;
+  for (int64_t b = 0; b < row_bytes; b += 64) __builtin_prefetch(p + b, 0, 3);
+}
+
 // ---- scalar decoders (reference for the vector paths, and the non-AVX2 build) -------------
 
 inline float fp8_e4m3_to_float(uint8_t b) {
