@@ -46,6 +46,7 @@ from fxquant.passes import cpu
 from fxquant.passes.cpu.common import NATIVE
 from fxquant.passes.cpu.prepack import prepack_table, unique_name
 from fxquant.passes.cpu.siblings import fuse_siblings
+from fxquant.passes.plan import node_value
 
 # The CPU tables as registered (by ``passes/cpu/``), for tests and tools: the semantic ops'
 # aten lowerings, the ``fxquant::cpu_*`` device ops' (what the aten prepack emits), and the
@@ -163,8 +164,7 @@ def drop_no_ops(graph: fx.Graph) -> int:
 
 
 def _same_dtype(node: fx.Node) -> bool:
-    src, out = node.args[0], node.meta.get("val")
-    val = src.meta.get("val") if isinstance(src, fx.Node) else None
+    val, out = node_value(node.args[0]), node_value(node)
     # only the plain cast: copy=True or a memory format asks for a new tensor
     plain = len(node.args) <= 3 and not node.kwargs
     # an output stays a node of its own (it must not become the program's input)
