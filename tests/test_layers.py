@@ -4,7 +4,11 @@
    may import its own layer or lower ones, lazily or not, and no set of modules may import each
    other in a circle.
 2. Every path a docstring or comment names (``passes/lower.py``, ``docs/checkpoints.md``)
-   exists (a benchmark's output under ``benchmarks/results/`` once its script has run).
+   exists (a benchmark's output under ``benchmarks/results/`` once its script has run); the
+   three packages' paths are named from ``src/``, where they live.
+3. The checkout's root holds no package: Python started there (``python -m pytest``) puts the
+   root on ``sys.path``, and a ``kernels/`` folder there would hide the ``kernels``
+   distribution that transformers imports.
 """
 
 from __future__ import annotations
@@ -14,8 +18,9 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = {"fxquant": ROOT / "fxquant", "fxquant.passes": ROOT / "passes",
-            "fxquant.kernels": ROOT / "kernels"}  # fmt: skip
+SRC = ROOT / "src"
+PACKAGES = {"fxquant": SRC / "fxquant", "fxquant.passes": SRC / "passes",
+            "fxquant.kernels": SRC / "kernels"}  # fmt: skip
 
 # Lowest first. A module belongs to the first entry that is it or its package.
 LAYERS = [
@@ -145,9 +150,15 @@ def test_every_path_the_source_names_exists():
                     continue
                 if ref.startswith("benchmarks/results/"):  # written when its script runs
                     continue
-                if not (ROOT / ref).exists():
+                base = SRC if ref.partition("/")[0] in ("fxquant", "passes", "kernels") else ROOT
+                if not (base / ref).exists():
                     missing.append(f"{path.relative_to(ROOT)} names {ref}")
     assert not missing, "\n".join(missing)
+
+
+def test_the_root_holds_no_package():
+    shadowing = sorted(p.parent.name for p in ROOT.glob("*/__init__.py"))
+    assert not shadowing, f"packages at the checkout's root (move them under src/): {shadowing}"
 
 
 def test_every_package_is_installed():
