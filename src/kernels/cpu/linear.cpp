@@ -92,10 +92,6 @@ struct Handles {  // owns up to four AtenTensorHandle references
   }
 };
 
-}  // namespace
-
-// y [M, N] = x [M, K] (fp32) @ dequant(w)^T, a chunk of weight rows at a time: the chunk is
-// written to a buffer that stays in cache, and ATen's mm (MKL) writes y's columns in place.
 // The dequantized chunk, one buffer per thread kept between calls: a fresh std::vector of
 // 2 MiB per call is an mmap, a page fault per 4 KiB and a memset every time. With this and the
 // equal chunks below, SmolLM2's q/k/v and down_proj shapes at M = 128 went from a median 0.80
@@ -110,9 +106,14 @@ float* chunk_buffer(int64_t n) {
   return buf.get();
 }
 
+}  // namespace
+
+// y [M, N] = x [M, K] (fp32) @ dequant(w)^T, a chunk of weight rows at a time: the chunk is
+// written to a buffer that stays in cache, and ATen's mm (MKL) writes y's columns in place.
 AOTITorchError gemm_chunked(Fmt fmt, const float* x, int64_t M, int64_t K, const uint8_t* w,
                             int64_t N, const float* scale, const float* offset, int64_t group,
                             float* y) {
+  if (M == 0 || N == 0) return AOTI_TORCH_SUCCESS;
   // as few chunks as fit kChunkBytes, of equal width (a multiple of 16): a last sliver of a few
   // columns would be a GEMM MKL runs at a fraction of its speed
   const int64_t cap = std::max<int64_t>(16, kChunkBytes / (4 * std::max<int64_t>(K, 1)));
