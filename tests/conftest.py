@@ -18,6 +18,21 @@ if not torch.cuda.is_available():
 import torch.nn.functional as F
 from torch import nn
 
+# The checkout's root holds kernels/ (installed as fxquant.kernels), and transformers imports the
+# Hugging Face distribution named `kernels`: Python with the root on sys.path imports ours in its
+# place and every model load fails. `python -m pytest` puts the root there (and pytest-xdist
+# hands the controller's sys.path to its workers), and the tests' `python -c` / `-m`
+# subprocesses run in the root: take it off here, and keep it off in the children (PYTHONSAFEPATH:
+# no script directory or working directory on sys.path). fxquant itself imports through its
+# installed finder either way.
+ROOT = os.path.realpath(os.path.join(os.path.dirname(__file__), os.pardir))
+sys.path[:] = [p for p in sys.path if os.path.realpath(p or os.curdir) != ROOT]
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    if p and os.path.realpath(p) != ROOT
+)  # fmt: skip
+os.environ["PYTHONSAFEPATH"] = "1"
+
 # pytest-xdist runs one worker per core, and each worker's torch would start one OpenMP thread
 # per core: oversubscribed, the threads spin-wait on each other (the 200-step fp32 training
 # fixture took 128 s beside a busy worker, 11 s alone). One core's share of threads per worker,

@@ -20,7 +20,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "adding_a_scheme.md"
-# where each folder under src/ lands in an installed tree
+# where each top folder of the repo lands in an installed tree
 INSTALLED = {"fxquant": "fxquant", "passes": "fxquant/passes", "kernels": "fxquant/kernels"}
 
 CHECK = textwrap.dedent(
@@ -87,9 +87,8 @@ def test_the_doc_names_three_files_one_per_layer():
 def test_the_docs_three_files_make_a_working_scheme(tmp_path):
     pytest.importorskip("triton")
     tree = tmp_path / "tree"
-    for top, dst in INSTALLED.items():
-        skip = shutil.ignore_patterns("__pycache__")
-        shutil.copytree(ROOT / "src" / top, tree / dst, ignore=skip)
+    for src, dst in INSTALLED.items():
+        shutil.copytree(ROOT / src, tree / dst, ignore=shutil.ignore_patterns("__pycache__"))
     for path, body in _blocks().items():
         top, _, rest = path.partition("/")
         target = tree / INSTALLED[top] / rest

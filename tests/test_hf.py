@@ -51,13 +51,13 @@ def test_every_config_has_an_entry_and_the_docs_are_current():
     if f"transformers {transformers.__version__};" not in text:
         pytest.skip(
             f"docs/hf_configs.md was made for another transformers than "
-            f"{transformers.__version__}: check the fields and regenerate (python -m fxquant.hf)"
+            f"{transformers.__version__}: check the fields and regenerate (python -P -m fxquant.hf)"
         )
     fields = transformers_fields()
     for entry in HF_CONFIGS.values():
         if entry["status"] != "refused":  # every field of a config that maps says how
             assert set(entry["fields"]) == set(fields[entry["class"]]), entry["class"]
-    assert text == docs_table(fields, transformers.__version__), "python -m fxquant.hf"
+    assert text == docs_table(fields, transformers.__version__), "python -P -m fxquant.hf"
 
 
 @pytest.mark.parametrize(

@@ -1,26 +1,25 @@
-"""The house's rules, checked by reading the source (no imports run).
+"""The house's rules, checked by reading the source (no imports run, but in 3).
 
 1. Imports point down. The layers, lowest first, are written once here (``LAYERS``); a module
    may import its own layer or lower ones, lazily or not, and no set of modules may import each
    other in a circle.
 2. Every path a docstring or comment names (``passes/lower.py``, ``docs/checkpoints.md``)
-   exists (a benchmark's output under ``benchmarks/results/`` once its script has run); the
-   three packages' paths are named from ``src/``, where they live.
-3. The checkout's root holds no package: Python started there (``python -m pytest``) puts the
-   root on ``sys.path``, and a ``kernels/`` folder there would hide the ``kernels``
-   distribution that transformers imports.
+   exists (a benchmark's output under ``benchmarks/results/`` once its script has run).
+3. Python that the tests start in the checkout's root cannot import our ``kernels/`` as the
+   ``kernels`` distribution transformers imports (conftest.py keeps the root off sys.path).
 """
 
 from __future__ import annotations
 
 import ast
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SRC = ROOT / "src"
-PACKAGES = {"fxquant": SRC / "fxquant", "fxquant.passes": SRC / "passes",
-            "fxquant.kernels": SRC / "kernels"}  # fmt: skip
+PACKAGES = {"fxquant": ROOT / "fxquant", "fxquant.passes": ROOT / "passes",
+            "fxquant.kernels": ROOT / "kernels"}  # fmt: skip
 
 # Lowest first. A module belongs to the first entry that is it or its package.
 LAYERS = [
@@ -150,15 +149,23 @@ def test_every_path_the_source_names_exists():
                     continue
                 if ref.startswith("benchmarks/results/"):  # written when its script runs
                     continue
-                base = SRC if ref.partition("/")[0] in ("fxquant", "passes", "kernels") else ROOT
-                if not (base / ref).exists():
+                if not (ROOT / ref).exists():
                     missing.append(f"{path.relative_to(ROOT)} names {ref}")
     assert not missing, "\n".join(missing)
 
 
-def test_the_root_holds_no_package():
-    shadowing = sorted(p.parent.name for p in ROOT.glob("*/__init__.py"))
-    assert not shadowing, f"packages at the checkout's root (move them under src/): {shadowing}"
+def test_python_started_in_the_root_cannot_import_our_kernels_as_kernels():
+    """kernels/ sits at the checkout's root (it installs as fxquant.kernels); transformers imports
+    the Hugging Face distribution named ``kernels``. conftest.py keeps the root off sys.path
+    here and in the children the tests start in the root (PYTHONSAFEPATH)."""
+    probe = "import importlib.util as u; s = u.find_spec('kernels'); print(s and s.origin)"
+    for args in (["-c", probe], ["-m", "fxquant.hf"]):
+        run = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True)
+        assert run.returncode == 0, run.stderr[-2000:]
+        if args[0] == "-c":
+            origin = run.stdout.strip()
+            assert origin != str(ROOT / "kernels" / "__init__.py"), origin
+    assert not any(Path(p or ".").resolve() == ROOT for p in sys.path)
 
 
 def test_every_package_is_installed():

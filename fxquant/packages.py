@@ -366,6 +366,8 @@ def build_packages(
 
     from tqdm.auto import tqdm
 
+    from fxquant.core.paths import cache_root
+
     out: dict[str, BuiltPackage] = {}
     todo = {}
     for name, config in configs.items():
@@ -396,6 +398,8 @@ def build_packages(
         kernels.result()
     jobs = jobs or (os.cpu_count() or 1) + 1
     logs = Path(tempfile.mkdtemp(prefix="fxquant-build-"))
+    # the children run in `logs` (below): paths they are given are absolute
+    env = {**os.environ, "FXQUANT_CACHE_DIR": str(cache_root().absolute())}
     pending = list(todo.items())
     running: dict[str, tuple[subprocess.Popen, float, Path]] = {}
     desc = f"building {len(todo)} package(s), {min(jobs, len(todo))} at a time"
@@ -407,7 +411,7 @@ def build_packages(
                     sys.executable,
                     "-m",
                     "fxquant.packages",
-                    str(source),
+                    str(Path(source).absolute()),
                     "--max-cache-len",
                     str(max_cache_len),
                     "--max-batch",
@@ -420,7 +424,12 @@ def build_packages(
                     cmd += ["--config", cfg.to_json()]
                 log = logs / f"build-{len(out) + len(running)}.log"
                 with open(log, "w") as f:
-                    proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT)
+                    # run from the log folder: `-m` puts the working directory on sys.path,
+                    # and in a checkout's root that holds kernels/, which would stand in for
+                    # the `kernels` distribution transformers imports (the source is absolute)
+                    proc = subprocess.Popen(
+                        cmd, stdout=f, stderr=subprocess.STDOUT, cwd=logs, env=env
+                    )
                 running[name] = (proc, time.time(), log)
                 bar.set_postfix_str(", ".join(running))
             time.sleep(0.5)

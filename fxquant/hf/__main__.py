@@ -1,4 +1,4 @@
-"""``python -m fxquant.hf > docs/hf_configs.md``: the table of every Hugging Face quantization
+"""``python -P -m fxquant.hf > docs/hf_configs.md``: the table of every Hugging Face quantization
 config and field, for the installed transformers."""
 
 import transformers

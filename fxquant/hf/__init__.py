@@ -16,7 +16,7 @@ their rows say "Approximated" and how, and mapping them warns (``ApproximationWa
 GPTQConfig and AwqConfig choose their weights from data: ``calibration_from_hf`` returns the
 config *and* the calibration method for ``fxquant.calibrate``; ``from_hf`` refuses them,
 pointing there. ``HF_CONFIGS`` says, per config and per field, how it is honoured;
-docs/hf_configs.md is generated from it (``python -m fxquant.hf > docs/hf_configs.md``) and a
+docs/hf_configs.md is generated from it (``python -P -m fxquant.hf > docs/hf_configs.md``) and a
 test checks it covers every field transformers defines.
 
 One module per method or small family, each holding its ``HF_CONFIGS`` entry right beside its
