@@ -178,29 +178,56 @@ def _perplexity(pkg, token_ids: torch.Tensor, tokens: int) -> float:
 
 
 @torch.no_grad()
-def _speed(
-    pkg, prompt: torch.Tensor, new_tokens: int, follow: list[int] | None = None
-) -> tuple[float, float, list[int]]:
-    """(prefill tok/s, decode tok/s, greedy ids): median of 3 prefills; median decode step.
+def _speeds(
+    pkgs: dict, prompt: torch.Tensor, new_tokens: int, *, rounds: int = 5
+) -> tuple[dict[str, tuple[float, float, list[int]]], dict[str, str]]:
+    """Prefill and decode every package side by side: ``({name: (prefill tok/s, decode tok/s,
+    greedy ids)}, {name: error})``.
 
-    With ``follow`` (fp32's greedy ids) each step is fed fp32's token instead of its own
-    (teacher forcing), so the ids say where the two argmaxes agree at every step, not only up to
-    the first difference; the work per step is the same either way.
+    Each round times one prefill of every package in turn (median of ``rounds``), and each
+    decode step steps every package in turn (median step): a slow spell of a shared machine,
+    which lasts seconds, falls on all of them alike instead of on whichever ran then (measured
+    one package after another, int8's prefill ratio to fp32 read 0.74 and 1.07 in two runs).
+
+    When fp32 (the first package) runs, every package is fed fp32's greedy token at each step
+    (teacher forcing), so the ids say where the argmaxes agree at every step, not only up to the
+    first difference; the work per step is the same either way.
     """
     n = prompt.shape[1]
-    pre = []
-    for _ in range(3):
-        t0 = time.perf_counter()
-        logits = pkg(prompt, torch.arange(n))
-        pre.append(time.perf_counter() - t0)
-    ids, steps = [int(logits[0, -1].argmax())], []
+    live = list(pkgs)
+    errors: dict[str, str] = {}
+    pre: dict[str, list[float]] = {k: [] for k in live}
+    steps: dict[str, list[float]] = {k: [] for k in live}
+    ids: dict[str, list[int]] = {k: [] for k in live}
+
+    def timed(name: str, times: dict[str, list[float]], *args) -> torch.Tensor | None:
+        try:
+            t0 = time.perf_counter()
+            out = pkgs[name](*args)
+            times[name].append(time.perf_counter() - t0)
+            return out
+        except Exception as exc:  # noqa: BLE001 - the variant's row reports it
+            errors[name] = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
+            live.remove(name)
+            return None
+
+    for _ in range(rounds):
+        for name in list(live):
+            logits = timed(name, pre, prompt, torch.arange(n))
+            if logits is not None:
+                ids[name] = [int(logits[0, -1].argmax())]
+    lead = "fp32" if "fp32" in live else None
     for i in range(new_tokens - 1):
-        fed = ids[-1] if follow is None else follow[i]
-        t0 = time.perf_counter()
-        logits = pkg(torch.tensor([[fed]]), torch.tensor([n + i]))
-        steps.append(time.perf_counter() - t0)
-        ids.append(int(logits[0, -1].argmax()))
-    return n / statistics.median(pre), 1.0 / statistics.median(steps), ids
+        fed_lead = ids[lead][i] if lead in live else None
+        for name in list(live):
+            fed = ids[name][-1] if fed_lead is None else fed_lead
+            logits = timed(name, steps, torch.tensor([[fed]]), torch.tensor([n + i]))
+            if logits is not None:
+                ids[name].append(int(logits[0, -1].argmax()))
+    speeds = {
+        k: (n / statistics.median(pre[k]), 1.0 / statistics.median(steps[k]), ids[k]) for k in live
+    }
+    return speeds, errors
 
 
 def _table(rows: list[DemoRow], *, tokens: int, new_tokens: int) -> str:
@@ -267,31 +294,36 @@ def run_demo(
     token_ids = torch.tensor(tokenizer(assets.lee_text("background")).input_ids[:tokens])
     prompt_ids = torch.tensor([tokenizer(assets.lee_text("test")).input_ids[:_PROMPT_TOKENS]])
 
-    rows: list[DemoRow] = []
-    for name in variants:
-        row = DemoRow(name)
+    by_name = {name: DemoRow(name) for name in variants}
+    pkgs = {}
+    for name, row in by_name.items():
         try:
             b = built[name]
             row.from_cache, row.build_s = not b.built, b.build_s or None
             row.package_bytes = b.path.stat().st_size
             pkg = LLMPackage(b.path)
             row.ppl = _perplexity(pkg, token_ids, tokens)
-            follow = rows[0].greedy if rows and rows[0].name == "fp32" and rows[0].greedy else None
-            row.prefill_tokens_per_s, row.decode_tokens_per_s, row.greedy = _speed(
-                pkg, prompt_ids, new_tokens, follow
-            )
+            pkgs[name] = pkg
+        except Exception as exc:  # noqa: BLE001 - reported in the table and re-raised below
+            row.error = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
+            _say(f"[{name}] FAILED: {row.error}")
+    # all of them loaded at once (about 1 GiB): timed side by side, see _speeds
+    speeds, errors = _speeds(pkgs, prompt_ids, new_tokens)
+    for name, row in by_name.items():
+        if name in errors:
+            row.error = errors[name]
+            _say(f"[{name}] FAILED: {row.error}")
+        elif name in speeds:
+            row.prefill_tokens_per_s, row.decode_tokens_per_s, row.greedy = speeds[name]
             how = "from the cache" if row.from_cache else f"built in {row.build_s:.0f} s"
             _say(
                 f"[{name}] package {_mb(row.package_bytes)} MiB ({how}), ppl {row.ppl:.2f}, "
                 f"prefill {row.prefill_tokens_per_s:.0f} tok/s, decode "
                 f"{row.decode_tokens_per_s:.1f} tok/s"
             )
-            del pkg
-        except Exception as exc:  # noqa: BLE001 - reported in the table and re-raised below
-            row.error = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
-            _say(f"[{name}] FAILED: {row.error}")
-        rows.append(row)
-        gc.collect()  # a loaded package holds its weights: free one before the next
+    del pkgs
+    gc.collect()  # the loaded packages hold their weights
+    rows = list(by_name.values())
 
     print()
     print(_table(rows, tokens=min(tokens, token_ids.numel()), new_tokens=new_tokens))
