@@ -266,7 +266,7 @@ MIXED_CONFIG = QuantConfig(
 
 @pytest.fixture(scope="module")
 def mixed_program():
-    from tests.conftest import TinyLlama
+    from conftest import TinyLlama
 
     torch.manual_seed(0)
     model = TinyLlama().eval()
