@@ -50,7 +50,14 @@ print(json.dumps(time.perf_counter() - t0))
 
 
 def _load_s(path: Path, how: str, part: str, cache: Path) -> float:
-    env = {**os.environ, "FXQUANT_CACHE_DIR": str(cache), "HF_HUB_OFFLINE": "1"}
+    # PYTHONSAFEPATH: `-c` in the checkout's root would put the root, and its kernels/, on
+    # sys.path in place of the `kernels` distribution transformers imports
+    env = {
+        **os.environ,
+        "FXQUANT_CACHE_DIR": str(cache),
+        "HF_HUB_OFFLINE": "1",
+        "PYTHONSAFEPATH": "1",
+    }
     out = subprocess.run(
         [sys.executable, "-c", _CHILD, str(path), how, part],
         capture_output=True,
