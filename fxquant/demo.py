@@ -155,6 +155,11 @@ def _say(msg: str) -> None:
     tqdm.write(msg)  # keeps a progress bar at the bottom intact
 
 
+def _error(exc: Exception) -> str:
+    # a failed variant's table cell: the exception's type and first line
+    return f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
+
+
 def _common_prefix(a: DemoRow, b: DemoRow) -> int:
     # Leading tokens equal to fp32's: what free-running greedy decoding would share with fp32
     n = min(len(a.greedy), len(b.greedy))
@@ -207,7 +212,7 @@ def _speeds(
             times[name].append(time.perf_counter() - t0)
             return out
         except Exception as exc:  # noqa: BLE001 - the variant's row reports it
-            errors[name] = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
+            errors[name] = _error(exc)
             live.remove(name)
             return None
 
@@ -305,7 +310,7 @@ def run_demo(
             row.ppl = _perplexity(pkg, token_ids, tokens)
             pkgs[name] = pkg
         except Exception as exc:  # noqa: BLE001 - reported in the table and re-raised below
-            row.error = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
+            row.error = _error(exc)
             _say(f"[{name}] FAILED: {row.error}")
     # all of them loaded at once (about 1 GiB): timed side by side, see _speeds
     speeds, errors = _speeds(pkgs, prompt_ids, new_tokens)
