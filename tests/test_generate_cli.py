@@ -56,18 +56,28 @@ def _fxquant(*args, cache, timeout=900):
     )
 
 
-def test_quantize_llm_then_generate_from_the_package(tiny_model_dir, tmp_path):
-    model_dir, gguf = tiny_model_dir
-    pkg = tmp_path / "q.pt2"
+@pytest.fixture(scope="module")
+def int8_package(tiny_model_dir, tmp_path_factory):
+    """``fxquant quantize --llm --aoti``: one package for the serving tests (an AOTInductor build
+    is ~45 s of this file's time on two cores); returns (package, quantize's stdout, cache)."""
+    model_dir, _ = tiny_model_dir
+    cache = tmp_path_factory.mktemp("cache")
+    pkg = cache / "q.pt2"
     out = _fxquant(
         "quantize", str(model_dir), "--recipe", "int8wo+lm_head", "--llm",
-        "--max-cache-len", "64", "--aoti", str(pkg), cache=tmp_path,
+        "--max-cache-len", "64", "--aoti", str(pkg), cache=cache,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr[-3000:]
-    assert "15 of 15 linear layers quantized" in out.stdout  # lm_head included
+    return pkg, out.stdout, cache
+
+
+def test_quantize_llm_then_generate_from_the_package(tiny_model_dir, int8_package):
+    _, gguf = tiny_model_dir
+    pkg, stdout, cache = int8_package
+    assert "15 of 15 linear layers quantized" in stdout  # lm_head included
     gen = _fxquant(
         "generate", str(pkg), "--tokenizer", str(gguf), "--prompt", "Once upon a time",
-        "--max-new-tokens", "8", cache=tmp_path,
+        "--max-new-tokens", "8", cache=cache,
     )  # fmt: skip
     assert gen.returncode == 0, gen.stderr[-3000:]
     lines = gen.stdout.strip().splitlines()
@@ -76,20 +86,15 @@ def test_quantize_llm_then_generate_from_the_package(tiny_model_dir, tmp_path):
     # too long for the package's cache: a clear error, nothing run
     long = _fxquant(
         "generate", str(pkg), "--tokenizer", str(gguf), "--prompt", "word " * 70,
-        "--max-new-tokens", "8", cache=tmp_path,
+        "--max-new-tokens", "8", cache=cache,
     )  # fmt: skip
     assert long.returncode != 0 and "max_cache_len=64" in long.stderr
     assert "Traceback" not in long.stderr
 
 
-def test_serving_a_package_imports_no_passes(tiny_model_dir, tmp_path):
-    model_dir, gguf = tiny_model_dir
-    pkg = tmp_path / "q.pt2"
-    out = _fxquant(
-        "quantize", str(model_dir), "--recipe", "int4wo-32", "--llm", "--max-cache-len", "32",
-        "--aoti", str(pkg), cache=tmp_path,
-    )  # fmt: skip
-    assert out.returncode == 0, out.stderr[-3000:]
+def test_serving_a_package_imports_no_passes(tiny_model_dir, int8_package, tmp_path):
+    _, gguf = tiny_model_dir
+    pkg, _, _ = int8_package
     script = textwrap.dedent(
         f"""
         import sys
