@@ -30,6 +30,7 @@ from fxquant.core.row import LayerRow
 from fxquant.passes.plan import LayerPlan, Site, find_sites, plan_sites
 from fxquant.passes.rewrite import COPIED_META, DynamoEditor, _row, counters
 from fxquant.training.autocast import has_regions, region_of
+from fxquant.training.fsdp import ALL_GATHER_ATTR
 from fxquant.training.layers import fp8_linear_names
 from fxquant.training.numerics import float8_training_linear, gemm_kind, missing_gemm
 from fxquant.training.state import state_for
@@ -56,6 +57,25 @@ def uses_float8_training(config: QuantConfig) -> bool:
             f"({', '.join(others)}); use None to keep layers in high precision"
         )
     return bool(fp8)
+
+
+def _all_gather_extra(root: torch.nn.Module | None, name: str) -> dict:
+    """The row keys for the layer ``name``'s FSDP2 all-gather, as
+    :func:`fxquant.training.fsdp.enable_fsdp_float8_all_gather` chose it (none when it was not
+    called): the graph FSDP hands Dynamo holds the gathered weight, not that choice."""
+    if root is None:
+        return {}
+    try:
+        module = root.get_submodule(name) if name else root
+    except AttributeError:
+        return {}
+    tag = getattr(module, ALL_GATHER_ATTR, None)
+    if tag is None:
+        return {}
+    extra = {"all_gather": tag["all_gather"]}
+    if tag.get("reason"):
+        extra["all_gather_reason"] = tag["reason"]
+    return extra
 
 
 def root_and_linears(gm: fx.GraphModule):
@@ -295,6 +315,9 @@ def float8_regions(
     index = {p.site.node: i for i, p in enumerate(delayed)}
     for plan in plans:
         row = _row(plan)
+        gather = _all_gather_extra(root, plan.name)
+        if gather:
+            row = row.replace(extra={**row.extra, **gather})
         if plan.scheme is None:
             rows.append(row)
             continue

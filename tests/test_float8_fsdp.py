@@ -18,7 +18,7 @@ import _fsdp_worker as w
 import pytest
 import torch
 
-from fxquant import Float8Recipe
+from fxquant import Float8Recipe, QuantConfig
 from fxquant.training.fsdp import Float8AllGatherWeight, enable_fsdp_float8_all_gather
 
 # The FSDP run and its single-process reference (see _fsdp_worker.single_process) take the same
@@ -155,6 +155,28 @@ def test_uneven_weights_keep_the_high_precision_all_gather():
     torch.testing.assert_close(
         model.blocks[1].fc2(x), x @ weight._data.T + model.blocks[1].fc2.bias
     )
+
+
+def test_the_fp8_training_rows_say_which_all_gather_each_layer_has():
+    # one process, no fully_shard: the rows come from the FP8 training pass, which reads the
+    # choice off each module (the graph under FSDP2 holds the gathered weight, not the choice)
+    from fxquant.backend import last_reports
+
+    model = w.make_model()
+    recipe = Float8Recipe(scaling="current")
+    enable_fsdp_float8_all_gather(model, recipe=recipe, world_size=3)
+    config = QuantConfig(scheme=recipe, modules_to_not_convert=())
+    compiled = torch.compile(model, backend="fxquant", options={"config": config})
+    compiled(torch.randn(4, w.D)).sum().backward()
+    rows = {r["name"]: r for r in last_reports[-1]}
+    assert rows["blocks.1.fc2"]["all_gather"] == "fp8"
+    assert "all_gather_reason" not in rows["blocks.1.fc2"]
+    fc1 = rows["blocks.0.fc1"]
+    assert fc1["all_gather"] == "high precision"
+    assert fc1["all_gather_reason"] == (
+        "dim 0 (128) does not shard evenly over 3 ranks; high-precision all-gather"
+    )
+    torch._dynamo.reset()
 
 
 @slow

@@ -29,7 +29,9 @@ fp8 data and scale into the GEMM directly (torchao's ``Float8TrainingTensor`` do
 save the dequantize, the fp32 unsharded weight and the second cast, and allow delayed scaling.
 
 A weight whose dim 0 does not split evenly over the ranks keeps the high-precision all-gather
-(FSDP pads such shards; the fp8 path here does not pad) and its row says so.
+(FSDP pads such shards; the fp8 path here does not pad) and its row says so: in the rows
+:func:`enable_fsdp_float8_all_gather` returns, and as ``all_gather`` / ``all_gather_reason`` in
+the layer's FP8 training report row (``fxquant.backend.last_reports``).
 """
 
 from __future__ import annotations
@@ -45,7 +47,12 @@ from fxquant.core.config import Float8Recipe
 from fxquant.core.reference import EPS
 from fxquant.training.numerics import E4M3, fp8_max
 
-__all__ = ["Float8AllGatherWeight", "enable_fsdp_float8_all_gather"]
+# Each Linear's all-gather as enable_fsdp_float8_all_gather chose it, kept on the module
+# (``{"all_gather": "fp8" | "high precision", "reason": ...}``): the FP8 training pass copies it
+# into the layer's report row (fxquant.passes.float8_regions).
+ALL_GATHER_ATTR = "_fxquant_all_gather"
+
+__all__ = ["ALL_GATHER_ATTR", "Float8AllGatherWeight", "enable_fsdp_float8_all_gather"]
 
 aten = torch.ops.aten
 
@@ -200,13 +207,16 @@ def enable_fsdp_float8_all_gather(
         if not isinstance(module, nn.Linear):
             continue
         if module_filter is not None and not module_filter(module, fqn):
-            rows.append({"name": fqn, "all_gather": "high precision", "reason": "filtered out"})
-            continue
-        reason = _fallback_reason(module, world_size)
-        if reason is not None:
-            rows.append({"name": fqn, "all_gather": "high precision", "reason": reason})
-            continue
-        w = module.weight
-        module.weight = nn.Parameter(Float8AllGatherWeight(w.data), requires_grad=w.requires_grad)
-        rows.append({"name": fqn, "all_gather": "fp8", "reason": ""})
+            reason = "filtered out"
+        else:
+            reason = _fallback_reason(module, world_size)
+        if reason is None:
+            w = module.weight
+            module.weight = nn.Parameter(
+                Float8AllGatherWeight(w.data), requires_grad=w.requires_grad
+            )
+        tag = {"all_gather": "fp8" if reason is None else "high precision", "reason": reason or ""}
+        # the FP8 training rows (fxquant.backend.last_reports) read it from the module
+        setattr(module, ALL_GATHER_ATTR, tag)
+        rows.append({"name": fqn, **tag})
     return rows
