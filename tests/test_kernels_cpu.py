@@ -96,8 +96,9 @@ def test_int8_scaled_is_exact_in_the_gemv(m, n, k):
     got = fxq.native_int8_scaled_linear(xq, xs.reshape(-1), q, s)
     want = ref.int8_scaled_linear(xq, xs, q, s, out_dtype=torch.float32)
     # int32 sums of int8 products: exact, then the same two fp32 multiplies, in the GEMV and in
-    # AVX2's tiled GEMM; without AVX2, past 64 rows, the chunked path dequantizes to fp32 first
-    if m <= 64 or torch.cpu._is_avx2_supported():
+    # the panel GEMMs (AVX2, AVX-512 VNNI); without AVX2, past 3 rows, the chunked path
+    # dequantizes to fp32 first
+    if m <= 3 or torch.cpu._is_avx2_supported():
         assert torch.equal(got, want)
     else:
         _close(got, want)
@@ -107,9 +108,12 @@ def test_int8_scaled_is_exact_in_the_gemv(m, n, k):
     ("m", "n", "k"), [(9, 3, 33), (130, 5, 4160), (70, 301, 576), (10, 200, 130), (17, 48, 64)]
 )
 def test_int8_scaled_gemm_tiles_and_blocks_are_exact(m, n, k):
-    # AVX2's panel GEMM: row tails of its 3-row tiles, panels of fewer than 8 columns and blocks
-    # ending in 1 or 2 panels, K not a multiple of 4 (padded quads) or of 32 (the transposing
-    # pack's tail), and several panel blocks per thread (K = 4160: one panel a block)
+    # The panel GEMMs. AVX2's: row tails of its 3-row tiles, panels of fewer than 8 columns and
+    # blocks ending in 1 or 2 panels, K not a multiple of 4 (padded quads) or of 32 (the
+    # transposing pack's tail), and several panel blocks per thread (K = 4160: one panel a
+    # block). AVX-512 VNNI's (from 3 rows): row tails of its 6-row tiles, 16-column panels cut
+    # short (301, 200, 3 and 5 columns), groups of fewer than 4 panels, blocks rounded up to the
+    # threads (70 x 301) and rows split per thread instead (130 x 5: one block)
     g = torch.Generator().manual_seed(m + n + k)
     xq = torch.randint(-127, 128, (m, k), dtype=torch.int8, generator=g)
     w = torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=g)

@@ -4,6 +4,8 @@
 
 #include "native.h"
 
+#include <omp.h>
+
 namespace fxq {
 namespace {
 
@@ -206,8 +208,10 @@ void gemv_int8_int8(const int8_t* xq, const float* xs, int64_t M, int64_t K, con
 // per-model figures).
 
 // One panel from `rows` (<= 8) weight rows: K4 = ceil(K / 4) quads of 32 bytes, byte
-// [g * 32 + c * 4 + t] = w[c, 4g + t]; missing rows and k past K are zeros (they add nothing)
-inline void pack_panel(const int8_t* w, int64_t K, int64_t rows, __m256i* out) {
+// [g * 32 + c * 4 + t] = w[c, 4g + t]; missing rows and k past K are zeros (they add nothing).
+// Quad g goes to out[g * stride] (stride 2: one half of the VNNI GEMM's 16-column panel).
+inline void pack_panel(const int8_t* w, int64_t K, int64_t rows, __m256i* out,
+                       int64_t stride = 1) {
   const int64_t K4 = (K + 3) / 4;
   int64_t k = 0;
   if (rows == 8)
@@ -215,7 +219,7 @@ inline void pack_panel(const int8_t* w, int64_t K, int64_t rows, __m256i* out) {
       __m256i r[8];
       for (int c = 0; c < 8; ++c) r[c] = _mm256_loadu_si256((const __m256i*)(w + c * K + k));
       transpose8x8_epi32(r);
-      for (int g = 0; g < 8; ++g) _mm256_store_si256(out + k / 4 + g, r[g]);
+      for (int g = 0; g < 8; ++g) _mm256_store_si256(out + (k / 4 + g) * stride, r[g]);
     }
   for (int64_t g = k / 4; g < K4; ++g) {
     alignas(32) int8_t q[32];
@@ -224,7 +228,7 @@ inline void pack_panel(const int8_t* w, int64_t K, int64_t rows, __m256i* out) {
         const int64_t kk = g * 4 + t;
         q[c * 4 + t] = c < rows && kk < K ? w[c * K + kk] : 0;
       }
-    out[g] = _mm256_load_si256((const __m256i*)q);
+    out[g * stride] = _mm256_load_si256((const __m256i*)q);
   }
 }
 
@@ -267,8 +271,135 @@ inline void panel_tile_n(int64_t panels, const int8_t* x, int64_t ldx, const __m
   if (panels == 1) panel_tile<R, 1>(x, ldx, wp, K4, xs, scale, y, N, n0);
 }
 
+#ifdef FXQ_VNNI512
+// ---- The same GEMM with AVX-512 VNNI ---------------------------------------------------------
+// Panels 16 columns wide (64 bytes per k-quad: the two halves packed as above), and one
+// vpdpbusd adds a broadcast activation quad's 4 products into each of the 16 columns' int32
+// lanes: 64 multiply-adds per instruction where the sign trick takes three for 32. vpdpbusd
+// multiplies unsigned by signed bytes, so the activations enter as xu = xq + 128 and each
+// column's own sum takes the +128 back out, xq . w = xu . w - 128 sum w, exact in int32 as in
+// the VNNI GEMV (whose y this matches bit for bit).
+
+// One 16-column panel from `rows` (<= 16) weight rows, and 128 x each column's sum in `comp`
+inline void pack_panel16(const int8_t* w, int64_t K, int64_t rows, __m512i* out, __m512i* comp) {
+  const int64_t K4 = (K + 3) / 4;
+  pack_panel(w, K, std::min<int64_t>(rows, 8), (__m256i*)out, 2);
+  pack_panel(rows > 8 ? w + 8 * K : w, K, std::max<int64_t>(rows - 8, 0), (__m256i*)out + 1, 2);
+  const __m512i ones = _mm512_set1_epi8(1);
+  __m512i sum = _mm512_setzero_si512();
+  for (int64_t g = 0; g < K4; ++g) sum = _mm512_dpbusd_epi32(sum, ones, out[g]);
+  *comp = _mm512_slli_epi32(sum, 7);
+}
+
+// y[i, 16p + c] for R activation rows (xu, ldx bytes apart) x P panels. The unroll pragmas and
+// the attribute keep the R x P accumulators in registers: without them GCC 12 copied every
+// accumulator out and back once per k-quad, or spilled it (its partial redundancy elimination
+// hoists the loop's loads and leaves no registers; seen in the assembly), and the GEMM ran at
+// half of _int_mm's speed.
+template <int R, int P>
+__attribute__((optimize("no-tree-pre"))) void panel16_tile(const uint8_t* xu, int64_t ldx, const __m512i* wp, const __m512i* comp,
+                         int64_t K4, const float* xs, const float* scale, float* y, int64_t N,
+                         int64_t n0) {
+  __m512i acc[R][P];
+#pragma GCC unroll 8
+  for (int i = 0; i < R; ++i)
+#pragma GCC unroll 8
+    for (int j = 0; j < P; ++j) acc[i][j] = _mm512_setzero_si512();
+  for (int64_t g = 0; g < K4; ++g) {
+    __m512i wv[P];
+#pragma GCC unroll 8
+    for (int j = 0; j < P; ++j) wv[j] = _mm512_load_si512(wp + j * K4 + g);
+#pragma GCC unroll 8
+    for (int i = 0; i < R; ++i) {
+      int32_t quad;
+      std::memcpy(&quad, xu + i * ldx + g * 4, 4);
+      const __m512i xv = _mm512_set1_epi32(quad);
+#pragma GCC unroll 8
+      for (int j = 0; j < P; ++j) acc[i][j] = _mm512_dpbusd_epi32(acc[i][j], xv, wv[j]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int j = 0; j < P; ++j) {
+    const int64_t n = n0 + 16 * j, cols = N - n;
+    const __mmask16 mask = cols >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << cols) - 1);
+    const __m512 sv = _mm512_maskz_loadu_ps(mask, scale + n);
+#pragma GCC unroll 8
+    for (int i = 0; i < R; ++i) {
+      const __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc[i][j], comp[j])),
+                                     _mm512_set1_ps(xs[i]));
+      _mm512_mask_storeu_ps(y + i * N + n, mask, _mm512_mul_ps(v, sv));
+    }
+  }
+}
+
+// up to R rows x up to P panels, both counts runtime values (the last tiles)
+template <int R, int P>
+inline void panel16_tile_n(int64_t rows, int64_t panels, const uint8_t* xu, int64_t ldx,
+                           const __m512i* wp, const __m512i* comp, int64_t K4, const float* xs,
+                           const float* scale, float* y, int64_t N, int64_t n0) {
+  if constexpr (R > 1)
+    if (rows < R)
+      return panel16_tile_n<R - 1, P>(rows, panels, xu, ldx, wp, comp, K4, xs, scale, y, N, n0);
+  if constexpr (P > 1)
+    if (panels < P)
+      return panel16_tile_n<R, P - 1>(rows, panels, xu, ldx, wp, comp, K4, xs, scale, y, N, n0);
+  panel16_tile<R, P>(xu, ldx, wp, comp, K4, xs, scale, y, N, n0);
+}
+
+void gemm_int8_int8_vnni(const int8_t* xq, const float* xs, int64_t M, int64_t K,
+                         const int8_t* w, int64_t N, const float* scale, float* y) {
+  constexpr int R = 6, P = 4;  // 24 accumulators + 4 panel vectors + a broadcast, of 32
+  const int64_t K4 = (K + 3) / 4, panels = (N + 15) / 16;
+  // Work: blocks of whole P-panel groups (up to about 256 KiB, in L2), each packed once and met
+  // by every activation row of its item. With few rows the blocks' count is a multiple of the
+  // threads' (their sizes differ by one group at most); with many, when the blocks do not divide
+  // evenly, the rows are split into one chunk per thread instead and each thread packs every
+  // block for its own rows (the pack is then a small part of the work): a last, partial group
+  // or block would otherwise leave a thread idle.
+  const int64_t threads = omp_get_max_threads();
+  const int64_t groups = (panels + P - 1) / P;
+  const int64_t fit = std::max<int64_t>(1, 256 * 1024 / (K4 * 64 * P));
+  int64_t blocks = (groups + fit - 1) / fit, chunks = 1;
+  if (blocks % threads) {
+    if (M >= 8 * R * threads)
+      chunks = threads;
+    else
+      blocks = (blocks + threads - 1) / threads * threads;
+  }
+  const int64_t block_panels = (groups + blocks - 1) / blocks * P;
+  const int64_t chunk_rows = ((M + chunks - 1) / chunks + R - 1) / R * R;
+  // activations as unsigned bytes, rows padded to whole quads (the padding meets zero weights)
+  const int64_t ldx = K4 * 4;
+  std::vector<uint8_t> xu(M * ldx, 0x80);
+#pragma omp parallel
+  {
+#pragma omp for schedule(static)
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t k = 0; k < K; ++k) xu[m * ldx + k] = uint8_t(xq[m * K + k]) ^ 0x80;
+    std::vector<__m512i> buf(block_panels * K4), comp(block_panels);
+    // chunk-major, so with static scheduling each thread takes one chunk's blocks
+#pragma omp for schedule(static)
+    for (int64_t item = 0; item < chunks * blocks; ++item) {
+      const int64_t b = item % blocks, m0 = item / blocks * chunk_rows;
+      const int64_t m1 = std::min(M, m0 + chunk_rows);
+      // block b: groups [g0, g1), the first groups % blocks blocks one group longer
+      const int64_t g0 = b * (groups / blocks) + std::min(b, groups % blocks);
+      const int64_t g1 = g0 + groups / blocks + (b < groups % blocks);
+      const int64_t p0 = g0 * P, p1 = std::min(panels, g1 * P);
+      for (int64_t p = p0; p < p1; ++p)
+        pack_panel16(w + p * 16 * K, K, std::min<int64_t>(16, N - p * 16), &buf[(p - p0) * K4],
+                     &comp[p - p0]);
+      for (int64_t m = m0; m < m1; m += R)
+        for (int64_t p = p0; p < p1; p += P)
+          panel16_tile_n<R, P>(m1 - m, p1 - p, xu.data() + m * ldx, ldx, &buf[(p - p0) * K4],
+                               &comp[p - p0], K4, xs + m, scale, y + m * N, N, p * 16);
+    }
+  }
+}
+#endif
+
 // y[m, n] = (sum_k xq[m, k] * w[n, k]) * xs[m] * scale[n], for M past the GEMV's limit
-void gemm_int8_int8(const int8_t* xq, const float* xs, int64_t M, int64_t K, const int8_t* w,
+[[maybe_unused]] void gemm_int8_int8(const int8_t* xq, const float* xs, int64_t M, int64_t K, const int8_t* w,
                     int64_t N, const float* scale, float* y) {
   constexpr int R = 3, P = 3;  // 9 accumulators + 3 panel vectors + 4 working registers of 16
   const int64_t K4 = (K + 3) / 4, panels = (N + 7) / 8;
@@ -371,7 +502,10 @@ AOTITorchError aoti_torch_cpu_native_int8_scaled_linear(AtenTensorHandle xq, Ate
   const float* sp = sm.as<float>();
   auto gemv = [&](float* y) { gemv_int8_int8(xp, xsp, M, K, wm.as<int8_t>(), N, sp, y); };
   auto mm = [&](float* y) {
-#ifdef FXQ_AVX2
+#if defined(FXQ_VNNI512)
+    gemm_int8_int8_vnni(xp, xsp, M, K, wm.as<int8_t>(), N, sp, y);
+    return AOTI_TORCH_SUCCESS;
+#elif defined(FXQ_AVX2)
     gemm_int8_int8(xp, xsp, M, K, wm.as<int8_t>(), N, sp, y);
     return AOTI_TORCH_SUCCESS;
 #else

@@ -38,11 +38,12 @@ namespace fxq {
 // (int8_fp8.cpp, int4.cpp); the int8 one overtakes its GEMV from 4 rows, the W4A8 one from 9
 // (Zen 3, SmolLM2's 1536 x 576 and 576 x 1536 and the stack's 4096 x 1024, two threads, one
 // build with the GEMVs and one without them, compared per M: a one-off comparison, not a
-// benchmarks/ script). With AVX-512 VNNI the GEMV's vpdpbusd keeps winning up to 64 rows, past
-// which the dispatch table takes over.
+// benchmarks/ script). With AVX-512 VNNI the int8 x int8 GEMM has 16-column panels and
+// vpdpbusd (int8_fp8.cpp) and overtakes the GEMV from 3 rows (Zen 4, the same shapes and
+// comparison; at 2 rows they tie, at 1 the GEMV's one pass over the weight is 1.5x faster).
 #ifndef FXQ_GEMV_MAX_M
 #ifdef FXQ_VNNI512
-#define FXQ_GEMV_MAX_M 32, 16, 32, 64, 32
+#define FXQ_GEMV_MAX_M 32, 16, 32, 2, 32
 #else
 #define FXQ_GEMV_MAX_M 32, 16, 32, 3, 8
 #endif
