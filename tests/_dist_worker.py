@@ -87,12 +87,16 @@ def _train(model: nn.Module, run, data, *, loss_scale: float = 1.0) -> list[floa
 
 def _finish(model: nn.Module, losses: list[float], reports: list) -> dict:
     # The last step's amaxes sit unreduced in row 0 ("pending") until the next training forward
-    # all-reduces and applies them; run that update now, as the next step would.
+    # all-reduces and applies them; a state saved with all_reduce=True holds them reduced (the
+    # single process has nothing to reduce: the same as without). Then run the update, as the
+    # next step would.
     pending = fp8_state_dict(model)
+    synced = fp8_state_dict(model, all_reduce=True)
     update_states(list(layer_states(model).values()))
     return {
         "losses": losses,
         "pending": pending,
+        "synced": synced,
         "fp8": fp8_state_dict(model),
         "params": {n: p.detach().clone() for n, p in model.named_parameters()},
         # the FP8 layers of each graph the backend compiled for this run, in compile order

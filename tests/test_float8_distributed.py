@@ -79,14 +79,35 @@ def test_ranks_hold_the_same_scales_and_histories(runs):
     assert not differ, differ
 
 
+def test_a_state_saved_with_all_reduce_is_every_ranks(runs):
+    # fp8_state_dict(all_reduce=True) before that update: row 0 already the MAX over ranks, so
+    # the state either rank saves is the same, and resuming from it on any rank makes the update
+    # the next step would have made
+    r0, r1, single = runs
+    s0, s1, p0, p1 = r0["synced"], r1["synced"], r0["pending"], r1["pending"]
+    for k in s0:
+        assert torch.equal(s0[k], s1[k]), k
+        if k.endswith(".amax_history"):
+            assert torch.equal(s0[k][0], torch.maximum(p0[k][0], p1[k][0])), k
+            assert torch.equal(s0[k][1:], p0[k][1:]), k
+        else:
+            assert torch.equal(s0[k], p0[k]), k
+    assert s0["fc1.input.amax_history"][0] > p0["fc1.input.amax_history"][0]
+    for k, v in single["synced"].items():  # one process: nothing to reduce
+        assert torch.equal(v, single["pending"][k]), k
+
+
 def test_amaxes_are_the_elementwise_max_over_ranks(runs):
     r0, r1, _ = runs
     # each step after the first, one MAX all-reduce per graph (its own layers' amaxes); then one
-    # for the final update of all layers
-    assert [len(b) for b, _ in r0["reductions"]] == [5, 10] * (w.STEPS - 1) + [15]
+    # for the state saved with all_reduce=True (all layers), and one for the final update, which
+    # finds the rows already reduced and changes nothing
+    assert [len(b) for b, _ in r0["reductions"]] == [5, 10] * (w.STEPS - 1) + [15, 15]
     assert len(r1["reductions"]) == len(r0["reductions"])
+    (last0, again0), (last1, again1) = r0["reductions"][-1], r1["reductions"][-1]
+    assert torch.equal(last0, last1) and torch.equal(again0, last0) and torch.equal(again1, last0)
     for (before0, after0), (before1, after1) in zip(
-        r0["reductions"], r1["reductions"], strict=True
+        r0["reductions"][:-1], r1["reductions"][:-1], strict=True
     ):
         assert not torch.equal(before0, before1)  # the ranks saw different amaxes
         assert torch.equal(after0, torch.maximum(before0, before1))

@@ -111,9 +111,18 @@ def state_for(weight: torch.Tensor, recipe: Float8Recipe, fqn: str) -> LayerStat
 def update_states(states: list[LayerState]) -> None:
     """Update every pending state, all-reducing their fresh amaxes with MAX first when
     ``torch.distributed`` is initialised, so every rank computes the same scales."""
+    pending = reduce_pending(states)
+    for s in pending:
+        s.update()
+
+
+def reduce_pending(states: list[LayerState]) -> list[LayerState]:
+    """All-reduce the fresh amaxes (history row 0) of the pending ``states`` with MAX across
+    ranks when ``torch.distributed`` is initialised (a collective: every rank calls it, with
+    the same layers pending); returns the pending states. Reducing twice changes nothing."""
     pending = [s for s in dict.fromkeys(states) if s.pending]
     if not pending:
-        return
+        return pending
     dist = torch.distributed
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         rows = torch.cat(
@@ -124,8 +133,7 @@ def update_states(states: list[LayerState]) -> None:
         for s, r in zip(pending, rows.view(len(pending), -1), strict=True):
             s.fwd_amax_history[0].copy_(r[:nf])
             s.bwd_amax_history[0].copy_(r[nf:])
-    for s in pending:
-        s.update()
+    return pending
 
 
 # id(parameter) → (weakref to it, weakref to the module that owns it)
@@ -232,13 +240,23 @@ def layer_states(model: torch.nn.Module) -> dict[str, LayerState]:
     return found
 
 
-def fp8_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+def fp8_state_dict(model: torch.nn.Module, *, all_reduce: bool = False) -> dict[str, torch.Tensor]:
     """The delayed-scaling state of every FP8 layer of ``model`` (or its ``torch.compile``
     wrapper), per layer and role: ``"<layer>.<role>.amax_history"`` ([L]) and
     ``"<layer>.<role>.scale"`` (0-d) for roles input, weight, output, grad_output, grad_input,
-    and ``"<layer>.pending"`` (amaxes recorded but not yet applied). Copies, safe to save."""
+    and ``"<layer>.pending"`` (amaxes recorded but not yet applied). Copies, safe to save.
+
+    Under data parallelism the pending amaxes are each rank's own until the next training step
+    all-reduces them. ``all_reduce=True`` does that all-reduce now (MAX, as the step would; the
+    step's own then changes nothing), so the state saved on one rank is the one every rank
+    holds and a run resumed from it on any number of ranks makes the same next update. It is a
+    collective: call it on every rank (then save on one), never on one rank alone.
+    """
+    states = layer_states(model)
+    if all_reduce:
+        reduce_pending(list(states.values()))
     sd: dict[str, torch.Tensor] = {}
-    for layer, s in layer_states(model).items():
+    for layer, s in states.items():
         metas = (
             (FWD_ROLES, s.fwd_amax_history, s.fwd_scale),
             (BWD_ROLES, s.bwd_amax_history, s.bwd_scale),
