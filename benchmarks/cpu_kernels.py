@@ -14,6 +14,8 @@ class: ``[[largest M it won, candidate], ..., [null, the winner at the largest M
     python benchmarks/cpu_kernels.py                     # ~10 min on 2 cores
     python benchmarks/cpu_kernels.py --ms 1,16,128       # a subset
     python benchmarks/cpu_kernels.py --write-table       # and put this class's plan in the table
+    python benchmarks/cpu_kernels.py --replan results/cpu_kernels_avx2.json --write-table
+                                                         # plans again from saved timings
 
 Writes ``results/cpu_kernels_<class>.json`` (the class: ``passes/cpu/dispatch.py``'s
 ``machine_class()``; the CPU model and ISA flags are recorded beside it).
@@ -106,11 +108,14 @@ def _passes(m: int, weights: dict) -> dict[str, Callable[[], None]]:
 # int8) competes only from this M: prefill and batched serving, where it pays most (~1.8x the
 # weight-only path at M = 128 on AVX2); decode keeps the scheme's own numerics (~10 % there).
 MIN_M = {"int8_act": 16}
+TIE = 0.05
 
 
 def plan(by_m: dict[int, dict[str, float]], op: str) -> list[list]:
     """[[max M, candidate], ..., [None, candidate]]: the fastest candidate at each measured M
-    (of those allowed there: ``MIN_M``), consecutive wins merged."""
+    (of those allowed there: ``MIN_M``), consecutive wins merged; the candidate of the M below
+    keeps an M where it is within ``TIE`` of the fastest (a few percent is this VM's noise,
+    and each switch is one more branch in every package)."""
     ranges: list[list] = []
     for m in sorted(by_m):
         times = {
@@ -119,6 +124,8 @@ def plan(by_m: dict[int, dict[str, float]], op: str) -> list[list]:
             if n.startswith(op + ":") and m >= MIN_M.get(name := n.split(":")[1], 0)
         }
         best = min(times, key=times.get)
+        if ranges and ranges[-1][1] in times and times[ranges[-1][1]] <= (1 + TIE) * times[best]:
+            best = ranges[-1][1]
         if ranges and ranges[-1][1] == best:
             ranges[-1][0] = m
         else:
@@ -146,7 +153,22 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--write-table", action="store_true", help="update dispatch_table.json")
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument(
+        "--replan", type=Path, default=None, help="no measuring: the plans from a results JSON"
+    )
     a = ap.parse_args()
+    if a.replan is not None:
+        saved = json.loads(a.replan.read_text())
+        by_m: dict[int, dict[str, float]] = {}
+        for r in saved["results"]:
+            by_m.setdefault(r["M"], {})[r["candidate"]] = r["median_ms"]
+        saved["plans"] = {op: plan(by_m, op) for op in CANDIDATES}
+        for op, p in saved["plans"].items():
+            print(f"{op}: {p}")
+        write_results(saved, a.replan)
+        if a.write_table:
+            write_table(saved["machine"]["cpu_class"], saved["plans"])
+        return
     if not native.available():
         raise SystemExit(f"the native CPU kernels did not build: {native.unavailable_reason()}")
     torch.set_num_threads(2)

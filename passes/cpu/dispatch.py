@@ -178,8 +178,13 @@ def _run(plan, m, candidates, args) -> Tensor:
 
     small = branch(lambda a: candidates[name](*a))
     large = branch(lambda a: _run(rest, m, candidates, a))
+    operands = tuple(args[i] for i in slots)
+    if torch.compiler.is_dynamo_compiling():
+        # a plan of three or more ranges: this cond sits in the outer one's large branch, which
+        # Dynamo is tracing under the outer patch (and cannot trace the patch itself)
+        return torch.cond(m <= max_m, small, large, operands)
     # As the CUDA lowering's torch.cond (kernels/gemm.py): Dynamo traces every branch from this
     # same code, and automatic-dynamic would lift an int that differs between two GEMMs (a
     # group size) into the operands, which export's placeholder naming cannot take.
     with torch._dynamo.config.patch(automatic_dynamic_shapes=False):
-        return torch.cond(m <= max_m, small, large, tuple(args[i] for i in slots))
+        return torch.cond(m <= max_m, small, large, operands)
