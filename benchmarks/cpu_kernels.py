@@ -14,7 +14,7 @@ class: ``[[largest M it won, candidate], ..., [null, the winner at the largest M
     python benchmarks/cpu_kernels.py                     # ~10 min on 2 cores
     python benchmarks/cpu_kernels.py --ms 1,16,128       # a subset
     python benchmarks/cpu_kernels.py --write-table       # and put this class's plan in the table
-    python benchmarks/cpu_kernels.py --replan results/cpu_kernels_avx2.json --write-table
+    python benchmarks/cpu_kernels.py --replan benchmarks/results/cpu_kernels_avx2.json --write-table
                                                          # plans again from saved timings
 
 Writes ``results/cpu_kernels_<class>.json`` (the class: ``passes/cpu/dispatch.py``'s
