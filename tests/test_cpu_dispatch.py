@@ -209,6 +209,21 @@ def test_one_package_serves_decode_and_prefill(forced, tmp_path):
         assert sqnr(qep.module()(x), pkg(x)) >= _floor("int4wo-64", name), (m, name)
 
 
+def test_the_backend_dispatches_an_unbacked_m(forced):
+    # torch.compile(backend="fxquant") with M unbacked, one graph for every M: int4's three
+    # ranges nest a cond in the first one's large branch, whose boundary reads M off the
+    # branch's own operand (the outer trace's unbacked M cannot enter it)
+    model, qep = _quantized("int4wo-64")
+    torch._dynamo.reset()
+    run = torch.compile(model, backend="fxquant", options={"config": "int4wo-64"})
+    for m, name in ((1, "native"), (20, "int8_act"), (96, "bf16")):
+        x = torch.randn(m, 128)
+        torch._dynamo.decorators.mark_unbacked(x, 0)
+        with torch.no_grad():
+            got = run(x)
+        assert sqnr(qep.module()(x), got) >= _floor("int4wo-64", name), (m, name)
+
+
 def test_the_report_says_which_kernel_each_layer_gets(monkeypatch):
     if not cpu.available():
         pytest.skip("the dispatch chooses among the native kernels, which did not build here")

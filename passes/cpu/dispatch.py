@@ -146,9 +146,9 @@ def kernel_plan(op: str, scheme: Mapping | None = None, machine: str | None = No
 def by_m(op_name: str, m, candidates: Mapping[str, Callable[..., Tensor]], *args) -> Tensor:
     """``candidates[name](*args)`` for the candidate the table picks at ``m`` rows.
 
-    ``args`` are the op's arguments (tensors, None, numbers); a dynamic ``m`` puts each
-    boundary under ``torch.cond``, whose branches take the tensor arguments as operands and
-    close over the rest.
+    ``args`` are the op's arguments (tensors, None, numbers), the first the [M, K] activation
+    (``m`` is its row count); a dynamic ``m`` puts each boundary under ``torch.cond``, whose
+    branches take the tensor arguments as operands and close over the rest.
     """
     plan = plan_for(op_name)
     missing = [name for _, name in plan if name not in candidates]
@@ -177,7 +177,9 @@ def _run(plan, m, candidates, args) -> Tensor:
         return call
 
     small = branch(lambda a: candidates[name](*a))
-    large = branch(lambda a: _run(rest, m, candidates, a))
+    # the next boundary reads M off the branch's own activation (args[0], M rows), not the
+    # closure: an unbacked M (torch.compile's mark_unbacked) cannot enter a branch's trace
+    large = branch(lambda a: _run(rest, a[0].shape[0], candidates, a))
     operands = tuple(args[i] for i in slots)
     if torch.compiler.is_dynamo_compiling():
         # a plan of three or more ranges: this cond sits in the outer one's large branch, which
