@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -112,26 +113,50 @@ TIE = 0.05
 
 
 def plan(by_m: dict[int, dict[str, float]], op: str) -> list[list]:
-    """[[max M, candidate], ..., [None, candidate]]: the fastest candidate at each measured M
-    (of those allowed there: ``MIN_M``), consecutive wins merged; the candidate of the M below
-    keeps an M where it is within ``TIE`` of the fastest (a few percent is this VM's noise,
-    and each switch is one more branch in every package)."""
-    ranges: list[list] = []
-    for m in sorted(by_m):
-        times = {
-            name: t
-            for n, t in by_m[m].items()
-            if n.startswith(op + ":") and m >= MIN_M.get(name := n.split(":")[1], 0)
-        }
-        best = min(times, key=times.get)
-        if ranges and ranges[-1][1] in times and times[ranges[-1][1]] <= (1 + TIE) * times[best]:
-            best = ranges[-1][1]
-        if ranges and ranges[-1][1] == best:
-            ranges[-1][0] = m
-        else:
-            ranges.append([m, best])
-    ranges[-1][0] = None
-    return ranges
+    """``[[max M, candidate], [None, candidate]]`` or ``[[None, candidate]]``: at most one
+    boundary. Each boundary is a ``torch.cond`` on M around every call of the GEMM, which costs
+    at every M, not only where the second candidate wins: it keeps Inductor from fusing across
+    the call and adds the branch's handles (an A/B of AOTInductor packages of the benchmark
+    stack on the Zen 4, interleaved: +7 % a call at M = 1 for one boundary, +25 % for two). Of
+    the plans with one candidate, or two and a boundary at a measured M (a candidate serving no
+    M below its ``MIN_M``), the one whose time over the measured M's, each as a ratio to the
+    fastest candidate there, has the smallest geometric mean; a boundary must buy more than
+    ``TIE`` of that mean. Decode first: the plan's candidate at the smallest M (one token a
+    call, what an LLM spends most calls on) is within ``TIE`` of the fastest there."""
+    ms = sorted(by_m)
+    times = {
+        m: {n.split(":")[1]: t for n, t in by_m[m].items() if n.startswith(op + ":")} for m in ms
+    }
+    names = list(times[ms[0]])
+
+    def allowed(name: str, m: int) -> bool:
+        return m >= MIN_M.get(name, 0)
+
+    best = {m: min(t for n, t in times[m].items() if allowed(n, m)) for m in ms}
+
+    def score(pick) -> float | None:  # pick(m) -> candidate; None when a pick is not allowed
+        total = 0.0
+        for m in ms:
+            name = pick(m)
+            if not allowed(name, m):
+                return None
+            total += math.log(times[m][name] / best[m])
+        return math.exp(total / len(ms))
+
+    plans = []  # (score, plan)
+    for a in names:
+        if times[ms[0]][a] > (1 + TIE) * best[ms[0]] or not allowed(a, ms[0]):
+            continue
+        if (sc := score(lambda m, a=a: a)) is not None:
+            plans.append((sc * (1 + TIE), [[None, a]]))
+        for b in names:
+            for bound in ms[:-1]:
+                if a == b:
+                    continue
+                sc = score(lambda m, a=a, b=b, bound=bound: a if m <= bound else b)
+                if sc is not None:
+                    plans.append((sc * (1 + 2 * TIE), [[bound, a], [None, b]]))
+    return min(plans, key=lambda p: p[0])[1]
 
 
 def write_table(cls: str, plans: dict[str, list[list]]) -> None:
