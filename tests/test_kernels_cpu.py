@@ -259,12 +259,21 @@ def test_int8_int4_groups_of_256_at_the_extremes_do_not_saturate():
 
 @pytest.mark.parametrize(
     ("m", "n", "k", "group"),
-    [(129, 13, 64, 32), (130, 40, 576, 64), (200, 17, 2048, 128), (131, 24, 256, 256)],
+    [
+        (129, 13, 64, 32),
+        (130, 40, 576, 64),
+        (200, 17, 2048, 128),
+        (131, 24, 256, 256),
+        (41, 200, 128, 32),
+        (97, 301, 512, 128),
+    ],
 )
 def test_int8_int4_gemm_panels_and_blocks(m, n, k, group):
-    # past the GEMV's 8 rows (AVX2: the packed-panel GEMM): row tails of its 3-row tiles,
-    # panels of fewer than 8 columns, blocks ending in one panel, every group size, and (K =
-    # 2048) one panel pair a block
+    # past the GEMV's rows, the packed-panel GEMMs. AVX2's: row tails of its 3-row tiles, panels
+    # of fewer than 8 columns, blocks ending in one panel, every group size, and (K = 2048) one
+    # panel pair a block. AVX-512 VNNI's: row tails of its 4-row tiles, 16-column panels cut
+    # short, tiles of fewer than 3 panels, blocks rounded up to the threads and cut at single
+    # panels (41 x 200: 13 panels) and rows split per thread (97 x 301, 200 x 17)
     _check_w4a8(m, n, k, group, symmetric=False, seed=m + n + k)
 
 

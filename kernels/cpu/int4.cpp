@@ -5,6 +5,8 @@
 
 #include "native.h"
 
+#include <omp.h>
+
 namespace fxq {
 namespace {
 
@@ -308,21 +310,23 @@ void gemv_int4_int8_b(const int8_t* xp, const float* xs, int64_t M, int64_t K, c
 // group's scale once per group, with the offset term (offset[g] * sum of the group's xq): the
 // same products and fp32 terms as the GEMV, summed in another order.
 
-// one panel of `rows` (<= 8) weight rows of the kernel layout (K / 2 bytes each)
+// one panel of `rows` (<= 8) weight rows of the kernel layout (K / 2 bytes each): quad q of its
+// codes to codes[q * stride], group g's scales and offsets to ps / po[g * width + c] (stride 2
+// and width 16: one half of the VNNI GEMM's 16-column panel)
 inline void pack_int4_panel(const uint8_t* w, int64_t K, int64_t rows, const float* scale,
-                            const float* offset, int64_t G, __m256i* codes, float* ps,
-                            float* po) {
+                            const float* offset, int64_t G, __m256i* codes, float* ps, float* po,
+                            int64_t stride = 1, int64_t width = 8) {
   for (int64_t k = 0; k < K; k += 32) {
     __m256i r[8];
     for (int c = 0; c < 8; ++c)
       r[c] = c < rows ? nibbles32(w + c * (K / 2) + k / 2) : _mm256_setzero_si256();
     transpose8x8_epi32(r);
-    for (int q = 0; q < 8; ++q) _mm256_store_si256(codes + k / 4 + q, r[q]);
+    for (int q = 0; q < 8; ++q) _mm256_store_si256(codes + (k / 4 + q) * stride, r[q]);
   }
   for (int64_t g = 0; g < G; ++g)
     for (int c = 0; c < 8; ++c) {
-      ps[g * 8 + c] = c < rows ? scale[c * G + g] : 0.f;
-      po[g * 8 + c] = c < rows ? offset[c * G + g] : 0.f;
+      ps[g * width + c] = c < rows ? scale[c * G + g] : 0.f;
+      po[g * width + c] = c < rows ? offset[c * G + g] : 0.f;
     }
 }
 
@@ -388,8 +392,9 @@ inline void int4_panel_tile_n(int64_t panels, const int8_t* x, int64_t K, const 
 }
 
 // y[m, n] = xs[m] * sum_k xq[m, k] * (u[n, k] * scale[n, g] + offset[n, g]) past the GEMV's rows
-void gemm_int4_int8(const int8_t* xq, const float* xs, int64_t M, int64_t K, const uint8_t* w,
-                    int64_t N, const float* scale, const float* offset, int64_t group, float* y) {
+[[maybe_unused]] void gemm_int4_int8(const int8_t* xq, const float* xs, int64_t M, int64_t K,
+                                     const uint8_t* w, int64_t N, const float* scale,
+                                     const float* offset, int64_t group, float* y) {
   constexpr int R = 3, P = 2;  // 6 int16 + 6 int32 accumulators + 2 panel vectors of 16
   const int64_t K4 = K / 4, G = K / group, panels = (N + 7) / 8;
   const std::vector<float> xsum = group_sums<int32_t>(xq, M, K, group);  // exact in fp32
@@ -423,6 +428,128 @@ void gemm_int4_int8(const int8_t* xq, const float* xs, int64_t M, int64_t K, con
             for (int64_t i = m; i < M; ++i)
               int4_panel_tile_n<1>(np, xq + i * K, K, c, s, o, K4, G, group,
                                    xsum.data() + i * G, xs + i, y + i * N, N, p * 8);
+        }
+    }
+  }
+}
+#endif
+
+#ifdef FXQ_VNNI512
+// ---- The W4A8 GEMM with AVX-512 VNNI ---------------------------------------------------------
+// Panels 16 columns wide (the two 8-column halves packed as above, side by side), and vpdpbusd,
+// whose unsigned operand the codes are and whose signed one xq is: 4 products into each of the
+// 16 columns' int32 lanes, 64 a instruction where AVX2 takes two for 32, summed exactly over the
+// whole group (at most 256 * 15 * 127 < 2^31). Per group the sums meet the group's scale once,
+// with the offset term, as in the AVX2 GEMM (the same fp32 operations in the same order).
+
+// One 16-column panel from `rows` (<= 16) weight rows: codes [K4] and ps / po [G][16]
+inline void pack_int4_panel16(const uint8_t* w, int64_t K, int64_t rows, const float* scale,
+                              const float* offset, int64_t G, __m512i* codes, float* ps,
+                              float* po) {
+  pack_int4_panel(w, K, std::min<int64_t>(rows, 8), scale, offset, G, (__m256i*)codes, ps, po, 2,
+                  16);
+  const int64_t more = std::max<int64_t>(rows - 8, 0), n8 = rows > 8 ? 8 : 0;
+  pack_int4_panel(w + n8 * (K / 2), K, more, scale + n8 * G, offset + n8 * G, G,
+                  (__m256i*)codes + 1, ps + 8, po + 8, 2, 16);
+}
+
+// y[i, 16p + c] for R activation rows (xq, K apart) x P panels; xsum [R][G] the rows' group
+// sums of xq. Unrolled, and without tree-PRE, for the register allocation (int8_fp8.cpp's VNNI
+// tile says why).
+template <int R, int P>
+__attribute__((optimize("no-tree-pre"))) void int4_panel16_tile(
+    const int8_t* x, int64_t K, const __m512i* codes, const float* ps, const float* po,
+    int64_t K4, int64_t G, int64_t group, const float* xsum, const float* xs, float* y, int64_t N,
+    int64_t n0) {
+  __m512 acc[R][P];
+#pragma GCC unroll 8
+  for (int i = 0; i < R; ++i)
+#pragma GCC unroll 8
+    for (int j = 0; j < P; ++j) acc[i][j] = _mm512_setzero_ps();
+  const int64_t Q = group / 4;  // quads a group
+  for (int64_t g = 0; g < G; ++g) {
+    __m512i s[R][P];
+#pragma GCC unroll 8
+    for (int i = 0; i < R; ++i)
+#pragma GCC unroll 8
+      for (int j = 0; j < P; ++j) s[i][j] = _mm512_setzero_si512();
+    for (int64_t q = g * Q; q < (g + 1) * Q; ++q) {
+      __m512i wv[P];
+#pragma GCC unroll 8
+      for (int j = 0; j < P; ++j) wv[j] = _mm512_load_si512(codes + j * K4 + q);
+#pragma GCC unroll 8
+      for (int i = 0; i < R; ++i) {
+        int32_t quad;
+        std::memcpy(&quad, x + i * K + q * 4, 4);
+        const __m512i xv = _mm512_set1_epi32(quad);
+#pragma GCC unroll 8
+        for (int j = 0; j < P; ++j) s[i][j] = _mm512_dpbusd_epi32(s[i][j], wv[j], xv);
+      }
+    }
+#pragma GCC unroll 8
+    for (int j = 0; j < P; ++j) {
+      const __m512 sv = _mm512_loadu_ps(ps + (j * G + g) * 16);
+      const __m512 ov = _mm512_loadu_ps(po + (j * G + g) * 16);
+#pragma GCC unroll 8
+      for (int i = 0; i < R; ++i) {
+        acc[i][j] = _mm512_fmadd_ps(sv, _mm512_cvtepi32_ps(s[i][j]), acc[i][j]);
+        acc[i][j] = _mm512_fmadd_ps(ov, _mm512_set1_ps(xsum[i * G + g]), acc[i][j]);
+      }
+    }
+  }
+#pragma GCC unroll 8
+  for (int j = 0; j < P; ++j) {
+    const int64_t n = n0 + 16 * j, cols = N - n;
+    const __mmask16 mask = cols >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << cols) - 1);
+#pragma GCC unroll 8
+    for (int i = 0; i < R; ++i)
+      _mm512_mask_storeu_ps(y + i * N + n, mask, _mm512_mul_ps(acc[i][j], _mm512_set1_ps(xs[i])));
+  }
+}
+
+// up to R rows x up to P panels, both counts runtime values (the last tiles)
+template <int R, int P>
+inline void int4_panel16_tile_n(int64_t rows, int64_t panels, const int8_t* x, int64_t K,
+                                const __m512i* codes, const float* ps, const float* po,
+                                int64_t K4, int64_t G, int64_t group, const float* xsum,
+                                const float* xs, float* y, int64_t N, int64_t n0) {
+  if constexpr (R > 1)
+    if (rows < R)
+      return int4_panel16_tile_n<R - 1, P>(rows, panels, x, K, codes, ps, po, K4, G, group, xsum,
+                                           xs, y, N, n0);
+  if constexpr (P > 1)
+    if (panels < P)
+      return int4_panel16_tile_n<R, P - 1>(rows, panels, x, K, codes, ps, po, K4, G, group, xsum,
+                                           xs, y, N, n0);
+  int4_panel16_tile<R, P>(x, K, codes, ps, po, K4, G, group, xsum, xs, y, N, n0);
+}
+
+void gemm_int4_int8_vnni(const int8_t* xq, const float* xs, int64_t M, int64_t K,
+                         const uint8_t* w, int64_t N, const float* scale, const float* offset,
+                         int64_t group, float* y) {
+  constexpr int R = 4, P = 3;  // 12 fp32 + 12 int32 accumulators + 3 panel vectors, of 32
+  const int64_t K4 = K / 4, G = K / group, panels = (N + 15) / 16;
+  const std::vector<float> xsum = group_sums<int32_t>(xq, M, K, group);  // exact in fp32
+  const PanelWork work(panels, K4 * 64, M, P, R, omp_get_max_threads());
+#pragma omp parallel
+  {
+    std::vector<__m512i> codes(work.block_panels * K4);
+    std::vector<float> ps(work.block_panels * G * 16), po(work.block_panels * G * 16);
+#pragma omp for schedule(static)
+    for (int64_t item = 0; item < work.items(); ++item) {
+      int64_t p0, p1, m0, m1;
+      work.item(item, M, &p0, &p1, &m0, &m1);
+      for (int64_t p = p0; p < p1; ++p) {
+        const int64_t n = p * 16, i0 = p - p0;
+        pack_int4_panel16(w + n * (K / 2), K, std::min<int64_t>(16, N - n), scale + n * G,
+                          offset + n * G, G, &codes[i0 * K4], &ps[i0 * G * 16], &po[i0 * G * 16]);
+      }
+      for (int64_t m = m0; m < m1; m += R)
+        for (int64_t p = p0; p < p1; p += P) {
+          const int64_t i0 = p - p0;
+          int4_panel16_tile_n<R, P>(m1 - m, p1 - p, xq + m * K, K, &codes[i0 * K4],
+                                    &ps[i0 * G * 16], &po[i0 * G * 16], K4, G, group,
+                                    xsum.data() + m * G, xs + m, y + m * N, N, p * 16);
         }
     }
   }
@@ -504,7 +631,10 @@ AOTITorchError aoti_torch_cpu_native_int8_int4_linear(AtenTensorHandle xq, AtenT
   const float* op = om.as<float>();
   auto gemv = [&](float* y) { gemv_int4_int8(xp, xsp, M, K, wp, N, sp, op, group_size, y); };
   auto mm = [&](float* y) {
-#ifdef FXQ_AVX2
+#if defined(FXQ_VNNI512)
+    gemm_int4_int8_vnni(xp, xsp, M, K, wp, N, sp, op, group_size, y);
+    return AOTI_TORCH_SUCCESS;
+#elif defined(FXQ_AVX2)
     gemm_int4_int8(xp, xsp, M, K, wp, N, sp, op, group_size, y);
     return AOTI_TORCH_SUCCESS;
 #else

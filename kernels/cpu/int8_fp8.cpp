@@ -354,28 +354,7 @@ void gemm_int8_int8_vnni(const int8_t* xq, const float* xs, int64_t M, int64_t K
                          const int8_t* w, int64_t N, const float* scale, float* y) {
   constexpr int R = 6, P = 4;  // 24 accumulators + 4 panel vectors + a broadcast, of 32
   const int64_t K4 = (K + 3) / 4, panels = (N + 15) / 16;
-  // Work: blocks of panels (up to about 256 KiB, in L2), each packed once and met by every
-  // activation row of its item, in whole P-panel groups. When the groups do not divide evenly
-  // over the threads: with many rows, the rows are split into one chunk per thread and each
-  // thread packs every block for its own rows (the pack then a small part of the work); with
-  // few, the blocks' count is rounded up to the threads' and the blocks are cut at single
-  // panels (sizes differ by one panel at most; a short last group costs less than an idle
-  // thread: k and v's 12 panels are 3 groups).
-  const int64_t threads = omp_get_max_threads();
-  const int64_t groups = (panels + P - 1) / P;
-  const int64_t fit = std::max<int64_t>(1, 256 * 1024 / (K4 * 64 * P));
-  int64_t blocks = (groups + fit - 1) / fit, chunks = 1, unit = P;
-  if (blocks % threads || groups % blocks) {
-    if (M >= 8 * R * threads) {
-      chunks = threads;
-    } else {
-      blocks = (blocks + threads - 1) / threads * threads;
-      if (groups % blocks) unit = 1;
-    }
-  }
-  const int64_t units = (panels + unit - 1) / unit;
-  const int64_t block_panels = (units + blocks - 1) / blocks * unit;
-  const int64_t chunk_rows = ((M + chunks - 1) / chunks + R - 1) / R * R;
+  const PanelWork work(panels, K4 * 64, M, P, R, omp_get_max_threads());
   // activations as unsigned bytes, rows padded to whole quads (the padding meets zero weights)
   const int64_t ldx = K4 * 4;
   std::vector<uint8_t> xu(M * ldx, 0x80);
@@ -384,16 +363,11 @@ void gemm_int8_int8_vnni(const int8_t* xq, const float* xs, int64_t M, int64_t K
 #pragma omp for schedule(static)
     for (int64_t m = 0; m < M; ++m)
       for (int64_t k = 0; k < K; ++k) xu[m * ldx + k] = uint8_t(xq[m * K + k]) ^ 0x80;
-    std::vector<__m512i> buf(block_panels * K4), comp(block_panels);
-    // chunk-major, so with static scheduling each thread takes one chunk's blocks
+    std::vector<__m512i> buf(work.block_panels * K4), comp(work.block_panels);
 #pragma omp for schedule(static)
-    for (int64_t item = 0; item < chunks * blocks; ++item) {
-      const int64_t b = item % blocks, m0 = item / blocks * chunk_rows;
-      const int64_t m1 = std::min(M, m0 + chunk_rows);
-      // block b: units [u0, u1), the first units % blocks blocks one unit longer
-      const int64_t u0 = b * (units / blocks) + std::min(b, units % blocks);
-      const int64_t u1 = u0 + units / blocks + (b < units % blocks);
-      const int64_t p0 = u0 * unit, p1 = std::min(panels, u1 * unit);
+    for (int64_t item = 0; item < work.items(); ++item) {
+      int64_t p0, p1, m0, m1;
+      work.item(item, M, &p0, &p1, &m0, &m1);
       for (int64_t p = p0; p < p1; ++p)
         pack_panel16(w + p * 16 * K, K, std::min<int64_t>(16, N - p * 16), &buf[(p - p0) * K4],
                      &comp[p - p0]);

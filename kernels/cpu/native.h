@@ -38,12 +38,13 @@ namespace fxq {
 // (int8_fp8.cpp, int4.cpp); the int8 one overtakes its GEMV from 4 rows, the W4A8 one from 9
 // (Zen 3, SmolLM2's 1536 x 576 and 576 x 1536 and the stack's 4096 x 1024, two threads, one
 // build with the GEMVs and one without them, compared per M: a one-off comparison, not a
-// benchmarks/ script). With AVX-512 VNNI the int8 x int8 GEMM has 16-column panels and
-// vpdpbusd (int8_fp8.cpp) and overtakes the GEMV from 3 rows (Zen 4, the same shapes and
-// comparison; at 2 rows they tie, at 1 the GEMV's one pass over the weight is 1.5x faster).
+// benchmarks/ script). With AVX-512 VNNI the int8 x int8 and W4A8 GEMMs have 16-column panels
+// and vpdpbusd (int8_fp8.cpp, int4.cpp) and overtake their GEMVs from 3 and 5 rows (Zen 4, the
+// same shapes and comparison; int8 x int8 ties at 2 rows, and at 1 the GEMV's one pass over the
+// weight is 1.5x faster; W4A8 ties at 4 and the GEMM is 1.2-1.8x faster at 8-16).
 #ifndef FXQ_GEMV_MAX_M
 #ifdef FXQ_VNNI512
-#define FXQ_GEMV_MAX_M 32, 16, 32, 2, 32
+#define FXQ_GEMV_MAX_M 32, 16, 32, 2, 4
 #else
 #define FXQ_GEMV_MAX_M 32, 16, 32, 3, 8
 #endif
@@ -175,6 +176,48 @@ inline void int4_row(const uint8_t* row, int64_t K, int64_t group, const float* 
     int4_block(row + k0 / 2, scale[k0 / group], offset[k0 / group],
                [&](int c, auto v) { put(k0 + c, v); });
 }
+
+// ---- The VNNI panel GEMMs' work split (int8_fp8.cpp, int4.cpp) ------------------------------
+// Blocks of 16-column panels (up to about 256 KiB, in L2), each packed once and met by every
+// activation row of its item, in whole groups of `P` panels (one register tile's width). When
+// the groups do not divide evenly over the threads: with many rows, the rows are split into
+// one chunk per thread and each thread packs every block for its own rows (the pack then a
+// small part of the work); with few, the blocks' count is rounded up to the threads' and the
+// blocks are cut at single panels (sizes differ by one panel at most; a short last group
+// costs less than an idle thread: k and v's 12 panels are 3 groups of 4).
+struct PanelWork {
+  int64_t panels, blocks, chunks, unit, units, block_panels, chunk_rows;
+
+  PanelWork(int64_t panels_, int64_t panel_bytes, int64_t M, int P, int R, int64_t threads)
+      : panels(panels_), chunks(1), unit(P) {
+    const int64_t groups = (panels + P - 1) / P;
+    const int64_t fit = std::max<int64_t>(1, 256 * 1024 / (panel_bytes * P));
+    blocks = (groups + fit - 1) / fit;
+    if (blocks % threads || groups % blocks) {
+      if (M >= 8 * R * threads) {
+        chunks = threads;
+      } else {
+        blocks = (blocks + threads - 1) / threads * threads;
+        if (groups % blocks) unit = 1;
+      }
+    }
+    units = (panels + unit - 1) / unit;
+    block_panels = (units + blocks - 1) / blocks * unit;
+    chunk_rows = ((M + chunks - 1) / chunks + R - 1) / R * R;
+  }
+  int64_t items() const { return chunks * blocks; }
+  // item i (chunk-major: with static scheduling each thread takes one chunk's blocks): its
+  // panels [p0, p1) and rows [m0, m1); the first units % blocks blocks one unit longer
+  void item(int64_t i, int64_t M, int64_t* p0, int64_t* p1, int64_t* m0, int64_t* m1) const {
+    const int64_t b = i % blocks;
+    *m0 = i / blocks * chunk_rows;
+    *m1 = std::min(M, *m0 + chunk_rows);
+    const int64_t u0 = b * (units / blocks) + std::min(b, units % blocks);
+    const int64_t u1 = u0 + units / blocks + (b < units % blocks);
+    *p0 = u0 * unit;
+    *p1 = std::min(panels, u1 * unit);
+  }
+};
 
 // ---- Shared by the shims (linear.cpp) ------------------------------------------------------
 
