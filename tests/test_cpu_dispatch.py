@@ -248,7 +248,33 @@ def test_the_report_says_which_kernel_each_layer_gets(monkeypatch):
     wide = dispatch.kernel_plan("intx_weight_only_linear", {"bits": 6, "group_size": 64}, CLASS)
     assert wide == "one lowering at every M (no per-M dispatch)"
     monkeypatch.setenv("FXQUANT_CPU_DISPATCH", "native")
-    assert rep.cpu_kernels(CLASS)[0]["kernel"] == "fxquant native kernel at every M"
+    assert rep.cpu_kernels("avx2")[0]["kernel"] == "fxquant native kernel at every M"
+    # one kernel at every M on a VNNI class: w8a8's weight in that kernel's own layout
+    assert rep.cpu_kernels(CLASS)[0]["kernel"] == (
+        "fxquant native kernel at every M, on a weight prepacked in AVX-512 VNNI panels "
+        "(16 columns x 4 k per 64 bytes)"
+    )
+
+
+@pytest.mark.parametrize("plan", [[[None, "native"]], [[4, "native"], [None, "int_mm"]]])
+def test_w8a8_weight_is_packed_where_one_vnni_kernel_serves_every_m(plan, monkeypatch):
+    if not cpu.available():
+        pytest.skip("the dispatch chooses among the native kernels, which did not build here")
+    monkeypatch.delenv("FXQUANT_CPU_DISPATCH", raising=False)
+    monkeypatch.setattr(dispatch, "table", lambda: {CLASS: {"native_int8_scaled_linear": plan}})
+    _, qep = _quantized("w8a8")
+    for machine, packs in ((CLASS, plan == [[None, "native"]]), ("avx2", False)):
+        monkeypatch.setenv("FXQUANT_CPU_CLASS", machine)
+        lowered = lower(qep)
+        targets = {str(n.target) for n in lowered.graph.nodes}
+        # the fused norm's q/k GEMM and out, each on its packed weight, no cond
+        vnni = {"fxquant.native_int8_scaled_vnni_linear.default"}
+        assert (vnni <= targets) == packs, (machine, plan, targets)
+        # a cond only where the plan has a boundary (avx2's plan here: the native kernel)
+        assert any("cond" in t for t in targets) == (machine == CLASS and not packs)
+        for m in (1, 40):
+            x = torch.randn(m, 128)
+            assert sqnr(qep.module()(x), lowered.module()(x)) >= FLOOR["native"], (machine, m)
 
 
 def test_each_dispatched_gemm_declares_its_candidates_once():

@@ -17,6 +17,7 @@ import torch
 import fxquant.kernels.cpu as native
 from fxquant.core import reference as ref
 from fxquant.core import reference_lowbit as ref_lowbit
+from fxquant.passes.cpu import int8 as _int8  # noqa: F401  (registers the VNNI device ops)
 from fxquant.passes.cpu.float8 import e4m3_values
 from fxquant.passes.cpu.int4 import (  # (registers fxquant::cpu_native_int4_linear)
     dequantize_native_int4,
@@ -124,6 +125,41 @@ def test_int8_scaled_gemm_tiles_and_blocks_are_exact(m, n, k):
         assert torch.equal(got, want)
     else:
         _close(got, want)
+
+
+@pytest.mark.parametrize(
+    ("m", "n", "k"),
+    [(0, 5, 8), (1, 1, 1), (1, 200, 130), (2, 48, 64), (3, 17, 33), (7, 301, 576), (130, 5, 4160)]
+    + [(70, 301, 576), (16, 64, 1024)],
+)
+def test_int8_scaled_on_the_vnni_panels_is_exact(m, n, k):
+    # w8a8's weight prepacked once (prepack_int8_vnni): every M, one row included, is the
+    # exact integer product, bit for bit the unpacked op's; panels cut short, K not a multiple
+    # of 4, row tails, one panel a block (K = 4160). Without VNNI the shim reads the layout
+    # byte by byte: the same integers.
+    g = torch.Generator().manual_seed(m + n + k + 7)
+    xq = torch.randint(-127, 128, (m, k), dtype=torch.int8, generator=g)
+    w = torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=g)
+    xs, s = torch.rand(m, generator=g) + 0.5, torch.rand(n, generator=g) + 0.5
+    panels, comp = native.prepack_int8_vnni(w)
+    got = fxq.native_int8_scaled_vnni_linear(xq, xs, panels, comp, s)
+    want = (xq.long() @ w.long().t()).float() * xs.reshape(-1, 1) * s
+    assert torch.equal(got, want)
+    if torch.cpu._is_avx2_supported() or m <= 3:
+        assert torch.equal(got, fxq.native_int8_scaled_linear(xq, xs, w, s))
+
+
+def test_prepack_int8_vnni_layout():
+    w = torch.arange(-60, 60, dtype=torch.int8).reshape(20, 6)  # 2 panels (one of 4 rows), K4 2
+    panels, comp = native.prepack_int8_vnni(w)
+    assert panels.shape == (2, 2 * 64) and comp.shape == (32,) and comp.dtype == torch.int32
+    padded = torch.zeros(32, 8, dtype=torch.int8)
+    padded[:20, :6] = w
+    for p, g, c, t in ((0, 0, 0, 0), (0, 1, 15, 3), (1, 0, 3, 1), (1, 1, 3, 1), (1, 1, 9, 2)):
+        assert panels[p, g * 64 + 4 * c + t] == padded[16 * p + c, 4 * g + t]
+    assert torch.equal(comp, padded.int().sum(1) * 128)
+    with pytest.raises(ValueError, match="2-D int8 tensor, got torch.float32"):
+        native.prepack_int8_vnni(w.float())
 
 
 @pytest.mark.parametrize("m", MS)
@@ -347,12 +383,18 @@ def test_opcheck():
         ),
     ]
     kw, ks, ko = native.prepack_int4(p, s4, z4, group_size=32)
+    vnni = native.prepack_int8_vnni(q)
     cases.append((fxq.native_int8_int4_linear, (xq, xs.reshape(-1), kw, ks, ko, 32)))
     cases.append((fxq.native_int4_to_bfloat16, (kw, ks, ko, 32)))
+    cases.append((fxq.native_int8_scaled_vnni_linear, (xq, xs.reshape(-1), *vnni, s)))
     cases.append((fxq.native_float8_to_bfloat16, (f8,)))
     x3 = torch.randn(2, 3, 64, generator=g)
     cases.append((fxq.cpu_native_int4_linear, (x3, kw, ks, ko, torch.randn(20), 32, 20)))
     cases.append((fxq.cpu_native_int8_int4_linear, (x3, kw, ks, ko, torch.randn(20), 32, 20)))
+    cases.append((fxq.cpu_native_int8_dynamic_vnni_linear, (x3, *vnni, s, torch.randn(20))))
+    xq3, xs3 = ref.quantize_int8_per_token(x3)
+    args = (xq3, xs3, *vnni, s, None, torch.bfloat16)
+    cases.append((fxq.cpu_native_int8_scaled_vnni_linear, args))
     # SchemaCheckMode compares tensors with allclose, which has no CPU float8 kernel: the fp8 op
     # runs every other opcheck test (as in tests/test_ops.py)
     no_schema = ("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")

@@ -50,6 +50,7 @@ __all__ = [
     "load",
     "pad_columns",
     "prepack_int4",
+    "prepack_int8_vnni",
     "unavailable_reason",
 ]
 
@@ -79,6 +80,14 @@ NATIVE_OPS = {
         "AOTITorchError aoti_torch_cpu_native_int8_scaled_linear(AtenTensorHandle xq, "
         "AtenTensorHandle xs, AtenTensorHandle weight, AtenTensorHandle scale, "
         "AtenTensorHandle* ret0)",
+    ),
+    # w8a8 on a weight packed once for the AVX-512 VNNI GEMM (prepack_int8_vnni)
+    "native_int8_scaled_vnni_linear": (
+        "native_int8_scaled_vnni_linear(Tensor xq, Tensor xs, Tensor weight, Tensor comp, "
+        "Tensor scale) -> Tensor",
+        "AOTITorchError aoti_torch_cpu_native_int8_scaled_vnni_linear(AtenTensorHandle xq, "
+        "AtenTensorHandle xs, AtenTensorHandle weight, AtenTensorHandle comp, "
+        "AtenTensorHandle scale, AtenTensorHandle* ret0)",
     ),
     "native_int4_weight_only_linear": (
         "native_int4_weight_only_linear(Tensor x, Tensor weight, Tensor scale, Tensor offset, "
@@ -127,6 +136,11 @@ torch.library.register_fake("fxquant::native_float8_weight_only_linear", lib=_li
 torch.library.register_fake("fxquant::native_int8_scaled_linear", lib=_lib)(
     lambda xq, xs, weight, scale: _out(xq, weight)
 )
+torch.library.register_fake("fxquant::native_int8_scaled_vnni_linear", lib=_lib)(
+    lambda xq, xs, weight, comp, scale: xq.new_empty(
+        (xq.shape[0], scale.shape[0]), dtype=torch.float32
+    )
+)
 torch.library.register_fake("fxquant::native_int4_weight_only_linear", lib=_lib)(
     lambda x, weight, scale, offset, group_size: _out(x, weight)
 )
@@ -169,6 +183,30 @@ def prepack_int4(
     scale = scale.float().contiguous()
     offset = (-zero.float() * scale).contiguous()
     return kernel, scale, offset
+
+
+VNNI_PANEL = 16  # output columns per panel of the AVX-512 VNNI int8 GEMM (int8_fp8.cpp)
+
+
+def prepack_int8_vnni(weight: Tensor) -> tuple[Tensor, Tensor]:
+    """An int8 weight [N, K] → the AVX-512 VNNI GEMM's layout, once (w8a8 on VNNI machines).
+
+    Out: ``panels`` int8 [ceil(N/16), ceil(K/4) * 64], panel p's 64 bytes at quad g holding
+    w[16p + c, 4g + t] at byte 4c + t (columns and k past the weight are zeros), and ``comp``
+    int32 [16 ceil(N/16)], 128 x each column's sum: the kernel meets the activations as
+    xq + 128 (vpdpbusd's unsigned operand) and takes 128 x sum(w) back out, exactly.
+    """
+    if weight.dtype != torch.int8 or weight.dim() != 2:
+        raise ValueError(
+            f"prepack_int8_vnni: weight must be a 2-D int8 tensor, got {weight.dtype} "
+            f"{tuple(weight.shape)}"
+        )
+    n, k = weight.shape
+    padded = F.pad(weight, (0, -k % 4, 0, -n % VNNI_PANEL))
+    panels, quads = padded.shape[0] // VNNI_PANEL, padded.shape[1] // 4
+    layout = padded.reshape(panels, VNNI_PANEL, quads, 4).permute(0, 2, 1, 3)
+    comp = padded.sum(dim=1, dtype=torch.int32) * 128
+    return layout.reshape(panels, quads * 64).contiguous(), comp.contiguous()
 
 
 def pad_columns(t: Tensor, k: int) -> Tensor:

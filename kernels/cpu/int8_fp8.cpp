@@ -295,7 +295,9 @@ inline void pack_panel16(const int8_t* w, int64_t K, int64_t rows, __m512i* out,
   *comp = _mm512_slli_epi32(sum, 7);
 }
 
-// y[i, 16p + c] for R activation rows (xu, ldx bytes apart) x P panels. The unroll pragmas and
+// y[i, 16p + c] for R activation rows (xu, ldx bytes apart) x P panels (weights and column sums
+// read unaligned: a prepacked weight is a tensor, which promises no 64-byte alignment; on
+// aligned data the unaligned loads cost the same). The unroll pragmas and
 // the attribute keep the R x P accumulators in registers: without them GCC 12 copied every
 // accumulator out and back once per k-quad, or spilled it (its partial redundancy elimination
 // hoists the loop's loads and leaves no registers; seen in the assembly), and the GEMM ran at
@@ -312,7 +314,7 @@ __attribute__((optimize("no-tree-pre"))) void panel16_tile(
   for (int64_t g = 0; g < K4; ++g) {
     __m512i wv[P];
 #pragma GCC unroll 8
-    for (int j = 0; j < P; ++j) wv[j] = _mm512_load_si512(wp + j * K4 + g);
+    for (int j = 0; j < P; ++j) wv[j] = _mm512_loadu_si512(wp + j * K4 + g);
 #pragma GCC unroll 8
     for (int i = 0; i < R; ++i) {
       int32_t quad;
@@ -329,7 +331,8 @@ __attribute__((optimize("no-tree-pre"))) void panel16_tile(
     const __m512 sv = _mm512_maskz_loadu_ps(mask, scale + n);
 #pragma GCC unroll 8
     for (int i = 0; i < R; ++i) {
-      const __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc[i][j], comp[j])),
+      const __m512i c = _mm512_loadu_si512(comp + j);
+      const __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc[i][j], c)),
                                      _mm512_set1_ps(xs[i]));
       _mm512_mask_storeu_ps(y + i * N + n, mask, _mm512_mul_ps(v, sv));
     }
@@ -350,19 +353,25 @@ inline void panel16_tile_n(int64_t rows, int64_t panels, const uint8_t* xu, int6
   panel16_tile<R, P>(xu, ldx, wp, comp, K4, xs, scale, y, N, n0);
 }
 
+// The activations as unsigned bytes (xq + 128), rows padded with 128 to whole quads (the
+// padding meets zero weights)
+std::vector<uint8_t> unsigned_rows(const int8_t* xq, int64_t M, int64_t K, int64_t ldx) {
+  std::vector<uint8_t> xu(M * ldx, 0x80);
+#pragma omp parallel for schedule(static) if (M * K > 65536)
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t k = 0; k < K; ++k) xu[m * ldx + k] = uint8_t(xq[m * K + k]) ^ 0x80;
+  return xu;
+}
+
 void gemm_int8_int8_vnni(const int8_t* xq, const float* xs, int64_t M, int64_t K,
                          const int8_t* w, int64_t N, const float* scale, float* y) {
   constexpr int R = 6, P = 4;  // 24 accumulators + 4 panel vectors + a broadcast, of 32
   const int64_t K4 = (K + 3) / 4, panels = (N + 15) / 16;
   const PanelWork work(panels, K4 * 64, M, P, R, omp_get_max_threads());
-  // activations as unsigned bytes, rows padded to whole quads (the padding meets zero weights)
   const int64_t ldx = K4 * 4;
-  std::vector<uint8_t> xu(M * ldx, 0x80);
+  const std::vector<uint8_t> xu = unsigned_rows(xq, M, K, ldx);
 #pragma omp parallel
   {
-#pragma omp for schedule(static)
-    for (int64_t m = 0; m < M; ++m)
-      for (int64_t k = 0; k < K; ++k) xu[m * ldx + k] = uint8_t(xq[m * K + k]) ^ 0x80;
     std::vector<__m512i> buf(work.block_panels * K4), comp(work.block_panels);
 #pragma omp for schedule(static)
     for (int64_t item = 0; item < work.items(); ++item) {
@@ -376,6 +385,29 @@ void gemm_int8_int8_vnni(const int8_t* xq, const float* xs, int64_t M, int64_t K
           panel16_tile_n<R, P>(m1 - m, p1 - p, xu.data() + m * ldx, ldx, &buf[(p - p0) * K4],
                                &comp[p - p0], K4, xs + m, scale, y + m * N, N, p * 16);
     }
+  }
+}
+
+// The same product on a weight the lowering packed once (fxquant.kernels.cpu.prepack_int8_vnni:
+// the panels pack_panel16 writes, one after another, and their 128 x column sums): no pack per
+// call, so the tiles read the weight where it lies, and at every M, one row included (R = 1 is
+// a GEMV over the panels: one 64-byte load and one vpdpbusd per 64 weights).
+void gemm_int8_int8_vnni_packed(const int8_t* xq, const float* xs, int64_t M, int64_t K,
+                                const __m512i* wp, const __m512i* comp, int64_t N,
+                                const float* scale, float* y) {
+  constexpr int R = 6, P = 4;
+  const int64_t K4 = (K + 3) / 4, panels = (N + 15) / 16;
+  const PanelWork work(panels, K4 * 64, M, P, R, omp_get_max_threads());
+  const int64_t ldx = K4 * 4;
+  const std::vector<uint8_t> xu = unsigned_rows(xq, M, K, ldx);
+#pragma omp parallel for schedule(static)
+  for (int64_t item = 0; item < work.items(); ++item) {
+    int64_t p0, p1, m0, m1;
+    work.item(item, M, &p0, &p1, &m0, &m1);
+    for (int64_t m = m0; m < m1; m += R)
+      for (int64_t p = p0; p < p1; p += P)
+        panel16_tile_n<R, P>(m1 - m, p1 - p, xu.data() + m * ldx, ldx, wp + p * K4, comp + p,
+                             K4, xs + m, scale, y + m * N, N, p * 16);
   }
 }
 #endif
@@ -422,6 +454,23 @@ void gemm_int8_int8_vnni(const int8_t* xq, const float* xs, int64_t M, int64_t K
   }
 }
 #endif
+
+// Without VNNI the packed layout is read one byte at a time (a package built on a VNNI machine
+// never runs here: fxquant.runtime refuses it; this serves tests that force the class)
+[[maybe_unused]] void gemm_int8_int8_packed_scalar(const int8_t* xq, const float* xs, int64_t M,
+                                                   int64_t K, const int8_t* wp, int64_t N,
+                                                   const float* scale, float* y) {
+  const int64_t K4 = (K + 3) / 4;
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    const int8_t* panel = wp + (n / 16) * K4 * 64 + (n % 16) * 4;
+    for (int64_t m = 0; m < M; ++m) {
+      int32_t acc = 0;
+      for (int64_t k = 0; k < K; ++k) acc += int32_t(xq[m * K + k]) * panel[(k / 4) * 64 + k % 4];
+      y[m * N + n] = float(acc) * xs[m] * scale[n];
+    }
+  }
+}
 
 // ---- Shims' shared body: int8 and fp8 weights, fp32 activations ---------------------------
 
@@ -496,6 +545,33 @@ AOTITorchError aoti_torch_cpu_native_int8_scaled_linear(AtenTensorHandle xq, Ate
 #endif
   };
   return run_linear(M, N, kGemvMaxMInt8Int8, ret0, gemv, mm);
+}
+
+AOTITorchError aoti_torch_cpu_native_int8_scaled_vnni_linear(AtenTensorHandle xq,
+                                                             AtenTensorHandle xs,
+                                                             AtenTensorHandle w,
+                                                             AtenTensorHandle comp,
+                                                             AtenTensorHandle scale,
+                                                             AtenTensorHandle* ret0) {
+  Mat xm, xsm, wm, cm, sm;
+  if (!view(xq, 2, aoti_torch_dtype_int8(), &xm) || !view(xs, 1, aoti_torch_dtype_float32(), &xsm) ||
+      !view(w, 2, aoti_torch_dtype_int8(), &wm) || !view(comp, 1, aoti_torch_dtype_int32(), &cm) ||
+      !view(scale, 1, aoti_torch_dtype_float32(), &sm) || xsm.rows != xm.rows)
+    return AOTI_TORCH_FAILURE;
+  const int64_t M = xm.rows, K = xm.cols, N = sm.rows, panels = (N + 15) / 16;
+  if (wm.rows != panels || wm.cols != (K + 3) / 4 * 64 || cm.rows != panels * 16)
+    return AOTI_TORCH_FAILURE;
+  float* y = nullptr;
+  if (AOTITorchError e = new_output(M, N, ret0, &y)) return e;
+  if (M == 0 || N == 0) return AOTI_TORCH_SUCCESS;
+#if defined(FXQ_VNNI512)
+  gemm_int8_int8_vnni_packed(xm.as<int8_t>(), xsm.as<float>(), M, K, wm.as<__m512i>(),
+                             cm.as<__m512i>(), N, sm.as<float>(), y);
+#else
+  gemm_int8_int8_packed_scalar(xm.as<int8_t>(), xsm.as<float>(), M, K, wm.as<int8_t>(), N,
+                               sm.as<float>(), y);
+#endif
+  return AOTI_TORCH_SUCCESS;
 }
 
 }  // extern "C"

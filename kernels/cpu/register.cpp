@@ -16,6 +16,9 @@ AOTITorchError aoti_torch_cpu_native_float8_weight_only_linear(AtenTensorHandle,
 AOTITorchError aoti_torch_cpu_native_int8_scaled_linear(AtenTensorHandle, AtenTensorHandle,
                                                         AtenTensorHandle, AtenTensorHandle,
                                                         AtenTensorHandle*);
+AOTITorchError aoti_torch_cpu_native_int8_scaled_vnni_linear(AtenTensorHandle, AtenTensorHandle,
+                                                             AtenTensorHandle, AtenTensorHandle,
+                                                             AtenTensorHandle, AtenTensorHandle*);
 AOTITorchError aoti_torch_cpu_native_int4_weight_only_linear(AtenTensorHandle, AtenTensorHandle,
                                                              AtenTensorHandle, AtenTensorHandle,
                                                              int64_t, AtenTensorHandle*);
@@ -60,6 +63,13 @@ Tensor int8_scaled(Tensor xq, Tensor xs, Tensor w, Tensor scale) {
   return checked(err, out, "native_int8_scaled_linear");
 }
 
+Tensor int8_scaled_vnni(Tensor xq, Tensor xs, Tensor w, Tensor comp, Tensor scale) {
+  AtenTensorHandle out = nullptr;
+  auto err = aoti_torch_cpu_native_int8_scaled_vnni_linear(xq.get(), xs.get(), w.get(), comp.get(),
+                                                           scale.get(), &out);
+  return checked(err, out, "native_int8_scaled_vnni_linear");
+}
+
 Tensor int4_weight_only(Tensor x, Tensor w, Tensor scale, Tensor offset, int64_t group_size) {
   AtenTensorHandle out = nullptr;
   auto err = aoti_torch_cpu_native_int4_weight_only_linear(x.get(), w.get(), scale.get(),
@@ -94,6 +104,7 @@ STABLE_TORCH_LIBRARY_IMPL(fxquant, CPU, m) {
   m.impl("native_int8_weight_only_linear", TORCH_BOX(&int8_weight_only));
   m.impl("native_float8_weight_only_linear", TORCH_BOX(&float8_weight_only));
   m.impl("native_int8_scaled_linear", TORCH_BOX(&int8_scaled));
+  m.impl("native_int8_scaled_vnni_linear", TORCH_BOX(&int8_scaled_vnni));
   m.impl("native_int4_weight_only_linear", TORCH_BOX(&int4_weight_only));
   m.impl("native_int8_int4_linear", TORCH_BOX(&int8_int4));
   m.impl("native_float8_to_bfloat16", TORCH_BOX(&float8_to_bfloat16));

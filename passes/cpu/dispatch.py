@@ -43,6 +43,8 @@ __all__ = [
     "dispatches",
     "kernel_plan",
     "machine_class",
+    "packed",
+    "packs",
     "plan_for",
     "table",
 ]
@@ -69,6 +71,10 @@ CANDIDATES = {
 # a report can say which kernel a layer gets without lowering it (``dispatches``)
 _DISPATCHED: dict[str, tuple[str, Callable[[Mapping], bool] | None]] = {}
 
+# GEMM (a table key) → (the classes where its native kernel has a layout of its own, that
+# layout in words), declared by the family module that prepacks it (``packs``)
+_PACKED: dict[str, tuple[tuple[str, ...], str]] = {}
+
 # GEMM (a table key) → its candidates {name: rows function}, declared once by the family module
 # whose lowering runs them (``candidates``): the lowering dispatches over them and
 # benchmarks/cpu_kernels.py measures the same functions to write the table
@@ -91,6 +97,23 @@ def dispatches(gemm: str, *ops: str, when: Callable[[Mapping], bool] | None = No
     schemes (``Scheme.to_dict()``) it accepts."""
     for op in ops:
         _DISPATCHED[op] = (gemm, when)
+
+
+def packs(gemm: str, *, classes: tuple[str, ...], layout: str) -> None:
+    """Declare that on ``classes``, where the table runs the GEMM ``gemm``'s native kernel at
+    every M, its family module prepacks the weight into that kernel's own ``layout`` (words,
+    for reports) instead of dispatching by M on the stored one (:func:`packed` says when)."""
+    _PACKED[gemm] = (classes, layout)
+
+
+def packed(gemm: str, machine: str | None = None) -> bool:
+    """Whether the native lowering of ``gemm`` stores its weight in the kernel's own layout on
+    ``machine`` (default: this one): a class that :func:`packs` names, whose plan is the native
+    kernel at every M (one kernel, so one layout; a plan that hands some M to another candidate
+    keeps the layout every candidate reads)."""
+    classes, _ = _PACKED.get(gemm, ((), ""))
+    machine = machine or machine_class()
+    return machine in classes and plan_for(gemm, machine) == [(None, "native")]
 
 
 def machine_class() -> str:
@@ -134,6 +157,8 @@ def kernel_plan(op: str, scheme: Mapping | None = None, machine: str | None = No
     if gemm is None or (when is not None and (scheme is None or not when(scheme))):
         return "one lowering at every M (no per-M dispatch)"
     plan = plan_for(gemm, machine)
+    if packed(gemm, machine):
+        return f"{CANDIDATES['native']} at every M, on a weight prepacked in {_PACKED[gemm][1]}"
     if len(plan) == 1:
         return f"{CANDIDATES[plan[0][1]]} at every M"
     parts = [
