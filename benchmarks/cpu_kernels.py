@@ -60,7 +60,15 @@ def _weights() -> dict[str, list]:
         for w in ws
     ]
     fp8 = [ref.quantize_fp8_per_channel(w) for w in ws]
-    return {"fp32": ws, "bf16": [w.bfloat16() for w in ws], "int8": int8, "fp8": fp8, "int4": int4}
+    vnni = [(*native.prepack_int8_vnni(q), s.float().contiguous()) for q, s in int8]
+    return {
+        "fp32": ws,
+        "bf16": [w.bfloat16() for w in ws],
+        "int8": int8,
+        "fp8": fp8,
+        "int4": int4,
+        "int8_vnni": vnni,
+    }
 
 
 # op → (which weights it reads, its arguments from (x, (xq, xs), stored weight))
@@ -74,6 +82,17 @@ ARGS: dict[str, tuple[str, Callable]] = {
 # op → its candidates: the functions its lowering dispatches over (declared with
 # ``dispatch.candidates`` in passes/cpu/int8.py, float8.py, int4.py)
 CANDIDATES: dict[str, dict[str, Callable]] = {op: dispatch.GEMMS[op] for op in ARGS}
+# op → (weights, arguments, kernel) of its native kernel on the weight layout of its own that
+# the lowering stores where the class's plan is that kernel at every M (``dispatch.packs``);
+# timed as "<op>:native_packed", a plan of its own (see ``plan``)
+PACKED: dict[str, tuple[str, Callable, Callable]] = {
+    "native_int8_scaled_linear": (
+        "int8_vnni",
+        lambda x, xq, w: (*xq, *w),
+        torch.ops.fxquant.native_int8_scaled_vnni_linear,
+    ),
+}
+PACKED_SUFFIX = "_packed"
 
 
 def _passes(m: int, weights: dict) -> dict[str, Callable[[], None]]:
@@ -102,6 +121,9 @@ def _passes(m: int, weights: dict) -> dict[str, Callable[[], None]]:
         each = calls(weights[kind], args)
         for name, fn in cands.items():
             out[f"{op}:{name}"] = run(fn, each)
+        if op in PACKED and dispatch.packs_on(op, dispatch.machine_class()):
+            kind, args, fn = PACKED[op]
+            out[f"{op}:native{PACKED_SUFFIX}"] = run(fn, calls(weights[kind], args))
     return out
 
 
@@ -122,12 +144,16 @@ def plan(by_m: dict[int, dict[str, float]], op: str) -> list[list]:
     M below its ``MIN_M``), the one whose time over the measured M's, each as a ratio to the
     fastest candidate there, has the smallest geometric mean; a boundary must buy more than
     ``TIE`` of that mean. Decode first: the plan's candidate at the smallest M (one token a
-    call, what an LLM spends most calls on) is within ``TIE`` of the fastest there."""
+    call, what an LLM spends most calls on) is within ``TIE`` of the fastest there.
+
+    Where the native kernel has a packed layout of its own on this class (``native_packed``
+    timed), that is one more one-candidate plan, ``[[None, "native"]]``: the lowering packs the
+    weight exactly when the plan is the native kernel at every M."""
     ms = sorted(by_m)
     times = {
         m: {n.split(":")[1]: t for n, t in by_m[m].items() if n.startswith(op + ":")} for m in ms
     }
-    names = list(times[ms[0]])
+    names = [n for n in times[ms[0]] if not n.endswith(PACKED_SUFFIX)]
 
     def allowed(name: str, m: int) -> bool:
         return m >= MIN_M.get(name, 0)
@@ -144,6 +170,9 @@ def plan(by_m: dict[int, dict[str, float]], op: str) -> list[list]:
         return math.exp(total / len(ms))
 
     plans = []  # (score, plan)
+    packed = "native" + PACKED_SUFFIX
+    if packed in times[ms[0]] and times[ms[0]][packed] <= (1 + TIE) * best[ms[0]]:
+        plans.append((score(lambda m: packed) * (1 + TIE), [[None, "native"]]))
     for a in names:
         if times[ms[0]][a] > (1 + TIE) * best[ms[0]] or not allowed(a, ms[0]):
             continue

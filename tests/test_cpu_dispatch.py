@@ -288,3 +288,27 @@ def test_each_dispatched_gemm_declares_its_candidates_once():
             assert {name for _, name in plan} <= set(dispatch.GEMMS[gemm]), gemm
     with pytest.raises(ValueError, match=r"unknown candidates \['fp16'\]; allowed"):
         dispatch.candidates("native_int8_weight_only_linear", fp16=lambda *a: None)
+
+
+def test_the_plan_takes_the_packed_layout_where_it_wins(monkeypatch):
+    # benchmarks/cpu_kernels.py's planner: the packed native kernel is one more one-candidate
+    # plan, written as [[None, "native"]] (the lowering then packs); it never enters a boundary
+    import sys
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    monkeypatch.delitem(sys.modules, "cpu_kernels", raising=False)
+    from cpu_kernels import plan
+
+    op = "native_int8_scaled_linear"
+
+    def timings(native, int_mm, packed):
+        rows = {}
+        for m, a, b, c in zip((1, 16, 128), native, int_mm, packed, strict=True):
+            rows[m] = {f"{op}:native": a, f"{op}:int_mm": b, f"{op}:native_packed": c}
+        return rows
+
+    assert plan(timings((1, 4, 20), (9, 3, 10), (0.5, 2, 9)), op) == [[None, "native"]]
+    # packed slower than int_mm at large M by more than a boundary buys: the stored layout
+    stored = plan(timings((1, 4, 20), (9, 3, 10), (1, 4, 19)), op)
+    assert stored == [[1, "native"], [None, "int_mm"]]

@@ -45,6 +45,7 @@ __all__ = [
     "machine_class",
     "packed",
     "packs",
+    "packs_on",
     "plan_for",
     "table",
 ]
@@ -111,9 +112,14 @@ def packed(gemm: str, machine: str | None = None) -> bool:
     ``machine`` (default: this one): a class that :func:`packs` names, whose plan is the native
     kernel at every M (one kernel, so one layout; a plan that hands some M to another candidate
     keeps the layout every candidate reads)."""
-    classes, _ = _PACKED.get(gemm, ((), ""))
     machine = machine or machine_class()
-    return machine in classes and plan_for(gemm, machine) == [(None, "native")]
+    return packs_on(gemm, machine) and plan_for(gemm, machine) == [(None, "native")]
+
+
+def packs_on(gemm: str, machine: str) -> bool:
+    """Whether ``gemm``'s native kernel has a layout of its own on the class ``machine`` (what
+    benchmarks/cpu_kernels.py times beside the stored layout's candidates)."""
+    return machine in _PACKED.get(gemm, ((), ""))[0]
 
 
 def machine_class() -> str:
