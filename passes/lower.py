@@ -93,7 +93,8 @@ def prepack(editor, *, device: str | torch.device = "cpu") -> int:
     native = native_cpu()
     if native:
         fuse_siblings(editor)
-    # a whole table each: the native kernels read int8 and fp8 weights as they are (no rule)
+    # a whole table each: the native kernels read int8 and fp8 weights as they are (no rule),
+    # but for w8a8's on VNNI machines (passes/cpu/int8.py)
     rules = prepack_table(NATIVE if native else "cpu")
     done = 0
     cache: dict[tuple, fx.Node] = {}

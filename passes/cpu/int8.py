@@ -153,7 +153,7 @@ def _prepack_int8_scaled(node: fx.Node, args, consts):
 
 
 # --------------------------------------------------------------------------------------------
-# Native kernels: the rewrite's weights as they are, no prepack
+# Native kernels: the rewrite's weights as they are (w8a8's on VNNI machines: the last section)
 # --------------------------------------------------------------------------------------------
 
 
