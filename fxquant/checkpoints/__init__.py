@@ -19,7 +19,8 @@ Formats (docs/checkpoints.md lists what maps exactly and what is refused, and wh
 module each: compressed-tensors ``naive-quantized`` / ``int-quantized`` / ``float-quantized`` /
 ``pack-quantized`` (``compressed_tensors_read``; ``compressed_tensors`` holds the format's schemes,
 which ``fxquant.hf`` maps from too, and the writer), DeepSeek-style FP8 blocks
-(``fp8``), GPTQ and AWQ GEMM (``gptq``), gpt-oss MXFP4 experts (``mxfp4``), GGUF (``gguf``).
+(``fp8``), GPTQ and AWQ GEMM (``gptq``), gpt-oss MXFP4 experts (``mxfp4``), MLX affine groups
+(``mlx``: transformers' ``MetalConfig`` and Apple MLX's own files), GGUF (``gguf``).
 The readers build on ``base`` (the error type, ``TensorSource``, ``LoadedCheckpoint``, the shared
 conversions); ``read`` dispatches a path to its reader; ``attach`` holds ``load_quantized``.
 Each reader raises ``CheckpointError`` naming the tensor and what was expected, and

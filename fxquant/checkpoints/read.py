@@ -52,7 +52,7 @@ def read_quantized(
             return read_gguf(path, tensor_names=tensor_names)
         if path.is_dir():
             source = TensorSource(files=_safetensors_files(path))
-            qcfg = quantization_config or read_config_json(path).get("quantization_config")
+            qcfg = quantization_config or _config_of(read_config_json(path))
         elif path.suffix == ".safetensors":
             source = TensorSource(files=[path])
             qcfg = quantization_config
@@ -71,6 +71,15 @@ def read_quantized(
         if str(path) in str(e):
             raise
         raise CheckpointError(f"{path}: {e}") from e
+
+
+def _config_of(config: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    # Hugging Face's quantization_config; MLX (mlx-lm) writes "quantization" instead
+    if "quantization_config" in config:
+        return config["quantization_config"]
+    if isinstance(config.get("quantization"), Mapping):
+        return {"quant_method": "mlx", **config["quantization"]}
+    return None
 
 
 def _read_with_config(source: TensorSource, qcfg: Mapping[str, Any] | None) -> LoadedCheckpoint:
@@ -97,8 +106,12 @@ def _read_with_config(source: TensorSource, qcfg: Mapping[str, Any] | None) -> L
         from fxquant.checkpoints.mxfp4 import read_mxfp4_experts
 
         return read_mxfp4_experts(source, qcfg)
+    if method in ("metal", "mlx"):
+        from fxquant.checkpoints.mlx import read_mlx
+
+        return read_mlx(source, qcfg)
     raise NotImplementedError(
         f"loading quant_method={method!r} checkpoints is not supported; supported: "
         "'compressed-tensors', 'fp8' (DeepSeek-style blocks), 'gptq', 'awq', 'mxfp4' (gpt-oss "
-        "experts), and .gguf files"
+        "experts), 'metal' / MLX affine, and .gguf files"
     )

@@ -25,6 +25,13 @@ zero point). Codes are packed along K, little-endian within a row:
 So the packed weight is uint8 [N, Kp * b / 8]; Kp (K padded to the group) is a multiple of 16
 (32 except for 6-bit codes), so every packing comes out whole.
 
+Two grids give float zero points. HQQ's (``grid="hqq"``): inverse scale i = min(qmax / (max -
+min), 2e4), z = -min·i, u = round(w·i + z). MLX's affine mode (``grid="mlx"``, Apple's MLX and
+transformers' ``MetalConfig``, ``integrations/metal_quantization.py``): s = max((max - min) /
+qmax, 1e-8), bias = min, u = round((w - bias) / s), and w = u·s + bias, stored here as
+z = -bias / s (exact up to fp32 rounding of that quotient). MLX's files pack the codes into
+uint32 words along K, lowest bits first (``pack_mlx`` / ``unpack_mlx``, 2, 4 and 8 bits).
+
 BitNet (transformers' ``integrations/bitnet.py``, BitNet b1.58): the weight scale is the mean of
 |W| over the whole tensor, w_q = clamp(round(W / mean|W|), -1, 1); transformers stores the
 multiplier ``weight_scale = 1 / mean|W|.clamp(min=1e-5)`` and packs four ternary rows per byte
@@ -48,6 +55,9 @@ _WORD_CODES = {3: 8, 6: 4}
 # HQQ clamps its inverse scale (qmax / range) to 2e4 "to avoid half-precision problems"; kept so
 # that a group's grid is HQQ's, and it is what keeps a constant (or all-zero) group finite.
 HQQ_MAX_INV_SCALE = 2e4
+# MLX's affine grid (transformers' MetalConfig) floors its scale at 1e-8: a constant group
+MLX_MIN_SCALE = 1e-8
+INTX_GRIDS = ("hqq", "mlx")
 # transformers' BitNet clamps |W| means and token amaxes to 1e-5, not to fxquant's EPS.
 BITNET_EPS = 1e-5
 BITNET_ACT_MAX = 127
@@ -104,6 +114,28 @@ def unpack_intx(packed: torch.Tensor, bits: int) -> torch.Tensor:
 # --------------------------------------------------------------------------------------------
 
 
+def pack_mlx(u: torch.Tensor, bits: int) -> torch.Tensor:
+    """Codes u [N, K] in [0, 2**bits) → MLX's uint32 words [N, K * bits / 32]: word j holds
+    columns j·(32/bits) … along K, the first in the lowest bits (bits 2, 4 or 8)."""
+    if bits not in (2, 4, 8):
+        raise ValueError(f"pack_mlx: bits={bits}; allowed: 2, 4, 8 (codes that divide a word)")
+    per = 32 // bits
+    n, k = u.shape
+    if k % per:
+        raise ValueError(f"pack_mlx: K={k} is not a multiple of {per} ({bits}-bit codes a word)")
+    fields = u.to(torch.int64).reshape(n, k // per, per) << (torch.arange(per) * bits)
+    words = fields.sum(-1)  # disjoint bit fields: the sum is their OR
+    return (words - (words >= 2**31).long() * 2**32).to(torch.int32).view(torch.uint32)
+
+
+def unpack_mlx(words: torch.Tensor, bits: int) -> torch.Tensor:
+    """MLX's uint32 (or int32) words [N, W] → codes uint8 [N, W * 32 / bits]."""
+    per = 32 // bits
+    w = words.view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    fields = (w[..., None] >> (torch.arange(per) * bits)) & ((1 << bits) - 1)
+    return fields.reshape(*words.shape[:-1], -1).to(torch.uint8)
+
+
 def quantize_intx_grouped(
     w: torch.Tensor,
     *,
@@ -112,6 +144,7 @@ def quantize_intx_grouped(
     symmetric: bool = False,
     zero_point: str = "int",
     optimizer: str | None = None,
+    grid: str = "hqq",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """W [N, K] → (packed uint8 [N, Kp*b/8], scale fp32 [N, Kp/g], zero [N, Kp/g]).
 
@@ -124,7 +157,8 @@ def quantize_intx_grouped(
     i = min(qmax / (max - min), 2e4) and z = -min * i (a float), u = clamp(round(w * i + z)),
     s = 1 / i. With ``optimizer="hqq"`` z is then refined by HQQ's half-quadratic solver
     (``fxquant.core.hqq.optimize_zero``; for b = 4 the initial z is rounded first, as HQQ's 4-bit
-    config does). K must be a multiple of g (HQQ's groups have no padding).
+    config does). K must be a multiple of g (HQQ's groups have no padding). ``grid="mlx"``
+    (no optimizer): MLX's affine grid instead (the module docstring), z = -min / s.
     """
     n, k = w.shape
     qmax = 2**bits - 1
@@ -138,6 +172,15 @@ def quantize_intx_grouped(
         groups = w.reshape(-1, group_size)  # HQQ axis=1: groups of g consecutive columns
         lo = groups.amin(dim=-1, keepdim=True)
         hi = groups.amax(dim=-1, keepdim=True)
+        if grid == "mlx":
+            if optimizer is not None:
+                raise ValueError(f"grid='mlx' rounds to nearest; optimizer={optimizer!r} given")
+            scale = ((hi - lo) / qmax).clamp(min=MLX_MIN_SCALE)
+            u = torch.round((groups - lo) / scale).clamp(0, qmax).reshape(n, kp)
+            zero = (-lo / scale).reshape(n, kp // group_size)
+            return pack_intx(u.to(torch.uint8), bits), scale.reshape(zero.shape), zero
+        if grid != "hqq":
+            raise ValueError(f"grid={grid!r} is not supported; allowed: {', '.join(INTX_GRIDS)}")
         inv = (qmax / (hi - lo)).clamp(max=HQQ_MAX_INV_SCALE)
         zero = -lo * inv
         if optimizer == "hqq":
@@ -150,10 +193,11 @@ def quantize_intx_grouped(
         scale = (1.0 / inv).reshape(n, kp // group_size)
         zero = zero.reshape(n, kp // group_size)
         return pack_intx(u.to(torch.uint8), bits), scale, zero
-    if zero_point != "int" or optimizer is not None:
+    if zero_point != "int" or optimizer is not None or grid != "hqq":
         raise ValueError(
-            f"zero_point={zero_point!r}, optimizer={optimizer!r} is not supported; allowed: "
-            "zero_point 'int' (no optimizer) or 'float' (optimizer None or 'hqq')"
+            f"zero_point={zero_point!r}, optimizer={optimizer!r}, grid={grid!r} is not "
+            "supported; allowed: zero_point 'int' (no optimizer, grid 'hqq') or 'float' "
+            "(optimizer None or 'hqq'; grid 'hqq', or 'mlx' without an optimizer)"
         )
     w = F.pad(w, (0, kp - k)).reshape(n, kp // group_size, group_size)
     u, scale, zero = integer_grid(w, bits=bits, symmetric=symmetric)

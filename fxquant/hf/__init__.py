@@ -22,7 +22,7 @@ test checks it covers every field transformers defines.
 One module per method or small family, each holding its ``HF_CONFIGS`` entry right beside its
 mapper (registered with ``fxquant.hf.base.maps``): ``eetq``, ``fp8`` (FbgemmFp8Config,
 FineGrainedFP8Config), ``quanto``, ``torchao``, ``compressed_tensors``, ``bitsandbytes``,
-``hqq``, ``bitnet``, ``fp4`` (Mxfp4Config, NVFP4Config, FourOverSixConfig), ``gptq_awq``
+``hqq``, ``metal``, ``bitnet``, ``fp4`` (Mxfp4Config, NVFP4Config, FourOverSixConfig), ``gptq_awq``
 (calibration) and ``refused`` (the configs refused whole). This module dispatches on
 ``quant_method``; ``docs`` writes the table.
 """
@@ -45,6 +45,7 @@ from fxquant.hf import (  # noqa: F401
     fp8,
     gptq_awq,
     hqq,
+    metal,
     quanto,
     refused,
     torchao,

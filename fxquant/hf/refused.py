@@ -54,12 +54,6 @@ refuses(
 )
 
 refuses(
-    "metal",
-    "MetalConfig",
-    "Apple Metal's affine groups (float scale and bias per group) have no fxquant format yet",
-)
-
-refuses(
     "quark",
     "QuarkConfig",
     "Quark configs name AMD Quark's own per-layer schemes; no mapping is built yet",

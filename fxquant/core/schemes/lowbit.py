@@ -39,6 +39,10 @@ class IntxWeightOnly(Scheme):
         optimizer: ``None`` (round to nearest) or ``"hqq"``: HQQ's calibration-free
             half-quadratic refinement of the zero points (``fxquant.core.hqq``; needs
             ``zero_point="float"``).
+        grid: how a float zero point's grid is computed: ``"hqq"`` (default; HQQ's and
+            quanto's: inverse scale capped at 2e4) or ``"mlx"`` (Apple MLX's affine mode,
+            transformers' ``MetalConfig``: scale (max - min) / (2**bits - 1) floored at 1e-8,
+            bias = min, round to nearest; ``zero_point="float"``, no optimizer).
     """
 
     name: ClassVar[str] = "intx_weight_only"
@@ -51,6 +55,7 @@ class IntxWeightOnly(Scheme):
     symmetric: bool = False
     zero_point: str = "int"
     optimizer: str | None = None
+    grid: str = "hqq"
 
     def __post_init__(self) -> None:
         n = "IntxWeightOnly"
@@ -75,6 +80,14 @@ class IntxWeightOnly(Scheme):
             raise ValueError(
                 f"IntxWeightOnly(optimizer='hqq', zero_point={self.zero_point!r}) is not "
                 "supported: HQQ's zero points are floats; allowed: zero_point='float'"
+            )
+        check_choice(n, "grid", self.grid, ref_lowbit.INTX_GRIDS)
+        if self.grid == "mlx" and (self.zero_point != "float" or self.optimizer is not None):
+            raise ValueError(
+                f"IntxWeightOnly(grid='mlx', zero_point={self.zero_point!r}, "
+                f"optimizer={self.optimizer!r}) is not supported: MLX's affine grid has a float "
+                "zero point (its bias) and rounds to nearest; allowed: zero_point='float' with "
+                "optimizer=None"
             )
         if self.bits == 4 and self.zero_point == "int":
             raise ValueError(
@@ -103,6 +116,7 @@ class IntxWeightOnly(Scheme):
             symmetric=self.symmetric,
             zero_point=self.zero_point,
             optimizer=self.optimizer,
+            grid=self.grid,
         )
         dq = ref_lowbit.dequantize_intx_grouped(
             packed, s, z, bits=self.bits, group_size=self.group_size
