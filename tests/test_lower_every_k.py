@@ -99,7 +99,7 @@ CHILD = textwrap.dedent(
 
 # lowered vs semantic program, SQNR floor (dB): the aten int8/int4 kernels take bf16
 # activations (~50 dB a layer); everything else is the reference math in fp32
-_BF16 = ("int8wo", "int4wo", "w8a8", "w4a8", "int3wo", "int2wo", "hqq-int4")
+_BF16 = (*("int8wo", "int4wo", "w8a8", "w4a8", "int3wo", "int2wo", "hqq-int4", "mlx-int4"),)
 
 
 @pytest.mark.parametrize("kernels", ["native", "aten"])

@@ -1,6 +1,6 @@
 """int2 / int3 / int6 (and float-zero int4) weights in groups along K (``IntxWeightOnly``:
-``int3wo-64``, ``int2wo-32``, ``hqq-int4-64``) and BitNet's ternary weights × int8 per-token
-activations (``BitNetTernary``: ``bitnet``).
+``int3wo-64``, ``int2wo-32``, ``hqq-int4-64``, ``mlx-int4-64``) and BitNet's ternary weights ×
+int8 per-token activations (``BitNetTernary``: ``bitnet``).
 
 Declarations (``fxquant.core.scheme``); reference math in ``fxquant.core.reference_lowbit`` and
 ``fxquant.core.hqq``.
@@ -158,4 +158,5 @@ class BitNetTernary(Scheme):
 recipe("int3wo-64", IntxWeightOnly(bits=3, group_size=64))
 recipe("int2wo-32", IntxWeightOnly(bits=2, group_size=32))
 recipe("hqq-int4-64", IntxWeightOnly(bits=4, group_size=64, zero_point="float", optimizer="hqq"))
+recipe("mlx-int4-64", IntxWeightOnly(bits=4, group_size=64, zero_point="float", grid="mlx"))
 recipe("bitnet", BitNetTernary())
