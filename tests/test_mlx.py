@@ -170,3 +170,42 @@ def test_bad_mlx_checkpoints_say_what_is_wrong():
     words = {**tensors, "proj.weight": tensors["proj.weight"].view(torch.int32).float()}
     with pytest.raises(CheckpointError, match="'proj.weight' has dtype float32"):
         read_quantized(words, quantization_config=qcfg)
+
+
+@pytest.mark.slow
+def test_an_mlx_program_saves_reports_and_packages(tmp_path):
+    import subprocess
+    import sys
+    import textwrap
+
+    from torch.export import Dim
+
+    torch.manual_seed(0)
+    model = One().eval()
+    x = torch.randn(3, K)
+    cfg = fxquant.from_hf({"quant_method": "metal", "bits": 4, "group_size": G})
+    qep = fxquant.quantize(model, cfg, example_inputs=(x,), dynamic_shapes=({0: Dim.DYNAMIC},))
+    path = tmp_path / "mlx.pt2"
+    torch.export.save(qep, path)
+    loaded = torch.export.load(path)
+    assert torch.equal(loaded.module()(x), qep.module()(x))
+    row = fxquant.report(loaded).rows[0]
+    assert row["status"] == "quantized" and "grid='mlx'" in str(fxquant.report(loaded).config)
+    pkg_path = tmp_path / "mlx_aoti.pt2"
+    fxquant.aot_compile(qep, pkg_path)
+    inputs = [torch.randn(m, K) for m in (1, 5)]
+    torch.save([(i, qep.module()(i)) for i in inputs], tmp_path / "io.pt")
+    script = textwrap.dedent(
+        f"""
+        import sys, torch
+        pkg = torch._inductor.aoti_load_package({str(pkg_path)!r})
+        for x, want in torch.load({str(tmp_path / "io.pt")!r}):
+            got = pkg(x)
+            err = float((got - want).norm() / want.norm())
+            assert got.shape == want.shape and err < 1e-2, err
+        assert "fxquant" not in sys.modules
+        print("ok")
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
