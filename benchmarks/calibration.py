@@ -18,7 +18,9 @@ with all Hessians from one float pass instead of layer by layer through the quan
 ``awq-gptq-mse-int4``: act-order and the mse search, ``awq-gptq-mse-first32-int4``: and the first
 position counted 32 times, ``awq-gptq-mse-first32-damp0.1-int4``: and damping 0.1;
 ``awq-gptq-gar-int4``: with GAR;
-``awq-clip-gptq-int4``: AWQ with its clipping, then GPTQ with act-order).
+``awq-clip-gptq-int4``: AWQ with its clipping, then GPTQ with act-order); and the
+calibration-free int4 g64 grids beside RTN: HQQ's solver (``hqq-int4``), MLX's affine grid
+(``mlx-int4``, transformers' MetalConfig) and SINQ's dual scales (``sinq-int4``, SinqConfig).
 The issue's target: int4 g64 within +10 % of fp32, each algorithm below RTN at the same bits.
 
 Writes ``results/calibration.json`` after every row (``"complete": false`` until the end).
@@ -99,6 +101,17 @@ def variants(symmetric: bool) -> dict[str, tuple[object, object | None]]:
         "gptq-int4-actorder-mse-first32-damp0.1": (int4, gptq_best),
         # AWQ's scales and clipping, then GPTQ (act-order) on the clipped weights
         "awq-clip-gptq-int4": (int4, (AWQ(), GPTQ(desc_act=True, static_groups=True))),
+        # calibration-free, the same bits and groups: HQQ's solver, MLX's affine grid (float
+        # zero points, round to nearest) and SINQ's dual scales (fxquant/core/sinq.py)
+        "hqq-int4": (
+            fxquant.IntxWeightOnly(bits=4, group_size=64, zero_point="float", optimizer="hqq"),
+            None,
+        ),
+        "mlx-int4": (
+            fxquant.IntxWeightOnly(bits=4, group_size=64, zero_point="float", grid="mlx"),
+            None,
+        ),
+        "sinq-int4": (fxquant.SinqWeightOnly(bits=4, group_size=64), None),
         "rtn-w8a8": (w8a8, None),
         "smoothquant-w8a8": (w8a8, SmoothQuant(alpha=0.5)),
     }

@@ -152,3 +152,20 @@ def test_bitnet_launcher_errors():
         bitnet.bitnet_linear(torch.randn(2, 65), p, ws, None)
     with pytest.raises(ValueError, match="weight_scale must be fp32"):
         bitnet.bitnet_linear(torch.randn(2, 64), p, ws.double(), None)
+
+
+@pytest.mark.parametrize(("m", "dtype"), [(1, torch.float32), (17, torch.bfloat16)])
+def test_sinq_lowering_is_the_intx_kernel_on_scaled_x(m, dtype):
+    # kernels/sinq_weight_only.py: x ⊙ col_scale in x's dtype (one rounding of the activation,
+    # as the kernel's own bf16 operand has), then the intx kernel on SINQ's codes
+    from fxquant import SinqWeightOnly
+    from fxquant.kernels.sinq_weight_only import lower_sinq_weight_only_linear
+
+    x, w, b = _inputs((m, 128), 64, 128, dtype, True)
+    t = SinqWeightOnly(bits=4, group_size=64).quantize(w).tensors
+    p, s, z, col = t["qweight"], t["scale"], t["zero"], t["col_scale"]
+    want = ref.intx_weight_only_linear(x * col.to(dtype), p, s, z, b, bits=4, group_size=64)
+    _close(lower_sinq_weight_only_linear(x, p, s, z, col, b, 4, 64), want, want.shape)
+    if dtype == torch.float32:  # and the op's own reference, up to fp32 summation order
+        want = ref.sinq_weight_only_linear(x, p, s, z, col, b, bits=4, group_size=64)
+        _close(lower_sinq_weight_only_linear(x, p, s, z, col, b, 4, 64), want, want.shape)

@@ -22,9 +22,12 @@ from fxquant.passes.rewrite import counters
 
 RECIPES = list(fxquant.RECIPES)
 # recipes whose aten CPU lowering prepacks for a bf16 kernel (int2/int3/hqq take the int4 one)
-_BF16_KERNELS = (*("int8wo", "int4wo", "w8a8", "w4a8", "int3wo", "int2wo", "hqq-int4", "mlx-int4"),)
+_BF16_KERNELS = (
+    *("int8wo", "int4wo", "w8a8", "w4a8", "int3wo", "int2wo"),
+    *("hqq-int4", "mlx-int4", "sinq-int4"),
+)
 # recipes the native lowering repacks (the int4 nibble layout); int8 and fp8 read W as it is
-_NATIVE_PREPACK = ("int4wo", "w4a8", "int3wo", "int2wo", "hqq-int4", "mlx-int4")
+_NATIVE_PREPACK = ("int4wo", "w4a8", "int3wo", "int2wo", "hqq-int4", "mlx-int4", "sinq-int4")
 
 
 def _floor_db(recipe: str, dtype: torch.dtype, native: bool) -> float:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import subprocess
 import sys
@@ -57,7 +58,9 @@ def _evil_file(program_file, tmp_path):
 def test_torch_export_load_runs_the_crafted_pickle(program_file, tmp_path):
     # the hazard itself, so the test below cannot pass for the wrong reason
     evil, _ = _evil_file(program_file, tmp_path)
-    with pytest.raises(Exception):  # noqa: B017  (torch fails after the code has run)
+    # torch may fail after the code has run, or not: its weights_only load fails, it falls back
+    # to a full unpickle and accepts the (None,) that exec returns as the sample inputs
+    with contextlib.suppress(Exception):
         torch.export.load(evil)
     assert (tmp_path / "marker").exists()
 

@@ -222,6 +222,19 @@ def intx_weight_only_linear(x, weight, scale, zero, bias=None, *, bits: int, gro
     return y.to(x.dtype)
 
 
+def sinq_weight_only_linear(
+    x, weight, scale, zero, col_scale, bias=None, *, bits: int, group_size: int
+):
+    """SINQ's dual-scaled weight (``fxquant.core.sinq``): the grouped int-N weight of
+    ``IntxWeightOnly`` on x scaled per input column, y = (x ⊙ col_scale) · ((u - z) ⊙ s)ᵀ."""
+    w = dequantize_intx_grouped(weight, scale, zero, bits=bits, group_size=group_size)
+    k = x.shape[-1]
+    y = (x.float() * col_scale[:k].float()) @ w[:, :k].t()
+    if bias is not None:
+        y = y + bias.float()
+    return y.to(x.dtype)
+
+
 # --------------------------------------------------------------------------------------------
 # BitNet b1.58: ternary weights (transformers' packing) × int8 per-token activations
 # --------------------------------------------------------------------------------------------

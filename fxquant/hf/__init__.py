@@ -22,9 +22,9 @@ test checks it covers every field transformers defines.
 One module per method or small family, each holding its ``HF_CONFIGS`` entry right beside its
 mapper (registered with ``fxquant.hf.base.maps``): ``eetq``, ``fp8`` (FbgemmFp8Config,
 FineGrainedFP8Config), ``quanto``, ``torchao``, ``compressed_tensors``, ``bitsandbytes``,
-``hqq``, ``metal``, ``bitnet``, ``fp4`` (Mxfp4Config, NVFP4Config, FourOverSixConfig), ``gptq_awq``
-(calibration) and ``refused`` (the configs refused whole). This module dispatches on
-``quant_method``; ``docs`` writes the table.
+``hqq``, ``metal``, ``sinq``, ``bitnet``, ``fp4`` (Mxfp4Config, NVFP4Config,
+FourOverSixConfig), ``gptq_awq`` (calibration) and ``refused`` (the configs refused whole). This
+module dispatches on ``quant_method``; ``docs`` writes the table.
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ from fxquant.hf import (  # noqa: F401
     metal,
     quanto,
     refused,
+    sinq,
     torchao,
 )
 from fxquant.hf.base import HF_CONFIGS, MAPPERS, ApproximationWarning, refuse

@@ -14,12 +14,6 @@ refuses(
 )
 
 refuses(
-    "sinq",
-    "SinqConfig",
-    "SINQ's Sinkhorn-normalised dual scales are not built",
-)
-
-refuses(
     "higgs",
     "HiggsConfig",
     "HIGGS needs a Hadamard rotation and vector quantization onto Gaussian-optimal grids: "

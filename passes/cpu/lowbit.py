@@ -14,6 +14,7 @@ and read by the lowering pass (``fxquant.passes.lower``).
 - 6-bit codes (GGUF ``Q6_K``, groups of 16) fit neither kernel's codes nor its groups (32 to
   256): they keep the reference composition, which dequantizes the weight per call (correct,
   slower than fp32).
+- SINQ (``sinq_weight_only_linear``): x times its column scales, then the intx path above.
 - BitNet (int8 per token × ternary) lowers to its reference math in aten ops.
 """
 
@@ -27,9 +28,15 @@ import fxquant.core.ops  # noqa: F401  (registers the fxquant:: ops)
 import fxquant.kernels.cpu as native
 from fxquant.core import reference_lowbit as ref_lowbit
 from fxquant.core.registry import lowering
-from fxquant.passes.cpu.common import NATIVE, epilogue
+from fxquant.passes.cpu.common import NATIVE, device_op, epilogue
 from fxquant.passes.cpu.dispatch import dispatches
-from fxquant.passes.cpu.int4 import aten_int4_layout, native_int4_args, prepack_codes
+from fxquant.passes.cpu.int4 import (
+    _cpu_int4_weight_only,
+    _cpu_native_int4,
+    aten_int4_layout,
+    native_int4_args,
+    prepack_codes,
+)
 from fxquant.passes.cpu.prepack import prepack_rule
 
 fxq = torch.ops.fxquant
@@ -80,22 +87,25 @@ def _prepack_intx(node: fx.Node, args, consts):
     # reference instead of int4's 40+). So each group's codes move up by c = round(8 - z)
     # (clamped so they stay in [0, 15]): zp = (8 - c - z) * s is 0 for an integer z and at
     # most s/2 for a float one, and (u + c - 8) * s is as small as w itself.
-    weight, scale, zero = consts["weight"], consts["scale"], consts["zero"]
-    bits, group_size = args["bits"], args["group_size"]
-    z = zero.float()
-    shift = torch.round(8 - z).clamp(0, 16 - 2**bits)
-    u = ref_lowbit.unpack_intx(weight, bits).to(torch.int32)
-    u = u + shift.to(torch.int32).repeat_interleave(group_size, dim=1)
-    packed, scale_zero = aten_int4_layout(u, scale, (8 - shift - z) * scale)
-    out_features = weight.shape[0]
+    packed, scale_zero = _aten_intx_layout(consts, args["bits"], args["group_size"])
     return fxq.cpu_int4_weight_only_linear.default, (
         args["x"],
         ("packed", packed),
         ("scale_zero", scale_zero),
         args["bias"],
-        group_size,
-        out_features,
+        args["group_size"],
+        consts["weight"].shape[0],
     )
+
+
+def _aten_intx_layout(consts, bits: int, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    # the codes shifted per group into the int4 kernel's grid (see _prepack_intx)
+    weight, scale, zero = consts["weight"], consts["scale"], consts["zero"]
+    z = zero.float()
+    shift = torch.round(8 - z).clamp(0, 16 - 2**bits)
+    u = ref_lowbit.unpack_intx(weight, bits).to(torch.int32)
+    u = u + shift.to(torch.int32).repeat_interleave(group_size, dim=1)
+    return aten_int4_layout(u, scale, (8 - shift - z) * scale)
 
 
 # --------------------------------------------------------------------------------------------
@@ -119,3 +129,79 @@ def _native_prepack_intx(node: fx.Node, args, consts):
     u = ref_lowbit.unpack_intx(weight, args["bits"])
     layout = prepack_codes(u, scale, zero, group_size=args["group_size"])
     return fxq.cpu_native_int4_linear.default, native_int4_args(args, layout, weight.shape[0])
+
+
+# --------------------------------------------------------------------------------------------
+# SINQ: the same codes on the int4 kernels, x scaled per column first
+# --------------------------------------------------------------------------------------------
+
+# SINQ's weight is an intx one (codes, per-group scale, float zero point) times one scale per
+# input column, which multiplies x before the GEMM: an elementwise op Inductor fuses with the
+# fp32 conversion of x the int4 compositions make anyway (they run here on x ⊙ col).
+_SINQ_CONSTS = ("weight", "scale", "zero", "col_scale")
+
+
+def _sinq_fake(x, *args):
+    return x.new_empty((*x.shape[:-1], args[-1]))
+
+
+def _scaled(x, col_scale):
+    # in fp32, what the compositions below compute in anyway (their output then takes x's dtype)
+    return x.float() * col_scale[: x.shape[-1]].float()
+
+
+@lowering("cpu", "sinq_weight_only_linear")
+def _sinq_weight_only(x, weight, scale, zero, col_scale, bias, bits, group_size):
+    # where prepack cannot see the weights: the reference composition (dequantized per call)
+    xs = _scaled(x, col_scale)
+    return _intx_weight_only(xs, weight, scale, zero, bias, bits, group_size).to(x.dtype)
+
+
+@device_op(
+    "cpu",
+    "cpu_sinq_int4_linear",
+    schema="(Tensor x, Tensor col_scale, Tensor packed, Tensor scale_zero, Tensor? bias, "
+    "SymInt group_size, SymInt out_features) -> Tensor",
+    fake=_sinq_fake,
+)
+def _cpu_sinq_int4(x, col_scale, packed, scale_zero, bias, group_size, out_features):
+    xs = _scaled(x, col_scale)
+    return _cpu_int4_weight_only(xs, packed, scale_zero, bias, group_size, out_features).to(x.dtype)
+
+
+@prepack_rule("cpu", "sinq_weight_only_linear", consts=_SINQ_CONSTS)
+def _prepack_sinq(node: fx.Node, args, consts):
+    packed, scale_zero = _aten_intx_layout(consts, args["bits"], args["group_size"])
+    return fxq.cpu_sinq_int4_linear.default, (
+        args["x"],
+        args["col_scale"],
+        ("packed", packed),
+        ("scale_zero", scale_zero),
+        args["bias"],
+        args["group_size"],
+        consts["weight"].shape[0],
+    )
+
+
+@device_op(
+    NATIVE,
+    "cpu_native_sinq_linear",
+    schema="(Tensor x, Tensor col_scale, Tensor weight, Tensor scale, Tensor offset, "
+    "Tensor? bias, SymInt group_size, SymInt out_features) -> Tensor",
+    fake=_sinq_fake,
+)
+def _cpu_native_sinq(x, col_scale, weight, scale, offset, bias, group_size, out_features):
+    xs = _scaled(x, col_scale)
+    return _cpu_native_int4(xs, weight, scale, offset, bias, group_size, out_features).to(x.dtype)
+
+
+dispatches("native_int4_weight_only_linear", "sinq_weight_only_linear")
+
+
+@prepack_rule(NATIVE, "sinq_weight_only_linear", consts=_SINQ_CONSTS)
+def _native_prepack_sinq(node: fx.Node, args, consts):
+    weight, scale, zero = consts["weight"], consts["scale"], consts["zero"]
+    u = ref_lowbit.unpack_intx(weight, args["bits"])
+    w, s, o = prepack_codes(u, scale, zero, group_size=args["group_size"])
+    x, *rest = native_int4_args(args, (w, s, o), weight.shape[0])
+    return fxq.cpu_native_sinq_linear.default, (x, args["col_scale"], *rest)

@@ -1,9 +1,10 @@
 """int2 / int3 / int6 (and float-zero int4) weights in groups along K (``IntxWeightOnly``:
-``int3wo-64``, ``int2wo-32``, ``hqq-int4-64``, ``mlx-int4-64``) and BitNet's ternary weights ×
-int8 per-token activations (``BitNetTernary``: ``bitnet``).
+``int3wo-64``, ``int2wo-32``, ``hqq-int4-64``, ``mlx-int4-64``), the same codes with SINQ's
+extra per-input-column scale (``SinqWeightOnly``: ``sinq-int4-64``) and BitNet's ternary weights
+× int8 per-token activations (``BitNetTernary``: ``bitnet``).
 
-Declarations (``fxquant.core.scheme``); reference math in ``fxquant.core.reference_lowbit`` and
-``fxquant.core.hqq``.
+Declarations (``fxquant.core.scheme``); reference math in ``fxquant.core.reference_lowbit``,
+``fxquant.core.hqq`` and ``fxquant.core.sinq``.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from fxquant.core import reference_lowbit as ref_lowbit
+from fxquant.core import sinq
 from fxquant.core.scheme import QuantizedWeight, Scheme, check_choice, recipe, register_scheme
 
 
@@ -126,6 +128,51 @@ class IntxWeightOnly(Scheme):
 
 @register_scheme
 @dataclass(frozen=True, kw_only=True)
+class SinqWeightOnly(Scheme):
+    """SINQ (transformers' ``SinqConfig(method="sinq")``): calibration-free Sinkhorn-normalised
+    dual scaling (``fxquant.core.sinq``). Codes in groups of ``group_size`` along K with a
+    per-group scale and float zero point, as ``IntxWeightOnly(zero_point="float")`` stores them,
+    plus one scale per input column that multiplies x before the GEMM. Bit-exact with the
+    ``sinq`` package's quantizer (codes, 8-bit-rounded scales and zeros, column scales).
+
+    Args:
+        bits: 2, 3 or 4 (codes packed as ``IntxWeightOnly``'s; all run on the CPU int4 kernel).
+        group_size: 32, 64, 128 or 256; K must be a multiple, and N · K / group_size a
+            multiple of 32 (SINQ rounds the row scales to 8 bits in a 32-row view).
+    """
+
+    name: ClassVar[str] = "sinq_weight_only"
+    # codes packed along K as IntxWeightOnly's; scale, zero fp32 [N, K/g]; col_scale fp32 [K]
+    constants = ("qweight", "scale", "zero", "col_scale")
+    op_params = (("bits", "SymInt"), ("group_size", "SymInt"))
+    reference = staticmethod(ref_lowbit.sinq_weight_only_linear)
+    bits: int = 4
+    group_size: int = 64
+
+    def __post_init__(self) -> None:
+        check_choice("SinqWeightOnly", "bits", self.bits, (2, 3, 4))
+        check_choice("SinqWeightOnly", "group_size", self.group_size, (32, 64, 128, 256))
+
+    def unsupported_reason(self, *, out_features: int, in_features: int) -> str | None:
+        g = self.group_size
+        if in_features % g:
+            return f"in_features={in_features} is not a multiple of group_size={g}"
+        if (out_features * in_features // g) % 32:
+            return (
+                f"out_features × in_features / group_size = {out_features * in_features // g} "
+                "is not a multiple of 32 (SINQ rounds the row scales to 8 bits in a 32-row view)"
+            )
+        return None
+
+    def quantize(self, w):
+        q = sinq.sinq_quantize(w, bits=self.bits, group_size=self.group_size)
+        packed = ref_lowbit.pack_intx(q.codes, self.bits)
+        tensors = {"qweight": packed, "scale": q.scale, "zero": q.zero, "col_scale": q.col_scale}
+        return QuantizedWeight(tensors, q.dequantize())
+
+
+@register_scheme
+@dataclass(frozen=True, kw_only=True)
 class BitNetTernary(Scheme):
     """BitNet b1.58: ternary weights {-1, 0, 1} with one per-tensor scale (mean |W|) × int8
     activations quantized per token at run time (absmax / 127), as transformers' ``BitLinear``
@@ -159,4 +206,5 @@ recipe("int3wo-64", IntxWeightOnly(bits=3, group_size=64))
 recipe("int2wo-32", IntxWeightOnly(bits=2, group_size=32))
 recipe("hqq-int4-64", IntxWeightOnly(bits=4, group_size=64, zero_point="float", optimizer="hqq"))
 recipe("mlx-int4-64", IntxWeightOnly(bits=4, group_size=64, zero_point="float", grid="mlx"))
+recipe("sinq-int4-64", SinqWeightOnly(bits=4, group_size=64))
 recipe("bitnet", BitNetTernary())
