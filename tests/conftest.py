@@ -70,6 +70,32 @@ def run_in_shards(
     return results
 
 
+def check_package_without_fxquant(qep, tmp_path, inputs, *, rel_err: float = 1e-2) -> None:
+    """Package ``qep`` (``fxquant.aot_compile``), run it on ``inputs`` in a fresh process that
+    never imports fxquant, and compare with the program's own outputs (relative L2 error)."""
+    import textwrap
+
+    import fxquant
+
+    pkg_path = tmp_path / "package.pt2"
+    fxquant.aot_compile(qep, pkg_path)
+    torch.save([(x, qep.module()(x)) for x in inputs], tmp_path / "io.pt")
+    script = textwrap.dedent(
+        f"""
+        import sys, torch
+        pkg = torch._inductor.aoti_load_package({str(pkg_path)!r})
+        for x, want in torch.load({str(tmp_path / "io.pt")!r}):
+            got = pkg(x)
+            err = float((got - want).norm() / want.norm())
+            assert got.shape == want.shape and err < {rel_err!r}, err
+        assert "fxquant" not in sys.modules
+        print("ok")
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
 class RMSNorm(nn.Module):
     def __init__(self, d: int, eps: float = 1e-6) -> None:
         super().__init__()

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 import fxquant
+from conftest import check_package_without_fxquant
 from fxquant.checkpoints import CheckpointError, read_quantized
 from fxquant.core import reference_lowbit as ref_lowbit
 from fxquant.core.config import IntxWeightOnly
@@ -174,10 +175,6 @@ def test_bad_mlx_checkpoints_say_what_is_wrong():
 
 @pytest.mark.slow
 def test_an_mlx_program_saves_reports_and_packages(tmp_path):
-    import subprocess
-    import sys
-    import textwrap
-
     from torch.export import Dim
 
     torch.manual_seed(0)
@@ -191,21 +188,4 @@ def test_an_mlx_program_saves_reports_and_packages(tmp_path):
     assert torch.equal(loaded.module()(x), qep.module()(x))
     row = fxquant.report(loaded).rows[0]
     assert row["status"] == "quantized" and "grid='mlx'" in str(fxquant.report(loaded).config)
-    pkg_path = tmp_path / "mlx_aoti.pt2"
-    fxquant.aot_compile(qep, pkg_path)
-    inputs = [torch.randn(m, K) for m in (1, 5)]
-    torch.save([(i, qep.module()(i)) for i in inputs], tmp_path / "io.pt")
-    script = textwrap.dedent(
-        f"""
-        import sys, torch
-        pkg = torch._inductor.aoti_load_package({str(pkg_path)!r})
-        for x, want in torch.load({str(tmp_path / "io.pt")!r}):
-            got = pkg(x)
-            err = float((got - want).norm() / want.norm())
-            assert got.shape == want.shape and err < 1e-2, err
-        assert "fxquant" not in sys.modules
-        print("ok")
-        """
-    )
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
-    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+    check_package_without_fxquant(qep, tmp_path, [torch.randn(m, K) for m in (1, 5)])

@@ -13,6 +13,7 @@ from torch import nn
 from torch.export import Dim
 
 import fxquant
+from conftest import check_package_without_fxquant
 from fxquant import SinqWeightOnly
 from fxquant.core import sinq
 from fxquant.core.reference import sqnr
@@ -131,31 +132,10 @@ def test_from_hf_maps_sinq_config_and_refuses_the_rest():
 
 @pytest.mark.slow
 def test_a_sinq_package_runs_without_fxquant(tmp_path):
-    import subprocess
-    import sys
-    import textwrap
-
     _, qep = _quantized()
     path = tmp_path / "q.pt2"
     torch.export.save(qep, path)
     loaded = torch.export.load(path)
     x = torch.randn(4, 128)
     assert torch.equal(loaded.module()(x), qep.module()(x))
-    pkg_path = tmp_path / "sinq_aoti.pt2"
-    fxquant.aot_compile(qep, pkg_path)
-    inputs = [torch.randn(m, 128) for m in (1, 6)]
-    torch.save([(i, qep.module()(i)) for i in inputs], tmp_path / "io.pt")
-    script = textwrap.dedent(
-        f"""
-        import sys, torch
-        pkg = torch._inductor.aoti_load_package({str(pkg_path)!r})
-        for x, want in torch.load({str(tmp_path / "io.pt")!r}):
-            got = pkg(x)
-            err = float((got - want).norm() / want.norm())
-            assert got.shape == want.shape and err < 1e-2, err
-        assert "fxquant" not in sys.modules
-        print("ok")
-        """
-    )
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
-    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+    check_package_without_fxquant(qep, tmp_path, [torch.randn(m, 128) for m in (1, 6)])
