@@ -242,6 +242,12 @@ def _vnni_packs(args) -> bool:
     return packed("native_int8_scaled_linear")
 
 
+def _vnni_rows(xq2: Tensor, xs2: Tensor, weight, comp, scale) -> Tensor:
+    # [M, K] int8 rows and their scales, in the layouts the kernel reads
+    xs2 = xs2.reshape(-1).float().contiguous()
+    return fxq.native_int8_scaled_vnni_linear(xq2.contiguous(), xs2, weight, comp, scale)
+
+
 def _vnni_fake(x, weight, comp, scale, bias):
     return x.new_empty((*x.shape[:-1], scale.shape[0]))
 
@@ -258,10 +264,7 @@ def _vnni_scaled_fake(xq, xs, weight, comp, scale, bias, out_dtype):
 )
 def _cpu_native_int8_dynamic_vnni(x, weight, comp, scale, bias):
     xq, xs = ref.quantize_int8_per_token(x.reshape(-1, x.shape[-1]))
-    y = fxq.native_int8_scaled_vnni_linear(
-        xq.contiguous(), xs.reshape(-1).float().contiguous(), weight, comp, scale
-    )
-    return finish(y, x, scale.shape[0], bias)
+    return finish(_vnni_rows(xq, xs, weight, comp, scale), x, scale.shape[0], bias)
 
 
 @device_op(
@@ -274,13 +277,7 @@ def _cpu_native_int8_dynamic_vnni(x, weight, comp, scale, bias):
     fake=_vnni_scaled_fake,
 )
 def _cpu_native_int8_scaled_vnni(xq, xs, weight, comp, scale, bias, out_dtype):
-    y = fxq.native_int8_scaled_vnni_linear(
-        xq.reshape(-1, xq.shape[-1]).contiguous(),
-        xs.reshape(-1).float().contiguous(),
-        weight,
-        comp,
-        scale,
-    )
+    y = _vnni_rows(xq.reshape(-1, xq.shape[-1]), xs, weight, comp, scale)
     return finish(y, xq, scale.shape[0], bias, out_dtype)
 
 

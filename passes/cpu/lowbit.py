@@ -33,6 +33,7 @@ from fxquant.passes.cpu.dispatch import dispatches
 from fxquant.passes.cpu.int4 import (
     _cpu_int4_weight_only,
     _cpu_native_int4,
+    _int4_fake,
     aten_int4_layout,
     native_int4_args,
     prepack_codes,
@@ -125,10 +126,15 @@ dispatches("native_int4_weight_only_linear", "intx_weight_only_linear", when=_na
     NATIVE, "intx_weight_only_linear", consts=("weight", "scale", "zero"), when=_native_int4_takes
 )
 def _native_prepack_intx(node: fx.Node, args, consts):
+    return fxq.cpu_native_int4_linear.default, _native_intx_args(args, consts)
+
+
+def _native_intx_args(args, consts) -> tuple:
+    # the codes in the native int4 kernel's nibble layout, as cpu_native_int4_linear takes them
     weight, scale, zero = consts["weight"], consts["scale"], consts["zero"]
     u = ref_lowbit.unpack_intx(weight, args["bits"])
     layout = prepack_codes(u, scale, zero, group_size=args["group_size"])
-    return fxq.cpu_native_int4_linear.default, native_int4_args(args, layout, weight.shape[0])
+    return native_int4_args(args, layout, weight.shape[0])
 
 
 # --------------------------------------------------------------------------------------------
@@ -139,10 +145,6 @@ def _native_prepack_intx(node: fx.Node, args, consts):
 # input column, which multiplies x before the GEMM: an elementwise op Inductor fuses with the
 # fp32 conversion of x the int4 compositions make anyway (they run here on x ⊙ col).
 _SINQ_CONSTS = ("weight", "scale", "zero", "col_scale")
-
-
-def _sinq_fake(x, *args):
-    return x.new_empty((*x.shape[:-1], args[-1]))
 
 
 def _scaled(x, col_scale):
@@ -162,7 +164,7 @@ def _sinq_weight_only(x, weight, scale, zero, col_scale, bias, bits, group_size)
     "cpu_sinq_int4_linear",
     schema="(Tensor x, Tensor col_scale, Tensor packed, Tensor scale_zero, Tensor? bias, "
     "SymInt group_size, SymInt out_features) -> Tensor",
-    fake=_sinq_fake,
+    fake=_int4_fake,
 )
 def _cpu_sinq_int4(x, col_scale, packed, scale_zero, bias, group_size, out_features):
     xs = _scaled(x, col_scale)
@@ -188,7 +190,7 @@ def _prepack_sinq(node: fx.Node, args, consts):
     "cpu_native_sinq_linear",
     schema="(Tensor x, Tensor col_scale, Tensor weight, Tensor scale, Tensor offset, "
     "Tensor? bias, SymInt group_size, SymInt out_features) -> Tensor",
-    fake=_sinq_fake,
+    fake=_int4_fake,
 )
 def _cpu_native_sinq(x, col_scale, weight, scale, offset, bias, group_size, out_features):
     xs = _scaled(x, col_scale)
@@ -200,8 +202,5 @@ dispatches("native_int4_weight_only_linear", "sinq_weight_only_linear")
 
 @prepack_rule(NATIVE, "sinq_weight_only_linear", consts=_SINQ_CONSTS)
 def _native_prepack_sinq(node: fx.Node, args, consts):
-    weight, scale, zero = consts["weight"], consts["scale"], consts["zero"]
-    u = ref_lowbit.unpack_intx(weight, args["bits"])
-    w, s, o = prepack_codes(u, scale, zero, group_size=args["group_size"])
-    x, *rest = native_int4_args(args, (w, s, o), weight.shape[0])
+    x, *rest = _native_intx_args(args, consts)
     return fxq.cpu_native_sinq_linear.default, (x, args["col_scale"], *rest)
