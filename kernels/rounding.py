@@ -49,3 +49,13 @@ def round_to_e4m3(v):
     sub = round_half_even(mag * 512.0) * 0.001953125
     r = tl.where(mag >= 0.015625, normal, sub)
     return (r.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def round_to_bf16(v):
+    """fp32 → the nearest bf16 value (as fp32), ties to even, on the bit pattern: the
+    interpreter's ``.to(tl.bfloat16)`` truncates (the GPU's rounds to nearest even). Finite
+    inputs only."""
+    bits = v.to(tl.int32, bitcast=True)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & -0x10000
+    return bits.to(tl.float32, bitcast=True)

@@ -489,7 +489,6 @@ def test_hf_objects_and_skip_lists():
         ({"quant_method": "fouroversix", "weight_scale_2d": True}, "16×16"),
         ({"quant_method": "fouroversix", "dtype": "nvint4"}, "allowed: 'nvfp4', 'mxfp4'"),
         ({"quant_method": "fouroversix", "module_config_overrides": {"a": {}}}, "overrides"),
-        ({"quant_method": "fp_quant"}, "Hadamard"),
         (_ct({"NVFP4": ["Linear"]}), "calibrated offline"),
         (
             _ct(

@@ -110,8 +110,12 @@ def _read_with_config(source: TensorSource, qcfg: Mapping[str, Any] | None) -> L
         from fxquant.checkpoints.mlx import read_mlx
 
         return read_mlx(source, qcfg)
+    if method == "fp_quant":
+        from fxquant.checkpoints.fp_quant import read_fp_quant
+
+        return read_fp_quant(source, qcfg)
     raise NotImplementedError(
         f"loading quant_method={method!r} checkpoints is not supported; supported: "
         "'compressed-tensors', 'fp8' (DeepSeek-style blocks), 'gptq', 'awq', 'mxfp4' (gpt-oss "
-        "experts), 'metal' / MLX affine, and .gguf files"
+        "experts), 'metal' / MLX affine, 'fp_quant', and .gguf files"
     )

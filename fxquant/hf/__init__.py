@@ -23,8 +23,9 @@ One module per method or small family, each holding its ``HF_CONFIGS`` entry rig
 mapper (registered with ``fxquant.hf.base.maps``): ``eetq``, ``fp8`` (FbgemmFp8Config,
 FineGrainedFP8Config), ``quanto``, ``torchao``, ``compressed_tensors``, ``bitsandbytes``,
 ``hqq``, ``metal``, ``sinq``, ``bitnet``, ``fp4`` (Mxfp4Config, NVFP4Config,
-FourOverSixConfig), ``gptq_awq`` (calibration) and ``refused`` (the configs refused whole). This
-module dispatches on ``quant_method``; ``docs`` writes the table.
+FourOverSixConfig), ``fp_quant`` (FPQuantConfig), ``gptq_awq`` (calibration) and ``refused``
+(the configs refused whole). This module dispatches on ``quant_method``; ``docs`` writes the
+table.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from fxquant.hf import (  # noqa: F401
     eetq,
     fp4,
     fp8,
+    fp_quant,
     gptq_awq,
     hqq,
     metal,

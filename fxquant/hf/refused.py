@@ -39,15 +39,6 @@ refuses(
 )
 
 refuses(
-    "fp_quant",
-    "FPQuantConfig",
-    "FP-Quant rotates each group of weights and activations by a Hadamard (or GSR) transform "
-    "before MXFP4/NVFP4 quantization: fxquant has both formats but no rotation pass; "
-    "transform_init='identity' is refused too, as its abs_max / QuEST scale rules are not checked "
-    "against fxquant's",
-)
-
-refuses(
     "quark",
     "QuarkConfig",
     "Quark configs name AMD Quark's own per-layer schemes; no mapping is built yet",
