@@ -9,8 +9,9 @@ from fxquant.hf.base import refuses
 refuses(
     "auto-round",
     "AutoRoundConfig",
-    "AutoRound tunes rounding with signed gradient descent over calibration data (not built); "
-    "its checkpoints use the GPTQ/AWQ layouts, whose loaders are not built",
+    "AutoRound tunes rounding with signed gradient descent over calibration data (not built "
+    "yet); its integer checkpoints load: `fxquant.load_quantized(ep, path)` reads their GPTQ "
+    "(v1 and v2) and AWQ packings exactly, signed symmetric scales and extra_config included",
 )
 
 refuses(
