@@ -4,10 +4,10 @@
 ops; ``report`` says what happened to each layer; ``aot_compile`` lowers and packages it with
 AOTInductor; ``torch.compile(model, backend="fxquant")`` does the same in process, and with a
 ``Float8Recipe`` trains with FP8 GEMMs (``fp8_state_dict`` / ``load_fp8_state_dict`` keep its
-delayed-scaling state). ``calibrate`` runs GPTQ, AWQ or SmoothQuant over real data first, then
-quantizes. ``export_llm`` captures a causal LM with its KV cache (prefill and decode in one program)
-and ``generate`` serves its package (``fxquant.runtime``: torch only). Importing fxquant registers
-the ``fxquant::`` ops, which loading a saved ``.pt2`` needs.
+delayed-scaling state). ``calibrate`` runs GPTQ, AWQ, SmoothQuant or AutoRound over real data
+first, then quantizes. ``export_llm`` captures a causal LM with its KV cache (prefill and decode
+in one program) and ``generate`` serves its package (``fxquant.runtime``: torch only). Importing
+fxquant registers the ``fxquant::`` ops, which loading a saved ``.pt2`` needs.
 """
 
 import importlib
@@ -29,6 +29,7 @@ _EXPORTS = {
     "AWQ": "fxquant.calibration.methods",
     "GPTQ": "fxquant.calibration.methods",
     "SmoothQuant": "fxquant.calibration.methods",
+    "AutoRound": "fxquant.calibration.methods",
     "calibrate": "fxquant.calibration.api",
     "load_quantized": "fxquant.checkpoints",
     "read_quantized": "fxquant.checkpoints",
@@ -90,7 +91,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
     # above is what runs; ruff's F401 cannot see that __all__ lists them)
     from fxquant.api import aot_compile, quantize  # noqa: F401
     from fxquant.calibration.api import calibrate  # noqa: F401
-    from fxquant.calibration.methods import AWQ, GPTQ, SmoothQuant  # noqa: F401
+    from fxquant.calibration.methods import AWQ, GPTQ, AutoRound, SmoothQuant  # noqa: F401
     from fxquant.checkpoints import load_quantized, read_quantized, save_compressed_tensors  # noqa: F401
     from fxquant.core.config import QuantConfig  # noqa: F401
     from fxquant.core.scheme import RECIPES, Scheme, from_recipe_name  # noqa: F401

@@ -277,7 +277,7 @@ def test_awq_then_gptq_stores_gptq_constants_of_the_scaled_weights(llama):
     assert not torch.equal(ep.state_dict[norm], qep.state_dict[norm])
     rtn = fxquant.quantize(ep, INT4_ASYM)
     assert _error(qep.module(), model, evals) < 0.8 * _error(rtn.module(), model, evals)
-    with pytest.raises(ValueError, match="GPTQ must come last"):
+    with pytest.raises(ValueError, match="GPTQ and AutoRound must come last"):
         calibrate(ep, INT4_ASYM, data, method=(GPTQ(), AWQ()), progress=False)
 
 

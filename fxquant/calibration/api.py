@@ -1,4 +1,5 @@
-"""``fxquant.calibrate``: quantize with an algorithm that sees real data (GPTQ, AWQ, SmoothQuant).
+"""``fxquant.calibrate``: quantize with an algorithm that sees real data (GPTQ, AWQ, SmoothQuant,
+AutoRound).
 
 Where this sits: in front of ``fxquant.quantize``. The model is exported (or an
 ``ExportedProgram`` is taken as it is), the planning pass decides which linears get which scheme
@@ -18,6 +19,9 @@ order, with the real inputs of every sample in hand, and the method's driver act
   per-channel scale chosen from its statistics, folded into the op before it
   (``fxquant/calibration/fold.py``); the graph runs on in float with the folded weights. The
   folded float program is then quantized by round-to-nearest (``quantize``).
+- **AutoRound** (``fxquant/calibration/autoround.py``): when the run reaches a transformer block,
+  the rounding offsets and clipping ranges of all its int4 linears are tuned together by signed
+  gradient descent on the block's output error; the result is in storage form, as GPTQ's.
 
 The methods themselves are plain configs (``fxquant/calibration/methods.py``). The whole run is
 one forward pass over the data (only the nodes that lead to a planned linear are run, so e.g. the
@@ -39,10 +43,11 @@ from typing import Any
 import torch
 from torch.export import ExportedProgram
 
+from fxquant.calibration.autoround import AutoRoundRun
 from fxquant.calibration.awq import AWQRun
 from fxquant.calibration.gptq import GPTQRun
 from fxquant.calibration.interpreter import CalibrationRun
-from fxquant.calibration.methods import AWQ, GPTQ, Method, SmoothQuant
+from fxquant.calibration.methods import AWQ, GPTQ, AutoRound, Method, SmoothQuant
 from fxquant.calibration.smoothquant import SmoothQuantRun
 from fxquant.core.config import QuantConfig, Scheme
 from fxquant.core.row import LayerRow
@@ -57,7 +62,10 @@ _DRIVERS: dict[type, type[CalibrationRun]] = {
     GPTQ: GPTQRun,
     AWQ: AWQRun,
     SmoothQuant: SmoothQuantRun,
+    AutoRound: AutoRoundRun,
 }
+# Methods whose result is quantized constants (no later method can take them): they come last.
+_LAST = (GPTQ, AutoRound)
 
 
 def calibrate(
@@ -80,10 +88,11 @@ def calibrate(
         data: calibration samples; each a tensor (the model's one positional input) or a tuple
             of positional inputs. Without ``dynamic_shapes`` all samples must have the shape of
             the first (the exported graph is specialised to it).
-        method: ``GPTQ(...)``, ``AWQ(...)`` or ``SmoothQuant(...)``, or several in a tuple, run
-            one after the other, each on the program the one before left (e.g. ``(AWQ(clip=False),
-            GPTQ(...))``: AWQ's scales folded in, then GPTQ rounds the scaled weights). Only the
-            last may be GPTQ, since GPTQ's output is quantized constants, not a float program.
+        method: ``GPTQ(...)``, ``AWQ(...)``, ``SmoothQuant(...)`` or ``AutoRound(...)``, or
+            several in a tuple, run one after the other, each on the program the one before left
+            (e.g. ``(AWQ(clip=False), GPTQ(...))``: AWQ's scales folded in, then GPTQ rounds the
+            scaled weights). Only the last may be GPTQ or AutoRound, whose output is quantized
+            constants, not a float program.
         progress: show a progress bar (calibration, then quantization).
         dynamic_shapes: passed to ``torch.export.export`` when ``model`` is a module.
 
@@ -93,15 +102,15 @@ def calibrate(
     """
     config = QuantConfig.coerce(config)
     methods = method if isinstance(method, tuple) else (method,)
-    if not methods or not all(isinstance(m, (GPTQ, AWQ, SmoothQuant)) for m in methods):
+    if not methods or not all(isinstance(m, tuple(_DRIVERS)) for m in methods):
         raise ValueError(
-            f"calibrate: method={method!r} is not supported; allowed: GPTQ(...), AWQ(...) or "
-            "SmoothQuant(...) from fxquant, or a tuple of them"
+            f"calibrate: method={method!r} is not supported; allowed: GPTQ(...), AWQ(...), "
+            "SmoothQuant(...) or AutoRound(...) from fxquant, or a tuple of them"
         )
-    if any(isinstance(m, GPTQ) for m in methods[:-1]):
+    if any(isinstance(m, _LAST) for m in methods[:-1]):
         raise ValueError(
-            f"calibrate: method={method!r}: GPTQ must come last (it yields quantized constants, "
-            "which no later method can take)"
+            f"calibrate: method={method!r}: GPTQ and AutoRound must come last (they yield "
+            "quantized constants, which no later method can take)"
         )
     samples = [_as_args(s, i) for i, s in enumerate(data)]
     if not samples:
@@ -171,8 +180,8 @@ def _driver(method: Method) -> type[CalibrationRun]:
         if isinstance(method, cls):
             return run
     raise ValueError(
-        f"calibration_pass: method={method!r} is not supported; allowed: GPTQ(...), AWQ(...) or "
-        "SmoothQuant(...) from fxquant"
+        f"calibration_pass: method={method!r} is not supported; allowed: GPTQ(...), AWQ(...), "
+        "SmoothQuant(...) or AutoRound(...) from fxquant"
     )
 
 

@@ -111,6 +111,15 @@ class CalibrationRun:
         """Calibrate the linears ``group`` that read ``x``; called once, before they run."""
         raise NotImplementedError
 
+    def also_run(self) -> list[fx.Node]:
+        """Nodes to run besides those that lead to a planned linear (AutoRound: whole blocks,
+        whose outputs its loss reads); their inputs then stay alive until they run."""
+        return []
+
+    def before_node(self, node: fx.Node) -> None:
+        """Called before ``node`` runs, after every node before it (AutoRound tunes a block
+        when the run reaches its first node)."""
+
     # ------------------------------------------------------------------ running the graph
 
     def run(self) -> None:
@@ -118,7 +127,7 @@ class CalibrationRun:
 
         graph = self.editor.graph
         needed: set[fx.Node] = set()
-        stack = list(self.group_of)
+        stack = [*self.group_of, *self.also_run()]
         while stack:
             n = stack.pop()
             if n not in needed:
@@ -137,6 +146,7 @@ class CalibrationRun:
         )  # fmt: skip
         with torch.no_grad():
             for i, node in enumerate(order):
+                self.before_node(node)
                 x = self.group_of.get(node)
                 if x is not None and x not in done:
                     done.add(x)

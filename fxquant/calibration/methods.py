@@ -1,10 +1,11 @@
-"""The calibration methods: ``GPTQ``, ``AWQ`` and ``SmoothQuant``, frozen dataclasses that say
-which algorithm ``fxquant.calibrate`` runs and with which options.
+"""The calibration methods: ``GPTQ``, ``AWQ``, ``SmoothQuant`` and ``AutoRound``, frozen
+dataclasses that say which algorithm ``fxquant.calibrate`` runs and with which options.
 
 Where this sits: at the bottom of ``fxquant.calibration``. It imports nothing of fxquant's (not
 even the passes), so ``fxquant.hf`` can build a method from a Hugging Face config without
 importing the pipeline. Each method's driver, the code that runs it at each planned linear, is
-the module of the same name (``fxquant/calibration/gptq.py``, ``awq.py``, ``smoothquant.py``).
+the module of the same name (``fxquant/calibration/gptq.py``, ``awq.py``, ``smoothquant.py``,
+``autoround.py``).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-__all__ = ["AWQ", "GPTQ", "Method", "SmoothQuant"]
+__all__ = ["AWQ", "GPTQ", "AutoRound", "Method", "SmoothQuant"]
 
 
 def _check_number(cls: str, name: str, value: Any, lo: float, hi: float, *, lo_open: bool):
@@ -133,4 +134,43 @@ class SmoothQuant:
         _check_number("SmoothQuant", "alpha", self.alpha, 0.0, 1.0, lo_open=False)
 
 
-Method = GPTQ | AWQ | SmoothQuant
+@dataclass(frozen=True, kw_only=True)
+class AutoRound:
+    """AutoRound (SignRound, Intel's ``auto_round``; transformers' ``AutoRoundConfig``) for
+    ``Int4WeightOnly``: per weight a rounding offset v in round(w / s + v) and per group two
+    clipping factors of its [min, max] range, tuned with signed gradient descent block by block
+    (each transformer block's output error on the calibration data). Field names and defaults
+    follow auto-round's.
+
+    Args:
+        iters: tuning steps per block (auto-round's 200; its "light" recipe 50).
+        lr: the offsets' step size (``None``: 1 / iters), decayed linearly to 0.
+        minmax_lr: the clipping factors' step size (``None``: ``lr``).
+        batch_size: calibration samples per step (auto-round's 8), drawn in a shuffled cycle.
+        enable_minmax_tuning: tune the clipping factors too (``False``: offsets only).
+        enable_quanted_input: each block is tuned on the outputs of the already-quantized
+            blocks before it, against the float model's outputs (``False``: on float inputs).
+        seed: the sample order's seed.
+    """
+
+    name: ClassVar[str] = "autoround"
+    iters: int = 200
+    lr: float | None = None
+    minmax_lr: float | None = None
+    batch_size: int = 8
+    enable_minmax_tuning: bool = True
+    enable_quanted_input: bool = True
+    seed: int = 42
+
+    def __post_init__(self) -> None:
+        _check_int("AutoRound", "iters", self.iters, 1)
+        _check_int("AutoRound", "batch_size", self.batch_size, 1)
+        _check_int("AutoRound", "seed", self.seed, 0)
+        for f in ("lr", "minmax_lr"):
+            if getattr(self, f) is not None:
+                _check_number("AutoRound", f, getattr(self, f), 0.0, 10.0, lo_open=True)
+        for f in ("enable_minmax_tuning", "enable_quanted_input"):
+            _check_bool("AutoRound", f, getattr(self, f))
+
+
+Method = GPTQ | AWQ | SmoothQuant | AutoRound

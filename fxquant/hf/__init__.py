@@ -13,19 +13,20 @@ compressed-tensors scale symmetric int8 by amax / 127.5, fxquant by amax / 127) 
 refused, not approximated. The exceptions are NVFP4Config's scope (its Hub kernel
 takes bias-free linears and decodes with bf16 activations) and AwqConfig's asymmetric grid:
 their rows say "Approximated" and how, and mapping them warns (``ApproximationWarning``).
-GPTQConfig and AwqConfig choose their weights from data: ``calibration_from_hf`` returns the
-config *and* the calibration method for ``fxquant.calibrate``; ``from_hf`` refuses them,
-pointing there. ``HF_CONFIGS`` says, per config and per field, how it is honoured;
-docs/hf_configs.md is generated from it (``python -P -m fxquant.hf > docs/hf_configs.md``) and a
-test checks it covers every field transformers defines.
+GPTQConfig, AwqConfig and AutoRoundConfig choose their weights from data:
+``calibration_from_hf`` returns the config *and* the calibration method for
+``fxquant.calibrate``; ``from_hf`` refuses them, pointing there. ``HF_CONFIGS`` says, per
+config and per field, how it is honoured; docs/hf_configs.md is generated from it
+(``python -P -m fxquant.hf > docs/hf_configs.md``) and a test checks it covers every field
+transformers defines.
 
 One module per method or small family, each holding its ``HF_CONFIGS`` entry right beside its
 mapper (registered with ``fxquant.hf.base.maps``): ``eetq``, ``fp8`` (FbgemmFp8Config,
 FineGrainedFP8Config), ``quanto``, ``torchao``, ``compressed_tensors``, ``bitsandbytes``,
 ``hqq``, ``metal``, ``sinq``, ``bitnet``, ``fp4`` (Mxfp4Config, NVFP4Config,
-FourOverSixConfig), ``fp_quant`` (FPQuantConfig), ``gptq_awq`` (calibration) and ``refused``
-(the configs refused whole). This module dispatches on ``quant_method``; ``docs`` writes the
-table.
+FourOverSixConfig), ``fp_quant`` (FPQuantConfig), ``gptq_awq`` and ``auto_round``
+(calibration) and ``refused`` (the configs refused whole). This module dispatches on
+``quant_method``; ``docs`` writes the table.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from fxquant.core.config import QuantConfig
 
 # each method module registers its HF_CONFIGS entry and mapper on import
 from fxquant.hf import (  # noqa: F401
+    auto_round,
     bitnet,
     bitsandbytes,
     compressed_tensors,
@@ -117,8 +119,9 @@ def from_hf(config: Any) -> QuantConfig:
 
 def calibration_from_hf(config: Any) -> tuple[QuantConfig, Any]:
     """``(QuantConfig, method)`` for a config whose weights come from calibration (``GPTQConfig``,
-    ``AwqConfig``): ``fxquant.calibrate(model, config, data, method=method)`` then quantizes as
-    the original would. Other configs raise ``ValueError`` (use ``from_hf``)."""
+    ``AwqConfig``, ``AutoRoundConfig``): ``fxquant.calibrate(model, config, data,
+    method=method)`` then quantizes as the original would. Other configs raise ``ValueError``
+    (use ``from_hf``)."""
     fields = _fields(config)
     method = _method(config, fields)
     entry = HF_CONFIGS[method]

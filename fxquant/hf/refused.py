@@ -7,14 +7,6 @@ from __future__ import annotations
 from fxquant.hf.base import refuses
 
 refuses(
-    "auto-round",
-    "AutoRoundConfig",
-    "AutoRound tunes rounding with signed gradient descent over calibration data (not built "
-    "yet); its integer checkpoints load: `fxquant.load_quantized(ep, path)` reads their GPTQ "
-    "(v1 and v2) and AWQ packings exactly, signed symmetric scales and extra_config included",
-)
-
-refuses(
     "higgs",
     "HiggsConfig",
     "HIGGS needs a Hadamard rotation and vector quantization onto Gaussian-optimal grids: "
