@@ -18,7 +18,9 @@ import fxquant
 from fxquant.checkpoints import CheckpointError, read_quantized
 from fxquant.core import reference as ref
 from fxquant.core import reference_lowbit as ref_lowbit
+from fxquant.core import reference_mx as ref_mx
 from fxquant.core.config import (
+    MXFP4,
     Float8Block,
     Float8Dynamic,
     Float8Static,
@@ -57,6 +59,8 @@ def dequantize(scheme, c: dict[str, torch.Tensor], n: int, k: int) -> torch.Tens
             c["qweight"], c["scale"], c["zero"], group_size=scheme.group_size
         )
         return w[:, :k]
+    if isinstance(scheme, MXFP4):
+        return ref_mx.dequantize_mxfp4_weight(c["qweight"], c["scale"])
     if isinstance(scheme, Float8Block):
         b = scheme.block_size
         return c["qweight"].float() * ref.expand_block_scale(
@@ -784,7 +788,6 @@ def test_compressed_tensors_fp4_checkpoints_load(preset):
     from compressed_tensors.quantization.quant_scheme import preset_name_to_scheme
     from compressed_tensors.quantization.utils import calculate_qparams, generate_gparam
 
-    from fxquant.core import reference_mx as ref_mx
     from fxquant.core.config import MXFP4, NVFP4
 
     torch.manual_seed(0)

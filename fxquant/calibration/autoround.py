@@ -94,7 +94,7 @@ def qdq(w: Tensor, p: RoundingParams, *, symmetric: bool) -> tuple[Tensor, Tenso
     [N, G], zero [N, G]), differentiable in ``p`` (module docstring)."""
     n, k = w.shape
     b = w.float().reshape(n, p.v.shape[1], -1)
-    lo = b.amin(-1).clamp(max=0) * p.lo.clamp(0, 1)
+    lo = b.amin(-1).clamp(max=0) * p.lo.clamp(0, 1)  # the tuning loop keeps a, b in [0, 1]
     hi = b.amax(-1).clamp(min=0) * p.hi.clamp(0, 1)
     if symmetric:
         neg = -lo
@@ -138,7 +138,10 @@ class AutoRoundRun(CalibrationRun):
                 self.blocks.setdefault(block, []).append(p)
         self.block_nodes = {b: self._nodes_of(b) for b in self.blocks}
         self.start = {nodes[0]: b for b, nodes in self.block_nodes.items() if nodes}
-        self.fp_outputs: dict[fx.Node, list[Tensor]] = {}  # the float model's block outputs
+        self.block_inputs = {b: self._inputs_of(nodes) for b, nodes in self.block_nodes.items()}
+        self.untuned = set(self.blocks)
+        # the float model's block outputs, per sample, while a block still to tune reads them
+        self.fp_outputs: dict[fx.Node, list[Tensor]] = {}
 
     def _nodes_of(self, block: str) -> list[fx.Node]:
         def inside(n: fx.Node) -> bool:
@@ -146,6 +149,11 @@ class AutoRoundRun(CalibrationRun):
             return any(path == block for path, _ in stack.values())
 
         return [n for n in self.editor.graph.nodes if n.op == "call_function" and inside(n)]
+
+    @staticmethod
+    def _inputs_of(nodes: list[fx.Node]) -> list[fx.Node]:
+        inside = set(nodes)
+        return list(dict.fromkeys(a for n in nodes for a in n.all_input_nodes if a not in inside))
 
     def calibrate_group(self, x, group) -> None:
         pass  # the block's linears were tuned when the run reached the block
@@ -163,14 +171,17 @@ class AutoRoundRun(CalibrationRun):
 
     def _tune(self, block: str) -> None:
         m: AutoRound = self.method
-        nodes = self.block_nodes[block]
+        nodes, inputs = self.block_nodes[block], self.block_inputs[block]
         inside = set(nodes)
-        inputs = list(dict.fromkeys(a for n in nodes for a in n.all_input_nodes if a not in inside))
         outputs = [n for n in nodes if any(u not in inside for u in n.users)]
         plans = self.blocks[block]
         n_samples = len(self.samples)
         q_in = [{a: self._sample(a, i) for a in inputs} for i in range(n_samples)]
         fp_in = [{a: self._fp_sample(a, i) for a in inputs} for i in range(n_samples)]
+        self.untuned.discard(block)
+        still_read = {a for b in self.untuned for a in self.block_inputs[b]}
+        for node in [n for n in self.fp_outputs if n not in still_read]:
+            del self.fp_outputs[node]
         with torch.no_grad():
             targets = [self._run_block(nodes, fp_in[i], outputs, {}) for i in range(n_samples)]
         for j, out in enumerate(outputs):
@@ -197,6 +208,10 @@ class AutoRoundRun(CalibrationRun):
                 if not order:
                     order = torch.randperm(n_samples, generator=gen).tolist()
                 batch.append(order.pop(0))
+            with torch.no_grad():  # auto-round clamps the factors themselves, in place
+                for p in params.values():
+                    p.lo.clamp_(0, 1)
+                    p.hi.clamp_(0, 1)
             total = 0.0
             for i in batch:
                 fq = {node: self._layout(sites[node], qdq(weights[node], params[node],

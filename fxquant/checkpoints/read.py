@@ -114,6 +114,10 @@ def _read_with_config(source: TensorSource, qcfg: Mapping[str, Any] | None) -> L
         from fxquant.checkpoints.auto_round import read_auto_round
 
         return read_auto_round(source, qcfg)
+    if method == "quark":
+        from fxquant.checkpoints.quark import read_quark
+
+        return read_quark(source, qcfg)
     if method == "fp_quant":
         from fxquant.checkpoints.fp_quant import read_fp_quant
 
@@ -121,5 +125,5 @@ def _read_with_config(source: TensorSource, qcfg: Mapping[str, Any] | None) -> L
     raise NotImplementedError(
         f"loading quant_method={method!r} checkpoints is not supported; supported: "
         "'compressed-tensors', 'fp8' (DeepSeek-style blocks), 'gptq', 'awq', 'mxfp4' (gpt-oss "
-        "experts), 'metal' / MLX affine, 'fp_quant', 'auto-round', and .gguf files"
+        "experts), 'metal' / MLX affine, 'fp_quant', 'auto-round', 'quark', and .gguf files"
     )
