@@ -114,6 +114,11 @@ def _read_with_config(source: TensorSource, qcfg: Mapping[str, Any] | None) -> L
         from fxquant.checkpoints.auto_round import read_auto_round
 
         return read_auto_round(source, qcfg)
+    if method == "higgs":
+        raise NotImplementedError(
+            "HIGGS checkpoints store FLUTE's packed layout (int16 weight, tables, tables2), which "
+            "fxquant does not read; quantize the float model with fxquant.from_hf(HiggsConfig(...))"
+        )
     if method == "quark":
         from fxquant.checkpoints.quark import read_quark
 

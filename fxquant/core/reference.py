@@ -364,6 +364,18 @@ def norm_quant(
     return q, scale, normed
 
 
+def sylvester_hadamard(size: int) -> torch.Tensor:
+    """The Sylvester Hadamard matrix of order ``size`` (a power of two), entries ±1, fp32:
+    H_1 = [1], H_2n = [[H, H], [H, -H]] (scipy's ``hadamard``; the fast Walsh-Hadamard
+    transform multiplies by it). Symmetric; H·Hᵀ = size·I."""
+    if size < 1 or size & (size - 1):
+        raise ValueError(f"Hadamard size {size} is not supported; allowed: a power of two")
+    h = torch.ones(1, 1)
+    while h.shape[0] < size:
+        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
+    return h
+
+
 def sqnr(ref: torch.Tensor, approx: torch.Tensor) -> float:
     """Signal-to-quantization-noise ratio in dB (inf when exact)."""
     ref, approx = ref.detach().double(), approx.detach().double()

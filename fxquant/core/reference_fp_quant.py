@@ -45,7 +45,7 @@ import torch
 from torch import Tensor
 
 from fxquant.core import reference_mx as ref_mx
-from fxquant.core.reference import FP8_E4M3_MAX, _finish
+from fxquant.core.reference import FP8_E4M3_MAX, _finish, sylvester_hadamard
 
 FP_QUANT_DTYPES = ("mxfp4", "nvfp4")
 FP_QUANT_METHODS = {"mxfp4": ("abs_max", "quest"), "nvfp4": ("abs_max",)}
@@ -69,19 +69,10 @@ def global_scale(dtype: str, method: str) -> float:
 # --------------------------------------------------------------------------------------------
 
 
-def _check_size(size: int) -> None:
-    if size < 1 or size & (size - 1):
-        raise ValueError(f"rotation size {size} is not supported; allowed: a power of two")
-
-
 def hadamard_matrix(size: int) -> Tensor:
     """The Sylvester Hadamard matrix of order ``size`` (a power of two) over √size, fp32 holding
     bf16 values (FP-Quant's ``get_hadamard_matrix`` in a bf16 model)."""
-    _check_size(size)
-    h = torch.ones(1, 1)
-    while h.shape[0] < size:
-        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
-    return (h * size**-0.5).to(torch.bfloat16).float()
+    return (sylvester_hadamard(size) * size**-0.5).to(torch.bfloat16).float()
 
 
 def sequency(h: Tensor) -> Tensor:
@@ -92,7 +83,7 @@ def sequency(h: Tensor) -> Tensor:
 def rotation_matrix(kind: str, size: int) -> Tensor:
     """R [size, size] fp32 for ``kind`` in ``FP_QUANT_ROTATIONS`` (module docstring)."""
     if kind == "identity":
-        _check_size(size)
+        sylvester_hadamard(size)  # the same check: a power of two
         return torch.eye(size)
     h = hadamard_matrix(size)
     if kind == "hadamard":

@@ -23,7 +23,7 @@ transformers defines.
 One module per method or small family, each holding its ``HF_CONFIGS`` entry right beside its
 mapper (registered with ``fxquant.hf.base.maps``): ``eetq``, ``fp8`` (FbgemmFp8Config,
 FineGrainedFP8Config), ``quanto``, ``torchao``, ``compressed_tensors``, ``bitsandbytes``,
-``hqq``, ``metal``, ``sinq``, ``bitnet``, ``fp4`` (Mxfp4Config, NVFP4Config,
+``hqq``, ``higgs``, ``metal``, ``sinq``, ``bitnet``, ``fp4`` (Mxfp4Config, NVFP4Config,
 FourOverSixConfig), ``fp_quant`` (FPQuantConfig), ``gptq_awq`` and ``auto_round``
 (calibration) and ``refused`` (the configs refused whole). This module dispatches on
 ``quant_method``; ``docs`` writes the table.
@@ -48,6 +48,7 @@ from fxquant.hf import (  # noqa: F401
     fp8,
     fp_quant,
     gptq_awq,
+    higgs,
     hqq,
     metal,
     quanto,

@@ -7,13 +7,6 @@ from __future__ import annotations
 from fxquant.hf.base import refuses
 
 refuses(
-    "higgs",
-    "HiggsConfig",
-    "HIGGS needs a Hadamard rotation and vector quantization onto Gaussian-optimal grids: "
-    "not built",
-)
-
-refuses(
     "aqlm",
     "AqlmConfig",
     "AQLM's additive codebooks (weights as sums of learned codewords) have no fxquant format",
