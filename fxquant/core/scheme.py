@@ -181,6 +181,13 @@ class Scheme:
         """Why a weight of shape [out_features, in_features] cannot take this scheme, or None."""
         return None
 
+    def layout(self, shape: tuple[int, ...]) -> dict[str, tuple[tuple[int, ...], Any]]:
+        """``{constant: (shape, dtype)}`` stored for a weight of ``shape``: by default found by
+        quantizing zeros (exact about layout; the all-zero path never NaNs). A scheme that
+        cannot quantize (its constants come from checkpoints only) says it directly."""
+        stored = self.quantize(torch.zeros(shape)).tensors
+        return {k: (tuple(t.shape), t.dtype) for k, t in stored.items()}
+
     def padded_in_features(self, in_features: int) -> int:
         """K after the padding this scheme applies to the weight (zeros, which change nothing)."""
         return in_features
@@ -299,8 +306,7 @@ def layout_of(scheme: Scheme, shape: tuple[int, ...]) -> dict[str, tuple[tuple[i
     Found by quantizing zeros (cheap, exact about layout, and the all-zero path never NaNs),
     here and nowhere else; cached per (scheme, shape).
     """
-    stored = scheme.quantize(torch.zeros(shape)).tensors
-    return {k: (tuple(t.shape), t.dtype) for k, t in stored.items()}
+    return scheme.layout(shape)
 
 
 def check_layout(scheme: Scheme, weight_name: str, shape: tuple, given: QuantizedWeight) -> None:

@@ -9,7 +9,10 @@ from fxquant.hf.base import refuses
 refuses(
     "aqlm",
     "AqlmConfig",
-    "AQLM's additive codebooks (weights as sums of learned codewords) have no fxquant format",
+    "AQLM learns its additive codebooks over hours of calibration (the aqlm package), which "
+    "fxquant does not do, so a float model is not quantized to it: "
+    "`fxquant.load_quantized(ep, path)` loads AQLM checkpoints (the 1x16 and 2x8 formats, one "
+    "output row a group) exactly, and runs them with the weight decoded from its codebooks",
 )
 
 refuses(
