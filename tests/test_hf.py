@@ -166,7 +166,10 @@ def test_ignore_and_targets_become_name_rules():
             {"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "int4"},
             "bnb_4bit_quant_type='int4'",
         ),
-        ({"quant_method": "torchao", "quant_type": "int8_weight_only"}, r"amax / 127\.5"),
+        (
+            {"quant_method": "torchao", "quant_type": "int8_dynamic_activation_int8_weight"},
+            r"amax / 127\.5",
+        ),
         ({"quant_method": "quanto", "weights": "int2"}, "float shift"),
         ({"quant_method": "quanto", "weights": "int8", "activations": "int8"}, "calibrates"),
         ({"quant_method": "fp8", "activation_scheme": "static"}, "static activation scales"),
@@ -180,10 +183,13 @@ def test_ignore_and_targets_become_name_rules():
             {
                 "quant_method": "compressed-tensors",
                 "config_groups": {
-                    "g": {"weights": {"num_bits": 8, "type": "int", "strategy": "channel"}}
+                    "g": {
+                        "weights": {"num_bits": 8, "type": "int", "strategy": "channel"},
+                        "input_activations": {"num_bits": 8, "type": "int", "strategy": "token"},
+                    }
                 },
             },
-            r"amax / 127\.5 \(int8\)",
+            r"amax / 127\.5 grid",
         ),
         (
             {

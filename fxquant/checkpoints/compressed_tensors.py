@@ -19,10 +19,11 @@ The layouts follow the compressed-tensors library's compressors (``naive_quantiz
   along N ([ceil(N·bits/32), G]); w = (q - zp) · s with q, zp signed.
 
 So symmetric int4 (q in [-8, 7], zp = 0) is ``Int4WeightOnly``'s u = q + 8, z = 8, exactly, and
-an asymmetric zp is z = zp + 8. Quantizing from float and loading differ: compressed-tensors
-scales symmetric integers by amax / 127.5 (int8) or / 7.5 (int4), fxquant by amax / 127 and / 7,
-so ``scheme_from_args`` refuses integer schemes, while a checkpoint's stored integers and scales
-load as they are, whatever chose them.
+an asymmetric zp is z = zp + 8. Quantizing from float on compressed-tensors' own rules
+(symmetric amax / 127.5 for int8, / 7.5 for int4, its asymmetric zero point, in the weight's
+dtype) is ``grid="compressed-tensors"`` of ``Int8WeightOnly`` / ``Int4WeightOnly``, which
+``scheme_from_args`` gives W8A16 and W4A16 groups; a checkpoint's stored integers and scales load
+as they are, whatever chose them.
 """
 
 from __future__ import annotations
@@ -158,12 +159,13 @@ def scheme_from_args(name: str, w: Mapping | None, a: Mapping | None) -> Scheme:
         raise _refuse(f"config_groups[{name!r}].weights", None, "weights must be quantized")
     if w.get("type") == "float" and w.get("num_bits") == 4:
         return _fp4_scheme(name, w, a)
+    if w.get("type", "int") == "int":
+        return _int_scheme(name, w, a)
     if w.get("type") != "float" or w.get("num_bits") != 8:
         raise _refuse(
             f"config_groups[{name!r}].weights",
             dict(w),
-            "only fp8 weights map: compressed-tensors scales symmetric integers by "
-            "amax / 127.5 (int8) or amax / 7.5 (int4), fxquant by amax / 127 and / 7",
+            "weights map as int8 / int4 (W8A16, W4A16), fp8 and fp4",
         )
     ws = w.get("strategy")
     if a is None:
@@ -194,6 +196,31 @@ def scheme_from_args(name: str, w: Mapping | None, a: Mapping | None) -> Scheme:
         f"config_groups[{name!r}]",
         f"weights {ws} / activations {ast}",
         "maps: channel/token, tensor/tensor, b×b block / 1×b group (b = 32..256)",
+    )
+
+
+def _int_scheme(name: str, w: Mapping, a: Mapping | None) -> Scheme:
+    """W8A16 / W4A16: compressed-tensors' own integer grid (``grid="compressed-tensors"``:
+    amax / 127.5 and / 7.5 symmetric, its asymmetric rule, in the weight's dtype), bit for bit."""
+    where = f"config_groups[{name!r}]"
+    if a is not None:
+        raise _refuse(
+            f"{where}.input_activations",
+            dict(a),
+            "integer weights map weight-only (W8A16, W4A16): compressed-tensors' int8 "
+            "activations use its amax / 127.5 grid, fxquant's int8 activations amax / 127",
+        )
+    bits, strategy, sym = w.get("num_bits"), w.get("strategy"), w.get("symmetric", True)
+    grid = "compressed-tensors"
+    if bits == 8 and strategy == "channel" and sym:
+        return Int8WeightOnly(grid=grid)
+    if bits == 4 and strategy == "group" and w.get("group_size") in (32, 64, 128, 256):
+        return Int4WeightOnly(group_size=int(w["group_size"]), symmetric=bool(sym), grid=grid)
+    raise _refuse(
+        f"{where}.weights",
+        dict(w),
+        "integer weights map as int8 per channel, symmetric (W8A16) and int4 in groups of 32, "
+        "64, 128 or 256, symmetric or not (W4A16)",
     )
 
 

@@ -27,8 +27,14 @@ INT8_MAX = 127
 # --------------------------------------------------------------------------------------------
 
 
-def quantize_int8_per_channel(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """W [N, K] float → (q int8 [N, K], scale fp32 [N])."""
+def quantize_int8_per_channel(
+    w: torch.Tensor, *, grid: str = "fxquant"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """W [N, K] float → (q int8 [N, K], scale fp32 [N]); ``grid``: fxquant's amax / 127, or a
+    library's (``library_grid``)."""
+    if grid != "fxquant":
+        u, scale, _ = library_grid(w, bits=8, symmetric=True, grid=grid)
+        return (u.to(torch.int16) - 128).to(torch.int8), scale
     w = w.float()
     scale = w.abs().amax(dim=1).clamp(min=EPS) / INT8_MAX
     q = torch.round(w / scale[:, None]).clamp(-INT8_MAX, INT8_MAX).to(torch.int8)
@@ -54,7 +60,7 @@ def dequantize_int8_per_channel(q: torch.Tensor, scale: torch.Tensor) -> torch.T
 
 
 def quantize_int4_grouped(
-    w: torch.Tensor, *, group_size: int, symmetric: bool
+    w: torch.Tensor, *, group_size: int, symmetric: bool, grid: str = "fxquant"
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """W [N, K] → (packed uint8 [N, Kp/2], scale fp32 [N, Kp/g], zero uint8 [N, Kp/g]).
 
@@ -65,6 +71,10 @@ def quantize_int4_grouped(
     """
     n, k = w.shape
     kp = -(-k // group_size) * group_size
+    if grid != "fxquant":  # another library's grid, in the weight's dtype as it computes
+        groups = F.pad(w, (0, kp - k)).reshape(n, kp // group_size, group_size)
+        u, scale, zero = library_grid(groups, bits=4, symmetric=symmetric, grid=grid)
+        return pack_int4(u.reshape(n, kp)), scale, zero
     w = F.pad(w.float(), (0, kp - k)).reshape(n, kp // group_size, group_size)
     u, scale, zero = integer_grid(w, bits=4, symmetric=symmetric)
     return pack_int4(u.reshape(n, kp)), scale, zero
@@ -91,6 +101,69 @@ def integer_grid(
         zero = torch.round(-lo / scale).clamp(0, qmax)
         u = (torch.round(groups / scale[..., None]) + zero[..., None]).clamp(0, qmax)
     return u.to(torch.uint8), scale, zero.to(torch.uint8)
+
+
+# --------------------------------------------------------------------------------------------
+# Other libraries' integer grids (``grid=`` of Int8WeightOnly / Int4WeightOnly), each bit for bit
+# that library's quantizer, computed in the weight's own dtype as they do:
+#
+# - "torchao" (``choose_qparams_affine`` + ``quantize_affine``, MappingType.SYMMETRIC): s =
+#   amax / ((qmax - qmin) / 2) = amax / 127.5 (int8) or / 7.5 (int4); q = clamp(round(w · (1 / s)),
+#   -2^(b-1), 2^(b-1) - 1) (the reciprocal first, as quantize_affine multiplies by it). int8 is
+#   Int8WeightOnlyConfig's (s at least fp32's eps, stored and applied in fp32), int4
+#   IntxWeightOnlyConfig's (s at least the dtype's smallest normal, all in the weight's dtype).
+# - "compressed-tensors" (``calculate_qparams`` + ``_quantize``): symmetric s = amax / (range / 2)
+#   = amax / 127.5 (int8) or / 7.5 (int4), a zero s replaced by the dtype's eps; q = clamp(round(w
+#   / s), -2^(b-1), 2^(b-1) - 1); asymmetric s = (max(w, 0) - min(w, 0)) / (2^b - 1), zero point
+#   zp = round(-2^(b-1) - min / s) (clamped), q = clamp(round(w / s + zp), ...).
+#
+# Both reach the code -2^(b-1) (-128, -8), which fxquant's own grid (amax / 127, / 7) never uses;
+# stored as every int grid is: u = q + 2^(b-1), z = 2^(b-1) (symmetric) or zp + 2^(b-1).
+# --------------------------------------------------------------------------------------------
+
+INT_GRIDS = ("fxquant", "torchao", "compressed-tensors")
+
+
+def library_grid(
+    groups: torch.Tensor, *, bits: int, symmetric: bool, grid: str
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Groups [..., g] (in the weight's dtype) → (codes u uint8, scale fp32, zero uint8) on
+    ``grid`` ("torchao" or "compressed-tensors"; the comment above)."""
+    half = 2 ** (bits - 1)
+    dt = groups.dtype
+    lo = groups.amin(dim=-1).clamp(max=0)
+    hi = groups.amax(dim=-1).clamp(min=0)
+    if grid == "torchao":
+        if not symmetric:
+            raise ValueError("torchao's grid here is symmetric (MappingType.SYMMETRIC)")
+        scale = torch.maximum(-lo, hi) / ((2 * half - 1) / 2)
+        if bits == 8:  # Int8WeightOnlyConfig (Int8Tensor): fp32's eps, an fp32 scale and product
+            scale = scale.clamp(min=torch.finfo(torch.float32).eps).float()
+            groups = groups.float()
+        else:  # IntxWeightOnlyConfig: the dtype's smallest normal, all in the weight's dtype
+            scale = scale.clamp(min=torch.finfo(dt).smallest_normal)
+        q = torch.round(groups * (1.0 / scale[..., None])).clamp(-half, half - 1)
+        zero = torch.full_like(scale, half)
+    elif grid == "compressed-tensors":
+        eps = torch.finfo(dt).eps
+        if symmetric:
+            scale = torch.maximum(-lo, hi) / ((2 * half - 1) / 2)
+            scale = torch.where(scale == 0, torch.tensor(eps, dtype=dt), scale)
+            q = torch.round(groups / scale[..., None]).clamp(-half, half - 1)
+            zero = torch.full_like(scale, half)
+        else:
+            scale = (hi - lo) / (2 * half - 1)
+            # the zero point comes from the scale before the eps goes in: an all-zero group's
+            # is 0/0, which compressed-tensors' int8 cast turns into 0
+            flat = scale == 0
+            zp = torch.round((-half - lo / torch.where(flat, 1.0, scale)).clamp(-half, half - 1))
+            zp = torch.where(flat, torch.zeros_like(zp), zp)
+            scale = torch.where(flat, torch.tensor(eps, dtype=dt), scale)
+            q = torch.round(groups / scale[..., None] + zp[..., None]).clamp(-half, half - 1)
+            zero = zp + half
+    else:
+        raise ValueError(f"integer grid {grid!r} is not supported; allowed: {INT_GRIDS}")
+    return (q + half).to(torch.uint8), scale.float(), zero.to(torch.uint8)
 
 
 def pack_int4(u: torch.Tensor) -> torch.Tensor:

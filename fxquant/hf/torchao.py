@@ -8,7 +8,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from fxquant.core.config import Float8Dynamic, Float8WeightOnly, QuantConfig, Scheme
+from fxquant.core.config import (
+    Float8Dynamic,
+    Float8WeightOnly,
+    Int4WeightOnly,
+    Int8WeightOnly,
+    QuantConfig,
+    Scheme,
+)
 from fxquant.hf.base import SKIP, maps, not_converted, refuse
 
 TORCHAO = {
@@ -18,9 +25,13 @@ TORCHAO = {
         "quant_type": "'float8_weight_only' / Float8WeightOnlyConfig → Float8WeightOnly; "
         "'float8_dynamic_activation_float8_weight' / "
         "Float8DynamicActivationFloat8WeightConfig → Float8Dynamic (PerTensor → 'tensor', "
-        "PerRow → 'row', activation_value_ub → activation_scale_ub); int8 configs refused "
-        "(torchao scales symmetric int8 by amax / 127.5), int4 refused (float zero-point "
-        "domain), the rest refused",
+        "PerRow → 'row', activation_value_ub → activation_scale_ub); 'int8_weight_only' / "
+        "Int8WeightOnlyConfig (per channel) → Int8WeightOnly(grid='torchao') and "
+        "IntxWeightOnlyConfig(torch.int4, PerGroup(g), SYMMETRIC) → Int4WeightOnly(g, "
+        "symmetric=True, grid='torchao'): torchao's amax / 127.5 and / 7.5 grids, bit for bit "
+        "(tests/fixtures/torchao_0.18.0_grids.pt); int8-activation configs refused (their "
+        "activations use the / 127.5 grid too), Int4WeightOnlyConfig refused (float "
+        "zero-point domain), the rest refused",
         "modules_to_not_convert": SKIP,
         "include_input_output_embeddings": "False honoured; True refused (embeddings "
         "are not quantized)",
@@ -72,6 +83,38 @@ def _granularity(g: Any) -> str:
     )
 
 
+def _granularity_name(data: Any) -> str | None:
+    g = _get(data, "granularity")
+    if g is None:
+        return None
+    return str(_get(g, "_type", type(g).__name__))
+
+
+def _value_name(v: Any, default: str) -> str:
+    """An enum / dtype as torchao's objects or config.json's {"_type", "_data"} dicts write it."""
+    if v is None:
+        return default
+    if isinstance(v, Mapping):
+        return str(v.get("_data", default)).rsplit(".", 1)[-1]
+    return str(getattr(v, "name", v)).rsplit(".", 1)[-1]
+
+
+def _intx(cls: str, data: Any) -> Scheme:
+    """IntxWeightOnlyConfig: int4, symmetric, per group → Int4WeightOnly(grid="torchao")."""
+    dtype = _value_name(_get(data, "weight_dtype"), "int8")
+    mapping = _value_name(_get(data, "mapping_type"), "SYMMETRIC")
+    g = _get(data, "granularity")
+    group = _get(g, "group_size", _get(_get(g, "_data", {}), "group_size"))
+    if dtype != "int4" or mapping != "SYMMETRIC" or group not in (32, 64, 128, 256):
+        raise refuse(
+            cls, "quant_type", f"IntxWeightOnlyConfig({dtype}, {mapping}, group {group})",
+            "maps as int4, MappingType.SYMMETRIC, PerGroup(32 / 64 / 128 / 256)",
+        )  # fmt: skip
+    if _get(data, "scale_dtype") is not None:
+        raise refuse(cls, "quant_type.scale_dtype", _get(data, "scale_dtype"), "allowed: None")
+    return Int4WeightOnly(group_size=int(group), symmetric=True, grid="torchao")
+
+
 @maps("torchao", TORCHAO)
 def _torchao(f: dict[str, Any]) -> QuantConfig:
     cls = "TorchAoConfig"
@@ -101,13 +144,23 @@ def _torchao(f: dict[str, Any]) -> QuantConfig:
             granularity=_granularity(_get(data, "granularity")),
             activation_scale_ub=_get(data, "activation_value_ub"),
         )
+    elif name in ("int8_weight_only", "Int8WeightOnlyConfig"):
+        if _get(data, "group_size") is not None or _granularity_name(data) not in (
+            "PerRow",
+            "PerAxis",
+            None,
+        ):
+            raise refuse(cls, "quant_type", name, "int8 weights map per output channel only")
+        scheme = Int8WeightOnly(grid="torchao")
+    elif name == "IntxWeightOnlyConfig":
+        scheme = _intx(cls, data)
     elif "int8" in name.lower() or "Int8" in name:
         raise refuse(
             cls,
             "quant_type",
             name,
-            "torchao scales symmetric int8 by amax / 127.5 "
-            "(half the int8 range), fxquant's int8 schemes by amax / 127",
+            "torchao's int8 activations use its amax / 127.5 grid, fxquant's amax / 127 "
+            "(its int8 weight-only and IntxWeightOnlyConfig int4 weights map)",
         )
     elif "int4" in name.lower():
         raise refuse(

@@ -20,10 +20,21 @@ class _Int4Grouped(Scheme):
     group_size: int
     symmetric: bool
 
+    grid: str = "fxquant"
+
     def __post_init__(self) -> None:
         n = type(self).__name__
         check_choice(n, "group_size", self.group_size, (32, 64, 128, 256))
         check_choice(n, "symmetric", self.symmetric, (True, False))
+        check_choice(n, "grid", self.grid, self._grids)
+        if self.grid == "torchao" and not self.symmetric:
+            raise ValueError(
+                f"{n}(grid='torchao', symmetric=False) is not supported: torchao's integer "
+                "grid here is its symmetric one; allowed: symmetric=True"
+            )
+
+    # the weight grids a scheme takes: W4A8's activation is fxquant's, so its weight is too
+    _grids: ClassVar[tuple[str, ...]] = ("fxquant",)
 
     def padded_in_features(self, in_features: int) -> int:
         g = self.group_size
@@ -31,7 +42,7 @@ class _Int4Grouped(Scheme):
 
     def quantize(self, w):
         packed, s, z = ref.quantize_int4_grouped(
-            w, group_size=self.group_size, symmetric=self.symmetric
+            w, group_size=self.group_size, symmetric=self.symmetric, grid=self.grid
         )
         dq = ref.dequantize_int4_grouped(packed, s, z, group_size=self.group_size)
         return QuantizedWeight({"qweight": packed, "scale": s, "zero": z}, dq[:, : w.shape[1]])
@@ -48,12 +59,18 @@ class Int4WeightOnly(_Int4Grouped):
             quantize exactly to zero, so the result is unchanged.
         symmetric: ``False`` (default) stores a zero point per group, w = (q - z) * s with q, z in
             [0, 15]; ``True`` uses q in [-8, 7] and s = amax / 7 (z = 8 in the stored form).
+        grid: ``"fxquant"`` (default; the rules above), or another library's, bit for bit
+            (``fxquant.core.reference.library_grid``): ``"compressed-tensors"`` (W4A16:
+            symmetric s = amax / 7.5, codes -8..7; asymmetric in the weight's dtype) or
+            ``"torchao"`` (symmetric, amax / 7.5). Same storage, ops and kernels.
     """
 
     name: ClassVar[str] = "int4_weight_only"
     reference = staticmethod(ref.int4_weight_only_linear)
     group_size: int = 128
     symmetric: bool = False
+    grid: str = "fxquant"
+    _grids: ClassVar[tuple[str, ...]] = ref.INT_GRIDS
 
 
 @register_scheme

@@ -13,14 +13,21 @@ from typing import ClassVar
 import torch
 
 from fxquant.core import reference as ref
-from fxquant.core.scheme import ActivationQuant, QuantizedWeight, Scheme, recipe, register_scheme
+from fxquant.core.scheme import (
+    ActivationQuant,
+    QuantizedWeight,
+    Scheme,
+    check_choice,
+    recipe,
+    register_scheme,
+)
 
 
 class _Int8PerChannel(Scheme):
     constants = ("qweight", "scale")  # int8 [N, K], fp32 [N]
 
     def quantize(self, w):
-        q, s = ref.quantize_int8_per_channel(w)
+        q, s = ref.quantize_int8_per_channel(w, grid=getattr(self, "grid", "fxquant"))
         return QuantizedWeight({"qweight": q, "scale": s}, ref.dequantize_int8_per_channel(q, s))
 
 
@@ -31,10 +38,20 @@ class Int8WeightOnly(_Int8PerChannel):
 
     Recipe ``int8wo``. Halves (bf16) or quarters (fp32) the weight bytes; decode is memory bound,
     so this is the safest speed-up with almost no accuracy cost.
+
+    Args:
+        grid: ``"fxquant"`` (default; s = amax / 127, codes -127..127), or another library's,
+            bit for bit (``fxquant.core.reference.library_grid``): ``"torchao"``
+            (``Int8WeightOnlyConfig``) and ``"compressed-tensors"`` (W8A16), both s = amax /
+            127.5 with codes down to -128. Same storage, ops and kernels.
     """
 
     name: ClassVar[str] = "int8_weight_only"
     reference = staticmethod(ref.int8_weight_only_linear)
+    grid: str = "fxquant"
+
+    def __post_init__(self) -> None:
+        check_choice("Int8WeightOnly", "grid", self.grid, ref.INT_GRIDS)
 
 
 @register_scheme
