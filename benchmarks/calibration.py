@@ -14,7 +14,9 @@ static groups, with act-order (static groups), with damping 0.1, with group-awar
 (``gptq-int4-gar``), with the mse range search (``gptq-int4-mse``, ``gptq-int4-actorder-mse``;
 ``-first32``: also each sequence's first position counted 32 times in the Hessian),
 with all Hessians from one float pass instead of layer by layer through the quantized model
-(``gptq-int4-float``), and AWQ's scales followed by GPTQ (``awq-gptq-int4``: with act-order;
+(``gptq-int4-float``), AutoRound's signed-gradient rounding block by block (``autoround-int4``:
+auto-round's 200 steps of 8 samples; ``autoround-int4-50``: 50 steps of 4), and AWQ's scales
+followed by GPTQ (``awq-gptq-int4``: with act-order;
 ``awq-gptq-mse-int4``: act-order and the mse search, ``awq-gptq-mse-first32-int4``: and the first
 position counted 32 times, ``awq-gptq-mse-first32-damp0.1-int4``: and damping 0.1;
 ``awq-gptq-gar-int4``: with GAR;
@@ -46,7 +48,7 @@ from machine import machine_info  # run as `python benchmarks/calibration.py`
 import fxquant
 from fxquant import assets, evaluate
 from fxquant.calibration.api import calibrate
-from fxquant.calibration.methods import AWQ, GPTQ, SmoothQuant
+from fxquant.calibration.methods import AWQ, GPTQ, AutoRound, SmoothQuant
 
 WINDOW = 512
 
@@ -101,6 +103,10 @@ def variants(symmetric: bool) -> dict[str, tuple[object, object | None]]:
         "gptq-int4-actorder-mse-first32-damp0.1": (int4, gptq_best),
         # AWQ's scales and clipping, then GPTQ (act-order) on the clipped weights
         "awq-clip-gptq-int4": (int4, (AWQ(), GPTQ(desc_act=True, static_groups=True))),
+        # AutoRound (SignRound) block by block: auto-round's defaults (200 steps of 8 samples),
+        # and 50 steps of 4 (a quarter of the steps on half the batch: 1/8 of the cost)
+        "autoround-int4": (int4, AutoRound()),
+        "autoround-int4-50": (int4, AutoRound(iters=50, batch_size=4)),
         # calibration-free, the same bits and groups: HQQ's solver, MLX's affine grid (float
         # zero points, round to nearest) and SINQ's dual scales (fxquant/core/sinq.py)
         "hqq-int4": (
@@ -228,6 +234,13 @@ def main() -> None:
                     c["output_mse"] < c["output_mse_rtn"] for c in with_err
                 )
                 row["layers_with_error"] = len(with_err)
+                # AutoRound's records are per block: its output MSE after tuning and at the start
+                blocks = {c["block"]: c for c in cal if "block_mse" in c}
+                if blocks:
+                    row["blocks_better_than_rtn"] = sum(
+                        c["block_mse"] < c["block_mse_rtn"] for c in blocks.values()
+                    )
+                    row["blocks"] = len(blocks)
                 row["per_layer"] = {r["name"]: r["calibration"] for r in rows}
                 fn = qep.module()
             row["prepare_s"] = time.perf_counter() - t1
