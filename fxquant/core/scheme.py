@@ -142,6 +142,12 @@ class Scheme:
         """N, from the stored ``qweight`` (rows of W unless the format packs along N)."""
         return weight.shape[0]
 
+    @classmethod
+    def out_features_of(cls, weight: Tensor, *rest: Any) -> int:
+        """N from the op's arguments (``weight``, then the other constants, bias and params):
+        ``out_features(weight)`` unless a format needs another constant to say it."""
+        return cls.out_features(weight)
+
     def quantize(self, w: Tensor) -> QuantizedWeight:
         """The stored constants of the fp32 weight ``w`` [N, K] (reference math)."""
         raise NotImplementedError(f"{type(self).__name__} has no weight quantization")
@@ -233,7 +239,7 @@ def _define_op(cls: type[Scheme]) -> None:
 
     @op.register_fake
     def _(x, weight, *rest):
-        return x.new_empty((*x.shape[:-1], cls.out_features(weight)))
+        return x.new_empty((*x.shape[:-1], cls.out_features_of(weight, *rest)))
 
 
 def register_scheme(cls: type[Scheme]) -> type[Scheme]:

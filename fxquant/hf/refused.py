@@ -18,7 +18,11 @@ refuses(
 refuses(
     "vptq",
     "VptqConfig",
-    "VPTQ's vector codebooks with residual and outlier codebooks have no fxquant format",
+    "VPTQ's vector codebooks come from hours of Hessian-weighted k-means (the vptq package), "
+    "which fxquant does not run, so a float model is not quantized to it: "
+    "`fxquant.load_quantized(ep, path)` loads VPTQ checkpoints (packed indices, residual "
+    "codebooks, permutation and column scales; outlier columns refused) and runs them with the "
+    "weight decoded from its codebooks",
 )
 
 refuses(
