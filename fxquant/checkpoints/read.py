@@ -114,6 +114,10 @@ def _read_with_config(source: TensorSource, qcfg: Mapping[str, Any] | None) -> L
         from fxquant.checkpoints.auto_round import read_auto_round
 
         return read_auto_round(source, qcfg)
+    if method == "spqr":
+        from fxquant.checkpoints.spqr import read_spqr
+
+        return read_spqr(source, qcfg)
     if method == "vptq":
         from fxquant.checkpoints.vptq import read_vptq
 
@@ -138,6 +142,6 @@ def _read_with_config(source: TensorSource, qcfg: Mapping[str, Any] | None) -> L
     raise NotImplementedError(
         f"loading quant_method={method!r} checkpoints is not supported; supported: "
         "'compressed-tensors', 'fp8' (DeepSeek-style blocks), 'gptq', 'awq', 'mxfp4' (gpt-oss "
-        "experts), 'metal' / MLX affine, 'fp_quant', 'auto-round', 'quark', 'aqlm', 'vptq', and "
-        ".gguf files"
+        "experts), 'metal' / MLX affine, 'fp_quant', 'auto-round', 'quark', 'aqlm', 'vptq', "
+        "'spqr', and .gguf files"
     )

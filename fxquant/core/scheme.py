@@ -321,7 +321,16 @@ def check_layout(scheme: Scheme, weight_name: str, shape: tuple, given: Quantize
     what the rewrite would have stored, or the op would read it wrong."""
     want = layout_of(scheme, tuple(shape))
     got = {k: (tuple(t.shape), t.dtype) for k, t in given.tensors.items()}
-    if list(got) != list(want) or got != want:
+
+    def fits(name: str) -> bool:  # a None dimension: any length (a sparse format's count)
+        (ws, wd), (gs, gd) = want[name], got[name]
+        return (
+            wd == gd
+            and len(ws) == len(gs)
+            and all(a in (None, b) for a, b in zip(ws, gs, strict=True))
+        )
+
+    if list(got) != list(want) or not all(fits(n) for n in want):
         raise ValueError(
             f"precomputed weight for {weight_name!r} does not match the scheme "
             f"{scheme.to_dict()} for a weight of shape {list(shape)}: expected constants "

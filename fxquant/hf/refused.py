@@ -28,17 +28,11 @@ refuses(
 refuses(
     "spqr",
     "SpQRConfig",
-    "SpQR's 3-bit groups with bilevel scales and sparse fp16 outliers have no fxquant format",
-)
-
-refuses(
-    "quark",
-    "QuarkConfig",
-    "a Quark config describes a finished export (its static activation scales and AWQ / GPTQ "
-    "rounding come from Quark's own calibration), not a way to quantize a float model: "
-    "`fxquant.load_quantized(ep, path)` loads Quark checkpoints layer by layer (fp8 per "
-    "tensor / channel with dynamic or static inputs, int8, int4 / uint4 groups, MXFP4), "
-    "refusing output / KV-cache quantization, fp6, NVFP4 and rotations with the reason",
+    "SpQR finds its outliers and rounding with its own calibration (the SpQR repository), which "
+    "fxquant does not run, so a float model is not quantized to it: "
+    "`fxquant.load_quantized(ep, path)` loads SpQR checkpoints (3-bit 16×16 bilevel tiles, CSR "
+    "or PTCSR fp16 outliers, the input permutation) and runs them with the weight decoded per "
+    "call",
 )
 
 refuses(
