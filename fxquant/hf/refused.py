@@ -36,6 +36,16 @@ refuses(
 )
 
 refuses(
+    "quark",
+    "QuarkConfig",
+    "a Quark config describes a finished export (its static activation scales and AWQ / GPTQ "
+    "rounding come from Quark's own calibration), not a way to quantize a float model: "
+    "`fxquant.load_quantized(ep, path)` loads Quark checkpoints layer by layer (fp8 per "
+    "tensor / channel with dynamic or static inputs, int8, int4 / uint4 groups, MXFP4), "
+    "refusing output / KV-cache quantization, fp6, NVFP4 and rotations with the reason",
+)
+
+refuses(
     "gguf",
     "GgufConfig",
     "GGUF is a checkpoint format, not a way to quantize a float model: "
