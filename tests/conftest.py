@@ -292,3 +292,20 @@ def write_tiny_llama_gguf(path, *, v_proj="Q8_0"):
 @pytest.fixture(scope="session")
 def tiny_llama_gguf(tmp_path_factory):
     return write_tiny_llama_gguf(tmp_path_factory.mktemp("gguf") / "tiny.gguf")
+
+
+@pytest.fixture(scope="module")
+def llama():
+    """TinyLlama with a few strong input channels per norm (as real LLMs have), exported once,
+    with 8 calibration and 4 evaluation samples of 32 tokens: the calibration tests' model."""
+    torch.manual_seed(0)
+    model = TinyLlama().eval()
+    with torch.no_grad():
+        for layer in model.layers:
+            for norm in (layer.input_layernorm, layer.post_attention_layernorm):
+                norm.weight.mul_(torch.rand(norm.weight.shape[0]) * 3 + 0.1)
+    g = torch.Generator().manual_seed(2)
+    data = [torch.randint(0, 96, (1, 32), generator=g) for _ in range(8)]
+    evals = [torch.randint(0, 96, (1, 32), generator=g) for _ in range(4)]
+    ep = torch.export.export(model, (data[0],))
+    return model, ep, data, evals

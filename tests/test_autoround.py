@@ -8,7 +8,6 @@ import pytest
 import torch
 
 import fxquant
-from conftest import TinyLlama
 from fxquant.calibration.api import calibrate, calibration_pass
 from fxquant.calibration.autoround import RoundingParams, block_of, qdq
 from fxquant.calibration.methods import GPTQ, AutoRound
@@ -56,21 +55,6 @@ def test_the_offsets_move_the_rounding_and_the_factors_clip_the_range():
     p.hi.fill_(0.5)
     _, _, s, _ = qdq(w, p, symmetric=False)
     assert torch.allclose(s, torch.tensor([[1.5 / 15]]))
-
-
-@pytest.fixture(scope="module")
-def llama():
-    torch.manual_seed(0)
-    model = TinyLlama().eval()
-    with torch.no_grad():
-        for layer in model.layers:
-            for norm in (layer.input_layernorm, layer.post_attention_layernorm):
-                norm.weight.mul_(torch.rand(norm.weight.shape[0]) * 3 + 0.1)
-    g = torch.Generator().manual_seed(2)
-    data = [torch.randint(0, 96, (1, 32), generator=g) for _ in range(8)]
-    evals = [torch.randint(0, 96, (1, 32), generator=g) for _ in range(4)]
-    ep = torch.export.export(model, (data[0],))
-    return model, ep, data, evals
 
 
 def _error(fn, model, evals) -> float:

@@ -7,7 +7,6 @@ import pytest
 import torch
 
 import fxquant
-from conftest import TinyLlama
 from fxquant.calibration.api import calibrate, calibration_pass
 from fxquant.calibration.gptq import gptq_quantize, output_error
 from fxquant.calibration.interpreter import input_moments
@@ -158,22 +157,6 @@ def test_gptq_act_order_with_dynamic_int4_groups_is_refused():
 
 
 # --------------------------------------------------------------------------- on TinyLlama
-
-
-@pytest.fixture(scope="module")
-def llama():
-    """TinyLlama with a few strong input channels per norm (as real LLMs have), exported once."""
-    torch.manual_seed(0)
-    model = TinyLlama().eval()
-    with torch.no_grad():
-        for layer in model.layers:
-            for norm in (layer.input_layernorm, layer.post_attention_layernorm):
-                norm.weight.mul_(torch.rand(norm.weight.shape[0]) * 3 + 0.1)
-    g = torch.Generator().manual_seed(2)
-    data = [torch.randint(0, 96, (1, 32), generator=g) for _ in range(8)]
-    evals = [torch.randint(0, 96, (1, 32), generator=g) for _ in range(4)]
-    ep = torch.export.export(model, (data[0],))
-    return model, ep, data, evals
 
 
 def _error(fn, model, evals) -> float:

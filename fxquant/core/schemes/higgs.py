@@ -22,9 +22,10 @@ class Higgs(Scheme):
     Gaussian; one fp32 scale per block. The activation is rotated the same way at run time and
     stays in float (``fxquant.core.higgs``).
 
-    Recipe ``higgs-int4`` (transformers' ``HiggsConfig()`` default: 4 bits, p = 2, blocks of
-    512). Sizes: bits per weight + 32 / hadamard_size (codes stored one byte per p values:
-    4 bits a weight at p = 2, 8 at p = 1).
+    Recipes ``higgs-int4`` (transformers' ``HiggsConfig()`` default: 4 bits, p = 2, blocks of
+    512, groups of 256) and ``higgs-int4-64`` (groups of 64, so that models whose K is not a
+    multiple of 256 are quantized whole). Sizes: bits per weight + 32 / hadamard_size (codes
+    stored one byte per p values: 4 bits a weight at p = 2, 8 at p = 1).
 
     Args:
         bits: 2, 3 or 4 bits a weight.
@@ -76,3 +77,5 @@ class Higgs(Scheme):
 
 
 recipe("higgs-int4", Higgs())
+# groups of 64: every layer whose K is a multiple of 64 (SmolLM2's 576, MiniLM's 384) takes it
+recipe("higgs-int4-64", Higgs(group_size=64))
