@@ -79,8 +79,8 @@ def _fp_quant_act_kernel(
     gs = tl.load(gs_ptr)
     if MX:
         if QUEST:
-            mean = tl.sum(b, axis=1) / BS
-            var = tl.sum(b * b, axis=1) / BS - mean * mean
+            mean = tl.math.div_rn(tl.sum(b, axis=1), BS * 1.0)
+            var = tl.math.div_rn(tl.sum(b * b, axis=1), BS * 1.0) - mean * mean
             s = tl.where(var >= 0, tl.sqrt_rn(tl.maximum(var, 0.0)) * _QUEST_CLIP + _SCALE_EPS, 1.0)
             gain = 1.0
         else:
@@ -88,7 +88,7 @@ def _fp_quant_act_kernel(
             gain = _GAIN
         # 2**floor(log2 s): the exponent bits alone, as QuTLASS masks them
         block = (s.to(tl.int32, bitcast=True) & 0x7F800000).to(tl.float32, bitcast=True)
-        scaled = b / block[:, None] * gain  # exact division by a power of two
+        scaled = tl.math.div_rn(b, block[:, None]) * gain  # exact: a power of two
     else:
         amax = tl.max(tl.abs(b), axis=1)
         block = round_to_e4m3(tl.minimum(gs * (amax * (1.0 / 6.0)), 448.0))

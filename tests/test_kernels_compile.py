@@ -342,6 +342,7 @@ def _cases():
         )
     cases += _lowbit_cases()
     cases += _format_cases()
+    cases += _rotation_and_codebook_cases()
     return cases
 
 
@@ -519,6 +520,119 @@ def _lowbit_cases():
             {"BLOCK_K": triton.next_power_of_2(_K)},
         )
     )
+    return cases
+
+
+def _rotation_and_codebook_cases():
+    """FP-Quant's fused rotate-and-quantize kernel (MXFP4 QuEST / abs_max, NVFP4), and the
+    HIGGS, AQLM and VPTQ GEMMs that decode their codes in the K loop."""
+    from fxquant.kernels import aqlm, fp_quant, higgs, vptq
+
+    cases = []
+    for label, g, bs, mx, quest in (
+        ("mxfp4 quest", 32, 32, True, True),
+        ("mxfp4 abs_max", 64, 32, True, False),
+        ("nvfp4 abs_max", 16, 16, False, False),
+    ):
+        cases.append(
+            _case(
+                f"fp_quant activation {label}",
+                fp_quant._fp_quant_act_kernel,
+                {
+                    "x_ptr": "*bf16",
+                    "r_ptr": "*fp32",
+                    "gs_ptr": "*fp32",
+                    "out_ptr": "*fp32",
+                    "M": "i32",
+                    "K": "i32",
+                },
+                {"G": g, "BS": bs, "MX": mx, "QUEST": quest, "BLOCK_M": fp_quant._BLOCK_M},
+            )  # fmt: skip
+        )
+    for p_ in (2, 1):
+        cases.append(
+            _case(
+                f"higgs linear p={p_}",
+                higgs._higgs_linear_kernel,
+                {
+                    "x_ptr": "*fp32",
+                    "c_ptr": "*u8",
+                    "s_ptr": "*fp32",
+                    "g_ptr": "*fp32",
+                    "bias_ptr": "*bf16",
+                    "out_ptr": "*fp32",
+                    "M": "i32",
+                    "N": "i32",
+                    "K": "i32",
+                },
+                {
+                    "HAS_BIAS": True,
+                    "P": p_,
+                    "H": 512,
+                    "BLOCK_M": 16,
+                    "BLOCK_N": 64,
+                    "BLOCK_K": higgs._BLOCK_K,
+                },
+            )  # fmt: skip
+        )
+    for c in (1, 2):
+        cases.append(
+            _case(
+                f"aqlm linear {c} codebooks",
+                aqlm._aqlm_linear_kernel,
+                {
+                    "x_ptr": "*bf16",
+                    "c_ptr": "*i32",
+                    "cb_ptr": "*fp32",
+                    "s_ptr": "*fp32",
+                    "bias_ptr": "*bf16",
+                    "out_ptr": "*fp32",
+                    "M": "i32",
+                    "N": "i32",
+                    "K": "i32",
+                    "S": "i32",
+                },
+                {
+                    "HAS_BIAS": True,
+                    "C": c,
+                    "IG": 8,
+                    "BLOCK_M": 64,
+                    "BLOCK_N": 64,
+                    "BLOCK_G": aqlm._BLOCK_G,
+                },
+            )  # fmt: skip
+        )
+    for rb in (8, 0):
+        cases.append(
+            _case(
+                f"vptq linear residual bits={rb}",
+                vptq._vptq_linear_kernel,
+                {
+                    "x_ptr": "*fp32",
+                    "i_ptr": "*i32",
+                    "cb_ptr": "*fp32",
+                    "rcb_ptr": "*fp32",
+                    "rows_ptr": "*i64",
+                    "out_ptr": "*fp32",
+                    "M": "i32",
+                    "N": "i32",
+                    "NV": "i32",
+                    "P": "i32",
+                    "G": "i32",
+                    "K": "i32",
+                    "R": "i32",
+                },
+                {
+                    "C": 1,
+                    "VL": 8,
+                    "IB": 16,
+                    "RB": rb,
+                    "BLOCK_M": 16,
+                    "BLOCK_N": 64,
+                    "BLOCK_G": vptq._BLOCK_G,
+                },
+            )  # fmt: skip
+        )
     return cases
 
 

@@ -121,7 +121,14 @@ def test_every_recipe_lowers_every_k_from_1_to_200(kernels, tmp_path):
     for recipe, r in result.items():
         floor = 40.0 if (kernels == "aten" and recipe.startswith(_BF16)) else 80.0
         assert r["worst_db"] >= floor, (recipe, r)
-        assert r["quantized"] > 0, (recipe, r)  # not all skipped
+        assert r["quantized"] > 0 or not _takes_any(recipe, range(1, K_MAX + 1)), (recipe, r)
+
+
+def _takes_any(recipe: str, ks) -> bool:
+    """Whether the recipe's scheme takes any of these K (higgs-int4's groups of 256 take none
+    up to 200): a recipe that does must not skip every layer."""
+    scheme = fxquant.RECIPES[recipe]
+    return any(scheme.unsupported_reason(out_features=32, in_features=k) is None for k in ks)
 
 
 def _lower_every_k(recipes: list[str], device: str, ks, rows: str, env: dict) -> dict:
@@ -154,4 +161,4 @@ def test_every_recipe_lowers_every_k_for_cuda_under_the_interpreter():
         # fp32 accumulation like the reference; activation codes on a rounding boundary may
         # round the other way (as in test_lower_cuda)
         assert r["worst_db"] >= 60.0, (recipe, r)
-        assert r["quantized"] > 0, (recipe, r)
+        assert r["quantized"] > 0 or not _takes_any(recipe, CUDA_KS), (recipe, r)

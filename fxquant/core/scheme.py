@@ -198,11 +198,21 @@ class Scheme:
         """K after the padding this scheme applies to the weight (zeros, which change nothing)."""
         return in_features
 
+    def _shown(self) -> list[tuple[str, Any]]:
+        """(field, value) pairs a config prints and stores: a field added to a released scheme
+        (metadata ``omit_default``) appears only when set, so that configs, reports and saved
+        programs from before it read and print as they did."""
+        return [
+            (f.name, getattr(self, f.name))
+            for f in dataclasses.fields(self)
+            if not (f.metadata.get("omit_default") and getattr(self, f.name) == f.default)
+        ]
+
     def to_dict(self) -> dict[str, Any]:
-        return {"type": type(self).__name__, **dataclasses.asdict(self)}
+        return {"type": type(self).__name__, **dict(self._shown())}
 
     def __str__(self) -> str:
-        args = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self))
+        args = ", ".join(f"{name}={value!r}" for name, value in self._shown())
         return f"{type(self).__name__}({args})"
 
 

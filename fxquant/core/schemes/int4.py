@@ -6,7 +6,7 @@ Declarations (``fxquant.core.scheme``); reference math in ``fxquant.core.referen
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 from fxquant.core import reference as ref
@@ -69,7 +69,7 @@ class Int4WeightOnly(_Int4Grouped):
     reference = staticmethod(ref.int4_weight_only_linear)
     group_size: int = 128
     symmetric: bool = False
-    grid: str = "fxquant"
+    grid: str = field(default="fxquant", metadata={"omit_default": True})
     _grids: ClassVar[tuple[str, ...]] = ref.INT_GRIDS
 
 

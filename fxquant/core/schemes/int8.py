@@ -7,7 +7,7 @@ Declarations (``fxquant.core.scheme``); reference math in ``fxquant.core.referen
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 import torch
@@ -48,7 +48,7 @@ class Int8WeightOnly(_Int8PerChannel):
 
     name: ClassVar[str] = "int8_weight_only"
     reference = staticmethod(ref.int8_weight_only_linear)
-    grid: str = "fxquant"
+    grid: str = field(default="fxquant", metadata={"omit_default": True})
 
     def __post_init__(self) -> None:
         check_choice("Int8WeightOnly", "grid", self.grid, ref.INT_GRIDS)
