@@ -163,6 +163,17 @@ class Conv1D(nn.Module):
         return x.view(size_out)
 
 
+class Two(nn.Module):
+    """Linear(128 → 64) with a bias, ReLU, Linear(64 → 32) without: the per-format tests' model."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(128, 64), nn.Linear(64, 32, bias=False)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x)))
+
+
 class Mixed(nn.Module):
     """One of each linear-like spelling: nn.Linear, F.linear on a bare parameter, Conv1D."""
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch import nn
+from test_checkpoints import One
 
 import fxquant
 from conftest import check_package_without_fxquant
@@ -28,15 +28,6 @@ def _id(case) -> str:
     return f"{c['num_codebooks']}x{c['nbits_per_codebook']}-g{c['in_group_size']}"
 
 
-class One(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.proj = nn.Linear(K, N)
-
-    def forward(self, x):
-        return self.proj(x)
-
-
 def _loaded(case):
     bias = torch.randn(N)
     ckpt = read_quantized(
@@ -44,7 +35,11 @@ def _loaded(case):
     )
     x = torch.randn(3, K)
     dyn = ({0: torch.export.Dim.DYNAMIC},)
-    return ckpt, bias, fxquant.load_quantized(One(), ckpt, example_inputs=(x,), dynamic_shapes=dyn)
+    return (
+        ckpt,
+        bias,
+        fxquant.load_quantized(One(N, K), ckpt, example_inputs=(x,), dynamic_shapes=dyn),
+    )
 
 
 @pytest.mark.parametrize("case", FIXTURE["cases"], ids=_id)

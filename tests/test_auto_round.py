@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_checkpoints import dequantize
-from torch import nn
+from test_checkpoints import One, dequantize
 
 import fxquant
 from fxquant.checkpoints import CheckpointError, read_quantized
@@ -29,15 +28,6 @@ def _encoded(case) -> torch.Tensor:
     return (case["codes"].float() - z) * case["scales"].float().repeat_interleave(g, 1)
 
 
-class One(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.proj = nn.Linear(K, N)
-
-    def forward(self, x):
-        return self.proj(x)
-
-
 @pytest.mark.parametrize("case", FIXTURE["cases"], ids=_id)
 def test_auto_round_checkpoints_load_onto_the_weights_they_encode(case):
     qcfg = case["quantization_config"]
@@ -50,7 +40,7 @@ def test_auto_round_checkpoints_load_onto_the_weights_they_encode(case):
     got = dequantize(scheme, ckpt.weights["proj.weight"].tensors, N, K)
     torch.testing.assert_close(got, want, rtol=0, atol=0)  # negative scales included
     x = torch.randn(3, K)
-    ep = fxquant.load_quantized(One(), ckpt, example_inputs=(x,))
+    ep = fxquant.load_quantized(One(N, K), ckpt, example_inputs=(x,))
     assert fxquant.report(ep).rows[0]["weights"] == "given"
     ref = x @ want.t() + bias  # fp32 sums in another order
     torch.testing.assert_close(ep.module()(x), ref, rtol=1e-5, atol=1e-5 * ref.abs().max().item())
@@ -129,6 +119,6 @@ def test_negative_scales_survive_the_cpu_lowering(cpu_kernels):
     tensors = {**case["tensors"], "proj.bias": torch.randn(N)}
     ckpt = read_quantized(tensors, quantization_config=case["quantization_config"])
     x = torch.randn(5, K)
-    ep = fxquant.load_quantized(One(), ckpt, example_inputs=(x,))
+    ep = fxquant.load_quantized(One(N, K), ckpt, example_inputs=(x,))
     want = ep.module()(x)
     assert sqnr(want, lower(ep).module()(x)) > 35.0

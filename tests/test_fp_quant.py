@@ -15,7 +15,7 @@ from torch.export import Dim
 from torch.library import opcheck
 
 import fxquant
-from conftest import check_package_without_fxquant
+from conftest import Two, check_package_without_fxquant
 from fxquant import FPQuant
 from fxquant.checkpoints import CheckpointError, read_quantized
 from fxquant.core import reference_fp_quant as ref
@@ -157,15 +157,6 @@ def test_the_rotation_helps_where_outliers_are():
 # --------------------------------------------------------------------------------------------
 # Graph: quantize, lower for CPU, skip what cannot take it
 # --------------------------------------------------------------------------------------------
-
-
-class Two(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.a, self.b = nn.Linear(128, 64), nn.Linear(64, 32, bias=False)
-
-    def forward(self, x):
-        return self.b(torch.relu(self.a(x)))
 
 
 def _quantized(recipe, dtype=torch.float32):

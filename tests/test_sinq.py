@@ -13,7 +13,7 @@ from torch import nn
 from torch.export import Dim
 
 import fxquant
-from conftest import check_package_without_fxquant
+from conftest import Two, check_package_without_fxquant
 from fxquant import SinqWeightOnly
 from fxquant.core import sinq
 from fxquant.core.reference import sqnr
@@ -51,15 +51,6 @@ def test_sinkhorn_balances_the_tile():
     normed, col, row = sinq.sinkhorn_scales(w)
     assert spread(normed) < spread(w) / 3
     assert torch.allclose(normed * col * row, w, rtol=1e-5, atol=1e-6)
-
-
-class Two(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.a, self.b = nn.Linear(128, 64), nn.Linear(64, 32, bias=False)
-
-    def forward(self, x):
-        return self.b(torch.relu(self.a(x)))
 
 
 def _quantized(dtype=torch.float32):

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch import nn
+from test_checkpoints import One
 
 import fxquant
 from conftest import check_package_without_fxquant
@@ -98,21 +98,12 @@ def _layer(seed: int = 0, *, ptcsr: bool = False):
     return tensors, w
 
 
-class One(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.proj = nn.Linear(N, M)
-
-    def forward(self, x):
-        return self.proj(x)
-
-
 def _loaded(tensors):
     bias = torch.randn(M)
     ckpt = read_quantized({**tensors, "proj.bias": bias}, quantization_config=QCFG)
     dyn = ({0: torch.export.Dim.DYNAMIC},)
     ep = fxquant.load_quantized(
-        One(), ckpt, example_inputs=(torch.randn(3, N),), dynamic_shapes=dyn
+        One(M, N), ckpt, example_inputs=(torch.randn(3, N),), dynamic_shapes=dyn
     )
     return ckpt, bias, ep
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch import nn
+from test_checkpoints import One
 
 import fxquant
 from conftest import check_package_without_fxquant
@@ -31,15 +31,6 @@ def _id(case) -> str:
 def _dims(case) -> tuple[int, int]:
     layer = case["quantization_config"]["config_for_layers"]["proj"]
     return layer["out_features"], layer["in_features"]
-
-
-class One(nn.Module):
-    def __init__(self, n: int, k: int) -> None:
-        super().__init__()
-        self.proj = nn.Linear(k, n)
-
-    def forward(self, x):
-        return self.proj(x)
 
 
 def _loaded(case):

@@ -212,17 +212,19 @@ class AutoRoundRun(CalibrationRun):
                 for p in params.values():
                     p.lo.clamp_(0, 1)
                     p.hi.clamp_(0, 1)
+            # the block's fake-quantized weights, once per step; each sample's backward keeps
+            # their graph for the next sample's (retain_graph), then the step drops it
+            fq = {node: self._layout(sites[node], qdq(weights[node], params[node],
+                  symmetric=sites[node].scheme.symmetric)[0]) for node in sites}  # fmt: skip
             total = 0.0
             for i in batch:
-                fq = {node: self._layout(sites[node], qdq(weights[node], params[node],
-                      symmetric=sites[node].scheme.symmetric)[0]) for node in sites}  # fmt: skip
                 pred = self._run_block(nodes, train_in[i], outputs, fq)
                 loss = sum(
                     torch.mean((y.float() - t.float()) ** 2)
                     for y, t in zip(pred, targets[i], strict=True)
                     if y.is_floating_point()
                 ) / len(batch)
-                loss.backward()
+                loss.backward(retain_graph=True)
                 total += float(loss.detach())
             if first_loss is None:
                 first_loss = total

@@ -32,9 +32,13 @@ from fxquant.core.reference import _finish
 TILE = 16
 
 
+def _half(bits: Tensor) -> Tensor:
+    """int64 holding the 16 bits of an fp16 value → that fp16 value."""
+    return torch.where(bits >= 32768, bits - 65536, bits).to(torch.int16).view(torch.float16)
+
+
 def _fp16(lo: Tensor, hi: Tensor) -> Tensor:
-    u = lo | (hi << 8)
-    return torch.where(u >= 32768, u - 65536, u).to(torch.int16).view(torch.float16)
+    return _half(lo | (hi << 8))
 
 
 def dense(dense_weights: Tensor, m: int, n: int) -> Tensor:
@@ -70,8 +74,7 @@ def dequantize(
     if col_vals.numel():
         cv = col_vals.to(torch.int64)
         col = cv & 0xFFFF
-        val = (cv >> 16) & 0xFFFF
-        val = torch.where(val >= 32768, val - 65536, val).to(torch.int16).view(torch.float16)
+        val = _half((cv >> 16) & 0xFFFF)
         rows = outlier_rows(row_offsets, cv.numel(), m)
         w = w.index_put((rows, col), val.float(), accumulate=True)
     w = w.half().float()

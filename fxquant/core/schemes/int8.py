@@ -25,9 +25,11 @@ from fxquant.core.scheme import (
 
 class _Int8PerChannel(Scheme):
     constants = ("qweight", "scale")  # int8 [N, K], fp32 [N]
+    # the weight grid; only Int8WeightOnly makes it a field (w8a8's activation is fxquant's)
+    grid: str = "fxquant"
 
     def quantize(self, w):
-        q, s = ref.quantize_int8_per_channel(w, grid=getattr(self, "grid", "fxquant"))
+        q, s = ref.quantize_int8_per_channel(w, grid=self.grid)
         return QuantizedWeight({"qweight": q, "scale": s}, ref.dequantize_int8_per_channel(q, s))
 
 
