@@ -28,6 +28,7 @@ autotune configs (``configs``).
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
 from torch import Tensor
@@ -215,6 +216,66 @@ def launch(
         **split,
     )
     return y.to(out_dtype)
+
+
+# --------------------------------------------------------------------------------------------
+# Prefill through the vendor library
+# --------------------------------------------------------------------------------------------
+
+# On a GPU a prefill GEMM (M > DECODE_MAX_M) does not run the fused Triton prefill kernel where
+# the vendor library serves: weight-only W is dequantized once to x's dtype for the dense GEMM,
+# and fp8 × fp8 goes to torch._scaled_mm. Measured on an H200 (Llama-3-8B q/o, M = 2048, median
+# ms, benchmarks/results/gpu/h200_2026-12-04.json): bf16 F.linear 0.092 against the fused
+# kernels' 0.60 (int4wo-128), 0.15 (int8wo), 0.16 (fp8wo); the row-scaled fp8 GEMM alone 0.091
+# against _scaled_mm's 0.055. Writing W out once is one pass over N·K, which 2048 rows amortize
+# many times over; decode (M ≤ 16) keeps the fused split-K kernels, whose weight reads are the
+# whole cost. The GPU script times both paths (``LIBRARY_PREFILL`` off for the fused one).
+LIBRARY_PREFILL = True
+
+
+def library_prefill(t: Tensor, m, decode: bool | None) -> bool:
+    """Whether a GEMM on M rows of ``t`` takes the library path: a prefill
+    (``configs.is_decode`` false) on a device the library path serves, with it switched on."""
+    return LIBRARY_PREFILL and _library_device(t) and not configs.is_decode(m, decode)
+
+
+def _library_device(t: Tensor) -> bool:
+    # CUDA only: on CPU tensors (the interpreter's tests) the fused kernels are what is being
+    # checked; tests patch this to run the library path there too.
+    return t.is_cuda
+
+
+def dense_linear(x2: Tensor, w: Tensor, bias: Tensor | None) -> Tensor:
+    """x2 [M, K] · W [N, K] (+ bias) by the dense GEMM, W and bias already or made x's dtype:
+    the library path of the weight-only GEMMs, after their dequantization."""
+    b = None if bias is None else bias.to(x2.dtype)
+    return F.linear(x2.contiguous(), w.to(x2.dtype), b)
+
+
+def scaled_mm_serves(xq: Tensor, n: int, k: int, out_dtype: torch.dtype) -> bool:
+    """Whether torch._scaled_mm takes this e4m3 × e4m3 GEMM: K and N multiples of 16 (its
+    layout rule), a bf16 output (what row-wise scaling returns), and on CUDA a device with fp8
+    tensor cores (sm 8.9 or later)."""
+    if k % 16 or n % 16 or out_dtype != torch.bfloat16:
+        return False
+    return not xq.is_cuda or torch.cuda.get_device_capability(xq.device) >= (8, 9)
+
+
+def library_scaled_mm(
+    xq: Tensor, xs: Tensor, weight: Tensor, scale: Tensor, bias: Tensor | None, out_dtype
+) -> Tensor:
+    """(xq · Wᵀ) · xs · scale (+ bias) by torch._scaled_mm: xq e4m3 [M, K] with xs [M, 1] or a
+    single scale, W e4m3 [N, K] with scale [N] or [1]. One scale on both sides is its
+    tensor-wise mode; otherwise both go row-wise ([M, 1] and [1, N], which it needs together)."""
+    m, n = xq.shape[0], weight.shape[0]
+    if xs.dim() < 2 and scale.numel() == 1:
+        a, b = xs.reshape(1), scale.reshape(1)
+    else:
+        a = xs.reshape(-1, 1).expand(m, 1).contiguous()
+        b = scale.reshape(1, -1).expand(1, n).contiguous()
+    # W [N, K] row-major is the column-major second operand _scaled_mm asks for, as Wᵀ
+    bias = None if bias is None else bias.to(out_dtype)
+    return torch._scaled_mm(xq, weight.t(), scale_a=a, scale_b=b, bias=bias, out_dtype=out_dtype)
 
 
 # --------------------------------------------------------------------------------------------

@@ -114,6 +114,12 @@ def scaled_mm(xq, xs, weight, scale, bias, out_dtype, *, operand_dtype, decode) 
     scale = scale.contiguous()
     m, k = xq.shape
     n = weight.shape[0]
+    if (
+        operand_dtype == torch.float8_e4m3fn
+        and gemm.library_prefill(xq, m, decode)
+        and gemm.scaled_mm_serves(xq, n, k, out_dtype)
+    ):
+        return gemm.library_scaled_mm(xq, xs, weight, scale, bias, out_dtype)
     # expand() gives a per-tensor scale stride 0 and leaves a per-row one at stride 1.
     strides = (xs.expand(m, 1).stride(0), scale.expand(n).stride(0))
     return gemm.launch(

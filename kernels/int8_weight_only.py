@@ -103,6 +103,9 @@ def channel_scaled_linear(
         raise ValueError(f"scale must be fp32 [N={n}]; got {scale.dtype} {tuple(scale.shape)}")
 
     x2 = x.reshape(-1, k).contiguous()
+    if gemm.library_prefill(x2, x2.shape[0], decode):
+        w = weight.to(torch.float32) * scale.reshape(n, 1)
+        return gemm.dense_linear(x2, w, bias).reshape(*x.shape[:-1], n)
     operands = (x2, weight.contiguous(), scale.contiguous())
     y = gemm.launch(
         (_decode_kernel, _prefill_kernel),

@@ -41,6 +41,8 @@ def test_the_gpu_script_smoke_runs_its_sections_without_an_error(tmp_path):
     assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
     rec = json.loads((tmp_path / "gpu.json").read_text())
     assert rec["complete"] and rec["smoke"]
+    # backend="fxquant" resolves through the staged copy's own entry point, not an install's
+    assert rec["fxquant_dist_from"] == rec["fxquant_from"] != str(ROOT)
     decode = rec["decode"]
     assert {r["recipe"] for r in decode} >= {"bf16", "int8wo+lm_head"}
     assert rec["fp8_training"]["smoke"]

@@ -84,7 +84,7 @@ GRAD_SQNR_FLOOR_DB = 10.0
 TARGETS = {"tensorwise": 1.3, "delayed": 1.3, "rowwise": 1.2}
 # Seconds of budget a row needs before it starts: a cold compile of the block's forward and
 # backward (an estimate for 16 CPU cores compiling Triton kernels) plus its steps.
-FLOOR_S = 60
+FLOOR_S = 45
 
 
 def recipes() -> dict[str, object]:
