@@ -7,14 +7,15 @@ activations); the kernel returns fp32. ``kernels.nvfp4`` runs the same kernel wi
 scales and a tensor scale. The oracle is ``fxquant.core.reference_mx.mxfp4_linear`` /
 ``nvfp4_linear``.
 
-The weight is dequantized in the kernel and multiplied in fp32 (``tl.dot`` with IEEE fp32
-inputs), the emulation every GPU without FP4 tensor cores needs; Blackwell's block-scaled MMA
-is not used yet. A K step is 32 values = 16 bytes of a weight row: the low nibbles hold the even
-columns and the high nibbles the odd ones, so the step is two dots, the even columns of x
-against the low nibbles and the odd columns against the high ones, and the codes are never
-interleaved in registers. Every weight byte reads its block's scale (both nibbles of a byte are
-in the same block), so 16- and 32-wide blocks take the same code. Ragged M and N are masked; K
-is a multiple of the block (the scheme skips other layers).
+The weight is dequantized in the kernel and multiplied with fp32 accumulation: on the bf16
+tensor cores when x is bf16 (exact: ``dot_fp4``), else as IEEE fp32 dots; the emulation every
+GPU without FP4 tensor cores needs (Blackwell's block-scaled MMA is not used yet). A K step is
+32 values = 16 bytes of a weight row: the low nibbles hold the even columns and the high nibbles
+the odd ones, so the step is two dots, the even columns of x against the low nibbles and the odd
+columns against the high ones, and the codes are never interleaved in registers. Every weight
+byte reads its block's scale (both nibbles of a byte are in the same block), so 16- and 32-wide
+blocks take the same code. Ragged M and N are masked; K is a multiple of the block (the scheme
+skips other layers).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from torch.library import triton_op, wrap_triton
 from fxquant.core import reference_mx as ref_mx
 from fxquant.core.registry import lowering
 from fxquant.kernels import gemm
-from fxquant.kernels.gemm import store_tile
+from fxquant.kernels.gemm import dot_f32, store_tile
 
 _BLOCK_K = 32  # values of K per step: 16 bytes, so each of the two dots is 16 deep
 
@@ -52,20 +53,28 @@ def e8m0_to_f32(s):
 
 
 @triton.jit
-def dot_fp4(acc, x_rows, j, mask_m, mask_j, byte, scale):
+def dot_fp4(acc, x_rows, j, mask_m, mask_j, byte, scale, X_BF16: tl.constexpr):
     """acc + x · dequant(W) over one K step of weight bytes ``j``: the even columns of x
-    against the low nibbles, the odd ones against the high nibbles, two IEEE fp32 dots (the
-    codes are never interleaved in registers).
+    against the low nibbles, the odd ones against the high nibbles, two dots accumulated in
+    fp32 (the codes are never interleaved in registers).
 
     x_rows [BLOCK_M, 1] pointers to x's rows; byte [len(j), BLOCK_N] int32; scale the block
-    scale of each byte as fp32, 0 where masked."""
+    scale of each byte as fp32, 0 where masked. ``X_BF16``: x is bf16, and the dots run on the
+    bf16 tensor cores. That loses nothing: a decoded weight (1 mantissa bit) times an E8M0 or
+    e4m3 block scale (0 or 3 bits) is exact in bf16, and bf16 × bf16 products are exact in the
+    fp32 accumulator, so the sums are the fp32 IEEE dots' up to summation order. Otherwise
+    (fp32 or fp16 x: fp16's exponent range does not hold every scaled code) IEEE fp32 dots."""
     w_even = e2m1_to_f32(byte & 15) * scale  # [len(j), BLOCK_N]
     w_odd = e2m1_to_f32(byte >> 4) * scale
     mask_x = mask_m[:, None] & mask_j[None, :]
-    x_even = tl.load(x_rows + 2 * j[None, :], mask=mask_x, other=0.0).to(tl.float32)
-    x_odd = tl.load(x_rows + 2 * j[None, :] + 1, mask=mask_x, other=0.0).to(tl.float32)
-    acc += tl.dot(x_even, w_even, input_precision="ieee")
-    acc += tl.dot(x_odd, w_odd, input_precision="ieee")
+    x_even = tl.load(x_rows + 2 * j[None, :], mask=mask_x, other=0.0)
+    x_odd = tl.load(x_rows + 2 * j[None, :] + 1, mask=mask_x, other=0.0)
+    if X_BF16:
+        acc += dot_f32(x_even, w_even.to(tl.bfloat16))
+        acc += dot_f32(x_odd, w_odd.to(tl.bfloat16))
+    else:
+        acc += tl.dot(x_even.to(tl.float32), w_even, input_precision="ieee")
+        acc += tl.dot(x_odd.to(tl.float32), w_odd, input_precision="ieee")
     return acc
 
 
@@ -83,6 +92,7 @@ def _fp4_linear_kernel(
     HAS_BIAS: tl.constexpr,
     E8M0: tl.constexpr,
     BS: tl.constexpr,  # values per block scale: 32 (MX) or 16 (NVFP4)
+    X_BF16: tl.constexpr,  # x is bf16: the dots on the bf16 tensor cores (dot_fp4)
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -112,7 +122,7 @@ def _fp4_linear_kernel(
         else:
             scale = sc.to(tl.float32)
         scale = tl.where(mask_w, scale, 0.0)
-        acc = dot_fp4(acc, x_rows, j, mask_m, mask_j, byte, scale)
+        acc = dot_fp4(acc, x_rows, j, mask_m, mask_j, byte, scale, X_BF16)
     # ---- epilogue: tensor scale, bias --------------------------------------------------------
     if not E8M0:
         acc = acc * tl.load(g_ptr)
@@ -164,7 +174,16 @@ def fp4_linear(x, weight, scale, tensor_scale, bias, *, block: int) -> Tensor:
     g = scale if e8m0 else tensor_scale.float().contiguous()  # a stand-in when never read
     operands = (x.contiguous(), weight.contiguous(), scale.contiguous(), g)
     return launch(
-        _fp4_linear_kernel, operands, bias, m, n, k, E8M0=e8m0, BS=block, BLOCK_K=_BLOCK_K
+        _fp4_linear_kernel,
+        operands,
+        bias,
+        m,
+        n,
+        k,
+        E8M0=e8m0,
+        BS=block,
+        X_BF16=x.dtype == torch.bfloat16,
+        BLOCK_K=_BLOCK_K,
     )
 
 

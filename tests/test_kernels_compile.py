@@ -417,28 +417,32 @@ def _format_cases():
                         "HAS_BIAS": True,
                         "E8M0": e8m0,
                         "BS": bs,
+                        "X_BF16": True,
                         "BLOCK_M": bm,
                         "BLOCK_N": bn,
                         "BLOCK_K": mxfp4._BLOCK_K,
                     },
                 )
             )
-    for offs in ("*i32", "*i64"):  # the MoE grouped GEMM, with either offsets dtype
+    # the MoE grouped GEMM, with either offsets dtype; bf16 x on the tensor cores, fp32 x in
+    # IEEE fp32 dots
+    for offs, x in (("*i32", "bf16"), ("*i64", "fp32")):
         cases.append(
             _case(
-                f"mxfp4 grouped mm offs={offs}",
+                f"mxfp4 grouped mm offs={offs} x={x}",
                 mxfp4_grouped._fp4_grouped_kernel,
                 {
-                    "x_ptr": "*bf16",
+                    "x_ptr": f"*{x}",
                     "w_ptr": "*u8",
                     "s_ptr": "*u8",
                     "offs_ptr": offs,
-                    "out_ptr": "*bf16",
+                    "out_ptr": f"*{x}",
                     "S": "i32",
                     "N": "i32",
                     "K": "i32",
                 },
                 {
+                    "X_BF16": x == "bf16",
                     "BLOCK_M": mxfp4_grouped._BLOCK_M,
                     "BLOCK_N": mxfp4_grouped._BLOCK_N,
                     "BLOCK_K": mxfp4_grouped._BLOCK_K,
