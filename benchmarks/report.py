@@ -306,9 +306,12 @@ def gpu_section() -> str:
         return "\n".join(
             out
             + [
-                "_Not measured yet: no GPU has been lent to a session since the kernels landed. "
-                f"`{how}` (one call on a lent H200) is ready and writes "
-                "`benchmarks/results/gpu/gpu.json`._"
+                "_No complete run yet. The first lent H200 (2026-12-04, one call cut by its "
+                "timeout: `benchmarks/results/gpu/h200_2026-12-04.md`) found every kernel "
+                "correct and every recipe slower than bf16 (0.01-0.26× below M = 2048, eager "
+                "times dominated by ~80-200 µs of host overhead per op; 0.15-0.61× at M = 2048), "
+                "and lost the FP8 training, stack and decode sections; benchmarks/README.md says "
+                f"what changed from it. `{how}` writes `benchmarks/results/gpu/gpu.json`._"
             ]
         )
     rec, missing = _load("gpu/gpu.json", how)
