@@ -17,6 +17,12 @@ user would reach for instead:
   under fp32). The encoder is exported as ``(input_ids, attention_mask) → last_hidden_state``
   with dynamic batch and seq, then quantized per recipe as above.
 
+Calibrated rows (``--calibrated``; the full run's default is ``autoround-int4-64``):
+``fxquant.calibrate`` with AutoRound, AWQ or GPTQ onto ``Int4WeightOnly(group_size=64)``, beside
+the ``int4wo-64`` round-to-nearest row. Their data is never the evaluated text: SmolLM2 reads 32
+windows of 512 Wikipedia tokens after the evaluated ones, MiniLM 8 batches of 16 Wikipedia
+passages.
+
 Peers, run eager on the same model and text, each beside the fxquant recipe it matches:
 ``torch.ao.quantization.quantize_dynamic`` (qint8, all ``nn.Linear`` but ``lm_head``: a w8a8
 peer with per-tensor dynamic activations; with the default qconfig, per-tensor weights, and with
@@ -125,6 +131,33 @@ PEERS = (
         "Float8DynamicActivationFloat8WeightConfig",
     ),
 )
+
+
+def calibrated_variants() -> dict[str, tuple[object, object]]:
+    """name → (scheme, method): fxquant.calibrate rows, beside the round-to-nearest recipe of the
+    same scheme (int4wo-64). AutoRound at 50 steps of 4 samples (an eighth of auto-round's
+    default cost; benchmarks/calibration.py has both); AWQ and GPTQ at their defaults."""
+    int4 = fxquant.Int4WeightOnly(group_size=64)
+    return {
+        "autoround-int4-64": (int4, fxquant.AutoRound(iters=50, batch_size=4)),
+        "awq-int4-64": (int4, fxquant.AWQ()),
+        "gptq-int4-64": (int4, fxquant.GPTQ()),
+    }
+
+
+# Calibration data, never the evaluated text: SmolLM2 reads 32 windows of 512 tokens of the
+# Wikipedia text after the evaluated tokens; MiniLM 8 batches of 16 Wikipedia passages.
+CALIB_WINDOWS = 32
+CALIB_BATCHES, CALIB_BATCH = 8, 16
+
+
+def _calibrate(ep, name: str, data: list, row: dict):
+    scheme, method = calibrated_variants()[name]
+    row.update(method="calibrated", recipe=name, calibration=type(method).__name__)
+    qep = fxquant.calibrate(ep, scheme, data, method=method, progress=True)
+    rows = [r for r in fxquant.report(qep).rows if "calibration" in r]
+    row["layers_calibrated"] = sum(r["calibration"]["status"] == "calibrated" for r in rows)
+    return qep
 
 
 def torchao_status() -> tuple[object | None, str]:
@@ -321,9 +354,16 @@ def plot(rec: dict, path: Path) -> None:
     n = len(panels) + (1 if enc else 0)
     width = max(10, 1.3 * len(recipes) + 4)
     fig, axes = plt.subplots(n, 1, figsize=(width, 3.8 * n), squeeze=False)
-    colors = {"fxquant": "#1f77b4", "torchao": "#ff7f0e", "ao quantize_dynamic": "#2ca02c"}
+    colors = {
+        "fxquant": "#1f77b4",
+        "fxquant calibrated": "#17becf",
+        "torchao": "#ff7f0e",
+        "ao quantize_dynamic": "#2ca02c",
+    }
 
     def family(r: dict) -> str:
+        if r["method"] == "calibrated":
+            return "fxquant calibrated"
         return r["method"] if r["method"] == "fxquant" else r["peer_family"]
 
     def bars(ax, rows: list[dict], value: Callable[[dict], float], fmt: str) -> None:
@@ -406,11 +446,17 @@ def plot(rec: dict, path: Path) -> None:
 # --------------------------------------------------------------------------- runs
 
 
-def variants(schemes: list[str]) -> list[tuple[str, object]]:
-    """fp32, every fxquant recipe, then the peers of those recipes (slow ones last)."""
+def variants(schemes: list[str], calibrated: list[str] = ()) -> list[tuple[str, object]]:
+    """fp32, every fxquant recipe, the calibrated rows, then the peers of those recipes (slow
+    ones last)."""
     peers = [p for p in PEERS if p.recipe in schemes]
     peers.sort(key=lambda p: p.slow)  # stable: table order otherwise
-    return [("fp32", None), *[("fxquant", r) for r in schemes], *[("peer", p) for p in peers]]
+    return [
+        ("fp32", None),
+        *[("fxquant", r) for r in schemes],
+        *[("calibrated", c) for c in calibrated],
+        *[("peer", p) for p in peers],
+    ]
 
 
 def _rel(v: float, base: float | None) -> float | None:
@@ -424,12 +470,15 @@ def run_smollm2(args, res: Results, todo: list[tuple[str, object]], tq, ctx: dic
     if not ctx:
         t0 = time.perf_counter()
         model, tok = assets.load_smollm2()
-        wiki = assets.wiki_text(max_chars=max(200_000, 8 * args.tokens))
+        wiki = assets.wiki_text()
         texts = {
             "lee": torch.tensor(tok(assets.lee_text("background")).input_ids[: args.tokens]),
             "wiki": torch.tensor(tok(wiki).input_ids[: args.tokens]),
         }
         res.rec["tokens"] = {k: int(v.numel()) for k, v in texts.items()}
+        after = torch.tensor(tok(wiki).input_ids[args.tokens :])
+        calib = [after[i * WINDOW : (i + 1) * WINDOW].unsqueeze(0) for i in range(CALIB_WINDOWS)]
+        ctx["calib"] = [c for c in calib if c.numel() == WINDOW]
         ep = evaluate.export_causal_lm(model)
         took = time.perf_counter() - t0
         print(f"SmolLM2 loaded + exported in {took:.0f} s; tokens {res.rec['tokens']}")
@@ -437,7 +486,7 @@ def run_smollm2(args, res: Results, todo: list[tuple[str, object]], tq, ctx: dic
     model, texts, ep, base = ctx["model"], ctx["texts"], ctx["ep"], ctx["base"]
     bar = tqdm(todo, desc="SmolLM2", unit="variant")
     for kind, what in bar:
-        name = "fp32" if kind == "fp32" else what if kind == "fxquant" else what.name
+        name = "fp32" if kind == "fp32" else what.name if kind == "peer" else what
         bar.set_description(f"SmolLM2 {name}")
         row: dict = {"name": name, "status": "ok"}
         t1 = time.perf_counter()
@@ -455,6 +504,10 @@ def run_smollm2(args, res: Results, todo: list[tuple[str, object]], tq, ctx: dic
                     linears_skipped=len(rep.skipped),
                     program_bytes=rep.program_bytes,
                 )
+                fn = qep.module()
+            elif kind == "calibrated":
+                row["calibration_tokens"] = WINDOW * len(ctx["calib"])
+                qep = _calibrate(ep, what, ctx["calib"], row)
                 fn = qep.module()
             else:
                 fam = "ao quantize_dynamic" if what.torchao_config is None else "torchao"
@@ -527,11 +580,18 @@ def run_minilm(args, res: Results, todo: list[tuple[str, object]], tq, ctx: dict
         ref = embed(ep.module(), batches)
         ctx.update(model=model, batches=batches, ep=ep, ref=ref, ref_nn=nearest(ref))
         ctx["eager"] = embed(EncoderWrapper(model), batches)
+        passages = [p for p in assets.wiki_text().split("\n") if len(p.split()) >= 6]
+        enc = [
+            tok(passages[i * CALIB_BATCH : (i + 1) * CALIB_BATCH], padding="max_length",
+                truncation=True, max_length=MINILM_MAX_LEN, return_tensors="pt")
+            for i in range(CALIB_BATCHES)
+        ]  # fmt: skip
+        ctx["calib"] = [(e["input_ids"], e["attention_mask"]) for e in enc]
     model, batches, ep = ctx["model"], ctx["batches"], ctx["ep"]
     ref, ref_nn, eager = ctx["ref"], ctx["ref_nn"], ctx["eager"]
     bar = tqdm(todo, desc="MiniLM", unit="variant")
     for kind, what in bar:
-        name = "fp32" if kind == "fp32" else what if kind == "fxquant" else what.name
+        name = "fp32" if kind == "fp32" else what.name if kind == "peer" else what
         bar.set_description(f"MiniLM {name}")
         row: dict = {"name": name, "status": "ok"}
         try:
@@ -542,6 +602,10 @@ def run_minilm(args, res: Results, todo: list[tuple[str, object]], tq, ctx: dict
                 row.update(method="fxquant", recipe=what)
                 qep = fxquant.quantize(ep, what)
                 row["linears_quantized"] = len(fxquant.report(qep).quantized)
+                row.update(embedding_metrics(embed(qep.module(), batches), ref, ref_nn))
+                del qep
+            elif kind == "calibrated":
+                qep = _calibrate(ep, what, ctx["calib"], row)
                 row.update(embedding_metrics(embed(qep.module(), batches), ref, ref_nn))
                 del qep
             else:
@@ -598,6 +662,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="1024 tokens, 128 sentences, 4 recipes")
     ap.add_argument("--schemes", default=None, help="comma-separated recipes (default: all)")
+    ap.add_argument(
+        "--calibrated",
+        default=None,
+        help="comma-separated fxquant.calibrate rows (default: autoround-int4-64 with the full "
+        f"run, none with --quick; known: {', '.join(calibrated_variants())})",
+    )
     ap.add_argument("--tokens", type=int, default=None, help="tokens per text (default 8192)")
     ap.add_argument("--sentences", type=int, default=None, help="MiniLM sentences (default 512)")
     ap.add_argument(
@@ -618,6 +688,12 @@ def main() -> None:
         schemes = list(QUICK_SCHEMES if args.quick else fxquant.RECIPES)
     for s in schemes:
         fxquant.from_recipe_name(s)  # a typo fails now, not after minutes of fp32 work
+    if args.calibrated is None:
+        args.calibrated = "" if args.quick else "autoround-int4-64"
+    calibrated = [c.strip() for c in args.calibrated.split(",") if c.strip()]
+    unknown = [c for c in calibrated if c not in calibrated_variants()]
+    if unknown:
+        raise SystemExit(f"unknown --calibrated {unknown}; known: {list(calibrated_variants())}")
     torch.set_num_threads(min(2, os.cpu_count() or 1))
     torch.manual_seed(0)
 
@@ -651,13 +727,24 @@ def main() -> None:
             "rel_pct": "100 * (ppl / ppl_fp32 - 1)",
         },
         "schemes": schemes,
+        "calibrated": {
+            name: {"scheme": scheme.to_dict(), "method": {"type": type(m).__name__, **vars(m)}}
+            for name, (scheme, m) in calibrated_variants().items()
+            if name in calibrated
+        },
+        "calibration_data": {
+            "smollm2": f"{CALIB_WINDOWS} windows of {WINDOW} tokens of assets.wiki_text() after "
+            "the evaluated tokens",
+            "minilm": f"{CALIB_BATCHES} batches of {CALIB_BATCH} Wikipedia passages (>= 6 "
+            f"words), padded to {MINILM_MAX_LEN} tokens",
+        },
         "tokens": {},
         "sentences": None,
     }
     res = Results(args.out_dir, meta)
     # Fast variants of both models first, then the slow peers: a run stopped early still has
     # every fxquant row of both models. The AOTI check (a build of minutes) comes last.
-    todo = variants(schemes)
+    todo = variants(schemes, calibrated)
     fast = [v for v in todo if not (v[0] == "peer" and v[1].slow)]
     slow = [v for v in todo if v not in fast]
     lm_ctx: dict = {}
