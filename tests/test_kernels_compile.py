@@ -529,8 +529,8 @@ def _lowbit_cases():
 
 def _rotation_and_codebook_cases():
     """FP-Quant's fused rotate-and-quantize kernel (MXFP4 QuEST / abs_max, NVFP4), and the
-    HIGGS, AQLM and VPTQ GEMMs that decode their codes in the K loop."""
-    from fxquant.kernels import aqlm, fp_quant, higgs, vptq
+    HIGGS, AQLM, VPTQ and SpQR GEMMs that decode their codes in the K loop."""
+    from fxquant.kernels import aqlm, fp_quant, gemm, higgs, spqr, vptq
 
     cases = []
     for label, g, bs, mx, quest in (
@@ -635,6 +635,39 @@ def _rotation_and_codebook_cases():
                     "BLOCK_N": 64,
                     "BLOCK_G": vptq._BLOCK_G,
                 },
+            )  # fmt: skip
+        )
+    # SpQR: a decode / prefill GEMM; bf16 x (two bf16 dots a step) with the outlier epilogue on
+    # every path, fp16 and fp32 x (one dot) on the prefill path
+    m = spqr
+    types = {
+        "x_ptr": "*bf16",
+        "w_ptr": "*i64",
+        "ro_ptr": "*i32",
+        "oc_ptr": "*i32",
+        "od_ptr": "*fp32",
+        "bias_ptr": "*bf16",
+        "M": "i32",
+        "N": "i32",
+        "K": "i32",
+    }
+    cases += _gemm_cases(
+        "spqr linear",
+        m._decode_kernel,
+        m._prefill_kernel,
+        types,
+        "y_ptr",
+        gemm.GROUP_M,
+        {"HAS_OUTLIERS": True},
+    )
+    for x_type in ("*fp16", "*fp32"):
+        cases.append(
+            _case(
+                f"spqr linear prefill x={x_type[1:]} no outliers",
+                m._prefill_kernel,
+                {**types, "x_ptr": x_type, "bias_ptr": x_type, "y_ptr": x_type},
+                {"HAS_OUTLIERS": False, "HAS_BIAS": True, "GROUP_M": gemm.GROUP_M, "SPLIT_K": 1},
+                m._prefill_kernel.configs[0],
             )  # fmt: skip
         )
     return cases

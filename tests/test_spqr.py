@@ -132,12 +132,18 @@ def test_the_lowerings_compute_the_reference():
     for m in (1, 6):
         x = torch.randn(m, N)
         assert sqnr(ep.module()(x), lowered.module()(x)) > 80
-    from fxquant.kernels.spqr import lower_spqr_linear  # CUDA: the same composition
+    # the CUDA lowering (a Triton GEMM) on this loaded layer: tests/test_kernels_spqr.py checks
+    # it case by case under the interpreter; it sums K in another order, so fp32 rounding apart
+    pytest.importorskip("triton")
+    from fxquant.kernels.spqr import lower_spqr_linear
 
     t = read_quantized(tensors, quantization_config=QCFG).weights["proj.weight"].tensors
     x = torch.randn(4, N)
     args = [t[c] for c in Spqr.constants]
-    assert torch.equal(lower_spqr_linear(x, *args, None), spqr.spqr_linear(x, *args))
+    want = spqr.spqr_linear(x, *args)
+    torch.testing.assert_close(
+        lower_spqr_linear(x, *args, None), want, rtol=1e-5, atol=1e-5 * want.abs().max().item()
+    )
 
 
 def test_bad_spqr_checkpoints_and_configs_say_what_is_wrong():

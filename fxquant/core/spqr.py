@@ -57,11 +57,14 @@ def dense(dense_weights: Tensor, m: int, n: int) -> Tensor:
 
 def outlier_rows(row_offsets: Tensor, nnz: int, m: int) -> Tensor:
     """The row of each outlier, from CSR (m + 1 offsets) or PTCSR (m/16 + 1) offsets."""
+    dev = row_offsets.device
     counts = row_offsets.diff().long()
     if row_offsets.numel() == m + 1:
-        return torch.repeat_interleave(torch.arange(m), counts, output_size=nnz)
-    blocks = torch.repeat_interleave(torch.arange(row_offsets.numel() - 1), counts, output_size=nnz)
-    return blocks * TILE + torch.arange(nnz) % TILE
+        return torch.repeat_interleave(torch.arange(m, device=dev), counts, output_size=nnz)
+    blocks = torch.repeat_interleave(
+        torch.arange(row_offsets.numel() - 1, device=dev), counts, output_size=nnz
+    )
+    return blocks * TILE + torch.arange(nnz, device=dev) % TILE
 
 
 def dequantize(
