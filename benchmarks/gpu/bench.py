@@ -40,6 +40,7 @@ no timing worth reading: it is how the script is checked where there is no GPU.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.metadata
 import json
 import os
@@ -656,20 +657,37 @@ class _EveryK(nn.Module):
         return torch.stack([fc(x[..., : fc.in_features]) for fc in self.fc])
 
 
-def _first_configs_only() -> None:
-    """Every fxquant autotuner keeps its first config. every_k checks correctness at 200 Ks, and
-    autotuning keys on K: on the H200 (2026-12-04) tuning each new K put the first recipe alone
-    past five minutes. The first configs are the small tiles that serve every shape."""
+@contextlib.contextmanager
+def _first_configs_only():
+    """Every fxquant autotuner keeps its first config, inside the block. every_k checks
+    correctness at 200 Ks, and autotuning keys on K: on the H200 (2026-12-04) tuning each new K
+    put the first recipe alone past five minutes. The first configs are the small tiles that
+    serve every shape."""
     from triton.runtime.autotuner import Autotuner
 
-    for name, module in list(sys.modules.items()):
-        if name.startswith("fxquant.kernels") and module is not None:
-            for value in vars(module).values():
-                if isinstance(value, Autotuner):
-                    value.configs = value.configs[:1]
+    tuners = {
+        id(v): v
+        for name, module in list(sys.modules.items())
+        if name.startswith("fxquant.kernels") and module is not None
+        for v in vars(module).values()
+        if isinstance(v, Autotuner)
+    }
+    saved = {i: t.configs for i, t in tuners.items()}
+    for t in tuners.values():
+        t.configs = t.configs[:1]
+    try:
+        yield
+    finally:
+        for i, t in tuners.items():
+            t.configs = saved[i]
 
 
 def run_every_k(res: Results, budget: Budget, *, device: str, smoke: bool) -> None:
+    with _first_configs_only():
+        _every_k(res, budget, device=device, smoke=smoke)
+
+
+def _every_k(res: Results, budget: Budget, *, device: str, smoke: bool) -> None:
     import fxquant
     from fxquant.passes.lower import lowerings
 
@@ -680,7 +698,6 @@ def run_every_k(res: Results, budget: Budget, *, device: str, smoke: bool) -> No
             fn = table.get(target)
             return super().call_function(target, args, kwargs) if fn is None else fn(*args)
 
-    _first_configs_only()
     ks = list(range(1, 9 if smoke else 201))
     torch.manual_seed(0)
     model = _EveryK(ks).eval().to(device)
