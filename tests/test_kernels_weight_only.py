@@ -8,7 +8,7 @@ the same input as the reference, so quantization error itself cancels out.
 
 The launcher's path follows M: decode at M ≤ 16 (here with the interpreter's one decode config,
 SPLIT_K = 1), prefill above. Split-K and the int4 K-step rule are forced with explicit configs,
-the int4 dense path with ``INT4_DENSE_MIN_M``.
+the int4 dense path (a GPU's prefill, ``gemm.library_prefill``) by opening its device gate.
 
 One comparison is bit for bit: the int4 GEMM against the outputs its dedicated kernel gave
 before int4 became the intx kernel at 4 bits (``tests/fixtures/int4_kernel_outputs.pt``).
