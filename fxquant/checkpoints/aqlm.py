@@ -23,6 +23,7 @@ from fxquant.checkpoints.base import (
     TensorSource,
     expect,
     need,
+    quantized_modules,
 )
 from fxquant.core.config import Aqlm
 from fxquant.core.scheme import QuantizedWeight
@@ -40,9 +41,7 @@ def read_aqlm(source: TensorSource, qcfg: Mapping[str, Any]) -> LoadedCheckpoint
             "formats); the codes of larger output groups would need a row expansion"
         )
     scheme = Aqlm(in_group_size=ig, num_codebooks=c, nbits_per_codebook=bits)
-    modules = sorted(n.removesuffix(".codes") for n in source if n.endswith(".codes"))
-    if not modules:
-        raise CheckpointError("AQLM checkpoint has no '*.codes' tensor (no quantized layer)")
+    modules = quantized_modules(source, "codes", "AQLM")
     out = LoadedCheckpoint(format=f"aqlm ({c}x{bits}, groups of {ig})")
     consumed: set[str] = set()
     for m in modules:

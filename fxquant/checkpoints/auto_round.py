@@ -27,7 +27,12 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from fxquant.checkpoints.base import CheckpointError, LoadedCheckpoint, TensorSource
+from fxquant.checkpoints.base import (
+    CheckpointError,
+    LoadedCheckpoint,
+    TensorSource,
+    quantized_modules,
+)
 from fxquant.checkpoints.gptq import read_awq, read_gptq
 
 __all__ = ["read_auto_round"]
@@ -53,9 +58,7 @@ def read_auto_round(source: TensorSource, qcfg: Mapping[str, Any]) -> LoadedChec
             f"AutoRound packing_format={fmt!r} is not supported; loaded: "
             f"{', '.join(repr(f) for f in (*_GPTQ_V1, *_GPTQ_V2, *_AWQ))}"
         )
-    modules = sorted(n.removesuffix(".qweight") for n in source if n.endswith(".qweight"))
-    if not modules:
-        raise CheckpointError("AutoRound checkpoint has no '*.qweight' tensor (no quantized layer)")
+    modules = quantized_modules(source, "qweight", "AutoRound")
     # one reader call per distinct (bits, group_size): extra_config may give layers their own
     by_layout: dict[tuple[int, int], list[str]] = {}
     for m in modules:

@@ -64,6 +64,20 @@ class TensorSource(Mapping):
         return len(self._dict) + len(self._where)
 
 
+def modules_with(source: Mapping[str, Any], suffix: str) -> list[str]:
+    """The modules that hold a ``<module>.<suffix>`` tensor in ``source``, sorted."""
+    return sorted(n.removesuffix(f".{suffix}") for n in source if n.endswith(f".{suffix}"))
+
+
+def quantized_modules(source: Mapping[str, Any], suffix: str, fmt: str) -> list[str]:
+    """:func:`modules_with`, or a CheckpointError naming the ``fmt`` checkpoint and the tensor
+    every quantized layer of it has, when no module holds one."""
+    modules = modules_with(source, suffix)
+    if not modules:
+        raise CheckpointError(f"{fmt} checkpoint has no '*.{suffix}' tensor (no quantized layer)")
+    return modules
+
+
 def _open_safetensors(path: Path):
     try:
         from safetensors import safe_open

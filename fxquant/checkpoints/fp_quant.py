@@ -32,6 +32,7 @@ from fxquant.checkpoints.base import (
     LoadedCheckpoint,
     TensorSource,
     expect,
+    modules_with,
     need,
 )
 from fxquant.core.config import FPQuant
@@ -49,7 +50,7 @@ def read_fp_quant(source: TensorSource, qcfg: Mapping[str, Any]) -> LoadedCheckp
     """An ``fp_quant`` checkpoint's tensors → fxquant constants (module docstring)."""
     base = from_hf(dict(qcfg)).scheme  # the config's own checks, and its defaults
     assert isinstance(base, FPQuant)
-    modules = sorted(n.removesuffix(".qweight") for n in source if n.endswith(".qweight"))
+    modules = modules_with(source, "qweight")
     if not modules:
         if any(n.endswith(".dqweight") for n in source):
             raise CheckpointError(

@@ -36,6 +36,7 @@ from fxquant.checkpoints.base import (
     int4_weight,
     int_weight,
     need,
+    quantized_modules,
     unpack_int32,
 )
 from fxquant.core.config import Int8WeightOnly
@@ -44,10 +45,6 @@ from fxquant.core.scheme import QuantizedWeight
 __all__ = ["AWQ_ORDER", "read_awq", "read_gptq"]
 
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # field i of an AWQ word → column 8·c + AWQ_ORDER[i]
-
-
-def _modules(source: TensorSource) -> list[str]:
-    return sorted(n.removesuffix(".qweight") for n in source if n.endswith(".qweight"))
 
 
 def _rest(source: TensorSource, out: LoadedCheckpoint, consumed: set[str]) -> None:
@@ -79,9 +76,7 @@ def read_gptq(source: TensorSource, qcfg: Mapping[str, Any]) -> LoadedCheckpoint
         group_size = -1
     out = LoadedCheckpoint(format=f"gptq ({fmt}, {bits}-bit)")
     consumed: set[str] = set()
-    modules = _modules(source)
-    if not modules:
-        raise CheckpointError("GPTQ checkpoint has no '*.qweight' tensor")
+    modules = quantized_modules(source, "qweight", "GPTQ")
     for m in modules:
         qweight = expect(f"{m}.qweight", source[f"{m}.qweight"], dtype=torch.int32)
         qzeros = expect(
@@ -153,9 +148,7 @@ def read_awq(source: TensorSource, qcfg: Mapping[str, Any]) -> LoadedCheckpoint:
         raise NotImplementedError("AWQ zero_point=False: only the zero-point layout loads")
     out = LoadedCheckpoint(format="awq (gemm)")
     consumed: set[str] = set()
-    modules = _modules(source)
-    if not modules:
-        raise CheckpointError("AWQ checkpoint has no '*.qweight' tensor")
+    modules = quantized_modules(source, "qweight", "AWQ")
     for m in modules:
         qweight = expect(f"{m}.qweight", source[f"{m}.qweight"], dtype=torch.int32)
         qzeros = expect(

@@ -31,6 +31,7 @@ from fxquant.checkpoints.base import (
     expect,
     int_weight,
     need,
+    quantized_modules,
 )
 from fxquant.core.reference_lowbit import unpack_mlx
 
@@ -50,9 +51,7 @@ def read_mlx(source: TensorSource, qcfg: Mapping[str, Any]) -> LoadedCheckpoint:
         )
     per = 32 // bits
     bias_name = "qbiases" if any(n.endswith(".qbiases") for n in source) else "biases"
-    modules = sorted(n.removesuffix(".scales") for n in source if n.endswith(".scales"))
-    if not modules:
-        raise CheckpointError("MLX checkpoint has no '*.scales' tensor (no quantized layer)")
+    modules = quantized_modules(source, "scales", "MLX")
     out = LoadedCheckpoint(format=f"mlx affine ({bits}-bit, groups of {group_size})")
     consumed: set[str] = set()
     for m in modules:

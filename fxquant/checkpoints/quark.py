@@ -45,6 +45,7 @@ from fxquant.checkpoints.base import (
     expect,
     int_weight,
     need,
+    quantized_modules,
     unpack_int32,
 )
 from fxquant.checkpoints.compressed_tensors_read import _float8, _int8_scheme
@@ -72,11 +73,7 @@ def read_quark(source: TensorSource, qcfg: Mapping[str, Any]) -> LoadedCheckpoin
             "Hadamard matrix at run time, which the graph would need; not mapped"
         )
     order = AWQ_ORDER if export.get("pack_method", "reorder") == "reorder" else None
-    modules = sorted(n.removesuffix(".weight_scale") for n in source if n.endswith(".weight_scale"))
-    if not modules:
-        raise CheckpointError(
-            "Quark checkpoint has no '*.weight_scale' tensor (no quantized layer)"
-        )
+    modules = quantized_modules(source, "weight_scale", "Quark")
     out = LoadedCheckpoint(format="quark")
     consumed: set[str] = set()
     for m in modules:

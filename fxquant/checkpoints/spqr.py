@@ -18,7 +18,14 @@ from typing import Any
 
 import torch
 
-from fxquant.checkpoints.base import CheckpointError, LoadedCheckpoint, TensorSource, expect, need
+from fxquant.checkpoints.base import (
+    CheckpointError,
+    LoadedCheckpoint,
+    TensorSource,
+    expect,
+    need,
+    quantized_modules,
+)
 from fxquant.core.config import Spqr
 from fxquant.core.scheme import QuantizedWeight
 
@@ -34,13 +41,7 @@ def read_spqr(source: TensorSource, qcfg: Mapping[str, Any]) -> LoadedCheckpoint
                 "transformers' SpQRConfig allow nothing else)"
             )
     shapes = qcfg.get("shapes") or {}
-    modules = sorted(
-        n.removesuffix(".dense_weights") for n in source if n.endswith(".dense_weights")
-    )
-    if not modules:
-        raise CheckpointError(
-            "SpQR checkpoint has no '*.dense_weights' tensor (no quantized layer)"
-        )
+    modules = quantized_modules(source, "dense_weights", "SpQR")
     out = LoadedCheckpoint(format="spqr (3-bit, 16×16)")
     consumed: set[str] = set()
     for m in modules:

@@ -26,6 +26,7 @@ from fxquant.checkpoints.base import (
     TensorSource,
     expect,
     need,
+    quantized_modules,
 )
 from fxquant.core.config import Vptq
 from fxquant.core.scheme import QuantizedWeight
@@ -41,9 +42,7 @@ def _layer_config(module: str, qcfg: Mapping[str, Any]) -> Mapping[str, Any] | N
 
 def read_vptq(source: TensorSource, qcfg: Mapping[str, Any]) -> LoadedCheckpoint:
     """A VPTQ checkpoint's tensors → fxquant constants (module docstring)."""
-    modules = sorted(n.removesuffix(".indices") for n in source if n.endswith(".indices"))
-    if not modules:
-        raise CheckpointError("VPTQ checkpoint has no '*.indices' tensor (no quantized layer)")
+    modules = quantized_modules(source, "indices", "VPTQ")
     out = LoadedCheckpoint(format="vptq")
     consumed: set[str] = set()
     for m in modules:
