@@ -155,11 +155,7 @@ def _dense_at(weight: Tensor, rows: Tensor, cols: Tensor, k: int) -> Tensor:
     tile = ((rows // TILE) * (k // TILE) + cols // TILE) * TILE  # the tile's first word
     d = weight.to(torch.int64)
     word = d[tile + rows % TILE]
-    fr = (d[tile[:, None] + torch.arange(0, TILE, 2, device=d.device)] >> 54) & 0xFF  # [nnz, 8]
-    w_s_s, w_z_s = spqr._fp16(fr[:, 0], fr[:, 1]), spqr._fp16(fr[:, 2], fr[:, 3])
-    w_s_z, w_z_z = spqr._fp16(fr[:, 4], fr[:, 5]), spqr._fp16(fr[:, 6], fr[:, 7])
-    s = ((word & 7).half() - w_s_z) * w_s_s
-    z = (((word >> 3) & 7).half() - w_z_z) * w_z_s
+    s, z = spqr.row_scale_zero(word, d[tile[:, None] + torch.arange(0, TILE, 2, device=d.device)])
     q = ((word >> (6 + 3 * (cols % TILE))) & 7).half()
     return (q - z) * s
 

@@ -41,16 +41,23 @@ def _fp16(lo: Tensor, hi: Tensor) -> Tensor:
     return _half(lo | (hi << 8))
 
 
+def row_scale_zero(word: Tensor, even_rows: Tensor) -> tuple[Tensor, Tensor]:
+    """(s, z) fp16 of tile rows ``word`` (int64 [...]), from the tile's words at rows 0, 2, …,
+    14 (int64 [..., 8], broadcast against ``word``; rows 2p and 2p + 1 both carry byte p of the
+    statistics)."""
+    fr = (even_rows >> 54) & 0xFF
+    w_s_s, w_z_s = _fp16(fr[..., 0], fr[..., 1]), _fp16(fr[..., 2], fr[..., 3])
+    w_s_z, w_z_z = _fp16(fr[..., 4], fr[..., 5]), _fp16(fr[..., 6], fr[..., 7])
+    s = ((word & 7).half() - w_s_z) * w_s_s
+    z = (((word >> 3) & 7).half() - w_z_z) * w_z_s
+    return s, z
+
+
 def dense(dense_weights: Tensor, m: int, n: int) -> Tensor:
     """The dense part, fp16 [m, n] in permuted column order."""
     d = dense_weights.to(torch.int64).view(m // TILE, n // TILE, TILE)
-    ws, wz = (d & 7).half(), ((d >> 3) & 7).half()
     q = torch.stack([(d >> (6 + 3 * j)) & 7 for j in range(TILE)], -1).half()  # [TI, TJ, r, j]
-    fr = (d >> 54) & 0xFF  # rows 2p and 2p + 1 both carry byte p
-    w_s_s, w_z_s = _fp16(fr[..., 0], fr[..., 2]), _fp16(fr[..., 4], fr[..., 6])
-    w_s_z, w_z_z = _fp16(fr[..., 8], fr[..., 10]), _fp16(fr[..., 12], fr[..., 14])
-    s = (ws - w_s_z[..., None]) * w_s_s[..., None]
-    z = (wz - w_z_z[..., None]) * w_z_s[..., None]
+    s, z = row_scale_zero(d, d[..., None, ::2])  # [TI, TJ, 1, 8]: broadcast over the 16 rows
     wp = (q - z[..., None]) * s[..., None]
     return wp.permute(0, 2, 1, 3).reshape(m, n)
 
