@@ -168,12 +168,12 @@ def gemm_shapes(smoke: bool) -> list[tuple[str, int, int]]:
     ]
 
 
-def baselines(x: torch.Tensor, w: torch.Tensor, bench, smoke: bool) -> dict:
+def baselines(x: torch.Tensor, w: torch.Tensor, bench, graph, smoke: bool) -> dict:
     """bf16 F.linear, _scaled_mm (tensor, row) and _int_mm on the same problem."""
     from fxquant.core import reference as ref
 
     out = {"bf16": bench(lambda: F.linear(x, w))}
-    out["bf16_graph"] = graph_timer(smoke)(lambda: F.linear(x, w))
+    out["bf16_graph"] = graph(lambda: F.linear(x, w))
     if smoke:  # _scaled_mm / _int_mm have no CPU kernels worth timing
         return out
     m = x.shape[0]
@@ -190,7 +190,7 @@ def baselines(x: torch.Tensor, w: torch.Tensor, bench, smoke: bool) -> dict:
         out["scaled_mm_row"] = bench(
             lambda: torch._scaled_mm(xr, wr.t(), scale_a=xrs, scale_b=wrs_row, out_dtype=bf)
         )
-        out["scaled_mm_row_graph"] = graph_timer(smoke)(
+        out["scaled_mm_row_graph"] = graph(
             lambda: torch._scaled_mm(xr, wr.t(), scale_a=xrs, scale_b=wrs_row, out_dtype=bf)
         )
     except Exception as e:  # noqa: BLE001 - recorded, not fatal
@@ -249,7 +249,7 @@ def run_kernels(res: Results, budget: Budget, *, device: str, smoke: bool) -> No
                 print("kernels: budget spent, stopping", flush=True)
                 return
             x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
-            base = baselines(x, w, bench, smoke)
+            base = baselines(x, w, bench, graph, smoke)
             row = {"shape": label, "M": m, "N": n, "K": k, "baselines_ms": base, "recipes": {}}
             for recipe in RECIPES:
                 scheme = fxquant.from_recipe_name(recipe)
@@ -316,7 +316,7 @@ def run_experts(res: Results, budget: Budget, *, device: str, smoke: bool) -> No
     from fxquant.core import reference_mx as rmx
     from fxquant.passes.lower import lowerings
 
-    bench = timer(smoke)
+    bench, graph = timer(smoke), graph_timer(smoke)
     fast = lowerings("cuda")[torch.ops.fxquant.mxfp4_grouped_mm.default]
     e, top_k, d = (4, 2, 64) if smoke else (32, 4, 2880)
     shapes = [("gate_up", 2 * d, d), ("down", d, d)] if not smoke else [("gate_up", 48, d)]
@@ -340,13 +340,13 @@ def run_experts(res: Results, budget: Budget, *, device: str, smoke: bool) -> No
                 y = fast(*args)
                 row["sqnr_vs_reference_db"] = sqnr(rmx.mxfp4_grouped_mm(*args), y)
                 row["ms"] = bench(lambda args=args: fast(*args))
-                row["graph_ms"] = graph_timer(smoke)(lambda args=args: fast(*args))
+                row["graph_ms"] = graph(lambda args=args: fast(*args))
                 if hasattr(torch, "_grouped_mm") and not smoke:
                     bf16 = (x, w_ekn)
                     base = bench(lambda b=bf16, o=offs: torch._grouped_mm(*b, offs=o))
                     row["bf16_grouped_mm_ms"] = base
                     row["speedup_vs_bf16"] = base / row["ms"]
-                    gbase = graph_timer(smoke)(lambda b=bf16, o=offs: torch._grouped_mm(*b, offs=o))
+                    gbase = graph(lambda b=bf16, o=offs: torch._grouped_mm(*b, offs=o))
                     if gbase and row["graph_ms"]:
                         row["graph_speedup_vs_bf16"] = gbase / row["graph_ms"]
             except Exception as ex:  # noqa: BLE001 - a failing kernel is a result
