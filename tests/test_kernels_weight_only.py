@@ -8,7 +8,7 @@ the same input as the reference, so quantization error itself cancels out.
 
 The launcher's path follows M: decode at M ≤ 16 (here with the interpreter's one decode config,
 SPLIT_K = 1), prefill above. Split-K and the int4 K-step rule are forced with explicit configs,
-the int4 dense path (a GPU's prefill, ``gemm.library_prefill``) by opening its device gate.
+the int4 dense path (a GPU's prefill) in tests/test_kernels_library_prefill.py.
 
 One comparison is bit for bit: the int4 GEMM against the outputs its dedicated kernel gave
 before int4 became the intx kernel at 4 bits (``tests/fixtures/int4_kernel_outputs.pt``).
@@ -25,9 +25,9 @@ from torch.library import opcheck
 triton = pytest.importorskip("triton")
 
 from fxquant.core import reference as ref  # noqa: E402
-from fxquant.kernels import configs, gemm  # noqa: E402
+from fxquant.kernels import configs  # noqa: E402
 from fxquant.kernels import float8_weight_only as f8wo  # noqa: E402, F401  (registers the op)
-from fxquant.kernels import int4_weight_only as i4wo  # noqa: E402
+from fxquant.kernels import int4_weight_only as i4wo  # noqa: E402, F401  (registers the op)
 from fxquant.kernels import int8_weight_only as i8wo  # noqa: E402
 from fxquant.kernels import intx_weight_only as intx  # noqa: E402  (int4's GEMM kernel)
 
@@ -165,32 +165,6 @@ def test_int4_k_steps_and_split_k(kernel, config, m, group_size, monkeypatch):
     monkeypatch.setattr(getattr(intx, kernel), "configs", config)
     args, expected = _int4((m, 100), 37, group_size, False, torch.bfloat16, True)
     _check(fxq.triton_int4_weight_only_linear(*args), expected, (m, 100), 37)
-
-
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_int4_dense_path(dtype, monkeypatch):
-    # the GPU's prefill path (gemm.library_prefill), here on CPU tensors: M = 20 > DECODE_MAX_M
-    monkeypatch.setattr(gemm, "_library_device", lambda t: True)
-    dense = []
-    monkeypatch.setattr(i4wo, "dequantize", _recording(i4wo.dequantize, dense))
-    args, expected = _int4((2, 10, 100), 37, 32, False, dtype, True)
-    # The dense path rounds W (and the bias sum) to x's dtype: in bf16 that costs ~0.5% of the
-    # output's magnitude (~47 dB), where the fused kernel keeps W in fp32.
-    tol = (1.6e-2, 1e-2, 40.0) if dtype == torch.bfloat16 else None
-    _check(fxq.triton_int4_weight_only_linear(*args), expected, (2, 10, 100), 37, tol=tol)
-    assert dense, "the prefill did not dequantize W"
-    dense.clear()
-    x = args[0][:1, :3]  # M = 3: decode keeps the fused kernel
-    fxq.triton_int4_weight_only_linear(x, *args[1:])
-    assert not dense
-
-
-def _recording(fn, calls: list):
-    def wrapped(*args, **kwargs):
-        calls.append(args)
-        return fn(*args, **kwargs)
-
-    return wrapped
 
 
 @pytest.mark.parametrize(
