@@ -4,7 +4,8 @@ packed indices (main + residual codebook entry per vector of ``vector_len`` outp
 Where it sits: the CUDA lowering at the end of this file (collected by
 ``fxquant.passes.lower_cuda``) maps ``fxquant::vptq_linear`` onto the column scale and permutation
 of x (aten ops Inductor fuses), ``fxquant::triton_vptq_linear`` below, and the column bias as one
-GEMV (W = W'[:, perm⁻¹]·diag(scale) + bias_w gives x·Wᵀ = (x ⊙ scale)[:, perm]·W'ᵀ + x·bias_w).
+GEMV (W = W'[:, perm⁻¹]·diag(scale) + bias_w gives x·Wᵀ = (x ⊙ scale)[:, perm]·W'ᵀ + x·bias_w);
+a checkpoint's outlier columns (the first S of W', decoded at load) are one more small GEMM.
 The oracle is ``fxquant.core.vptq.vptq_linear``.
 
 The kernel reads each (codebook group, output vector block)'s bit stream where its field for
@@ -109,11 +110,14 @@ def triton_vptq_linear(
 
 @lowering("cuda", "vptq_linear")
 def lower_vptq_linear(
-    x, weight, centroids, res_centroids, perm, weight_scale, weight_bias, rows, bias
+    x, weight, centroids, res_centroids, perm, weight_scale, weight_bias, rows, outliers, bias
 ):
     x2 = gemm.rows(x).float()
     xs = (x2 * weight_scale.float())[:, perm]
-    y = torch.ops.fxquant.triton_vptq_linear(xs, weight, centroids, res_centroids, rows)
+    s = 0 if outliers is None else outliers.shape[1]
+    y = torch.ops.fxquant.triton_vptq_linear(xs[:, s:], weight, centroids, res_centroids, rows)
+    if outliers is not None:
+        y = y + xs[:, :s] @ outliers.float().t()
     y = y + (x2 @ weight_bias.float())[:, None]
     if bias is not None:
         y = y + bias.float()

@@ -1,7 +1,7 @@
 """VPTQ (``Vptq``, transformers' ``VptqConfig``): checkpoints packed by the ``vptq`` package's own
-``pack_index`` load onto the weights its own ``dequant`` gives (tests/fixtures/vptq_950716d.pt,
-written by tests/fixtures/make_vptq_fixture.py); the op, its CPU lowering and Triton kernel
-against the reference; bad checkpoints and configs."""
+``pack_index`` load onto the weights its own ``dequant`` gives, outlier columns included
+(tests/fixtures/vptq_950716d.pt, written by tests/fixtures/make_vptq_fixture.py); the op, its
+CPU lowering and Triton kernel against the reference; bad checkpoints and configs."""
 
 from __future__ import annotations
 
@@ -20,12 +20,14 @@ from fxquant.core.reference import sqnr
 from fxquant.passes.lower import lower
 
 FIXTURE = torch.load(Path(__file__).parent / "fixtures" / "vptq_950716d.pt")
+# two codebook groups, a padded last block, and outlier columns whose last block pads too
+OUTLIERS = FIXTURE["cases"][3]
 
 
 def _id(case) -> str:
     cfg = case["quantization_config"]["config_for_layers"]["proj"]
     vl, k, r = cfg["vector_lens"][1], cfg["num_centroids"][1], cfg["num_res_centroids"][1]
-    return f"v{vl}-k{k}-{r}-c{cfg['group_num']}"
+    return f"v{vl}-k{k}-{r}-c{cfg['group_num']}-o{cfg['outlier_size']}"
 
 
 def _dims(case) -> tuple[int, int]:
@@ -51,14 +53,14 @@ def test_vptq_checkpoints_load_onto_the_packages_weights(case):
     ckpt, bias, ep = _loaded(case)
     n, k = _dims(case)
     t = ckpt.weights["proj.weight"].tensors
-    w = vptq.dequantize(*(t[c] for c in Vptq.constants))
+    w = vptq.dequantize(*(t.get(c) for c in (*Vptq.constants, *Vptq.optional_constants)))
     # the package adds, permutes and scales in fp16; fxquant decodes in fp32
     torch.testing.assert_close(w, case["weight"], rtol=2e-3, atol=1e-4)
     assert fxquant.report(ep).rows[0]["weights"] == "given"
     x = torch.randn(5, k)
     want = x @ w.t() + bias
     torch.testing.assert_close(ep.module()(x), want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
-    args = (*(t[c] for c in Vptq.constants), bias)
+    args = (*(t.get(c) for c in (*Vptq.constants, *Vptq.optional_constants)), bias)
     torch.library.opcheck(torch.ops.fxquant.vptq_linear.default, (x, *args))
 
 
@@ -74,11 +76,11 @@ def test_the_index_stream_is_read_across_words():
 
 
 def test_the_cpu_lowering_computes_the_reference():
-    _, _, ep = _loaded(FIXTURE["cases"][1])
+    _, _, ep = _loaded(OUTLIERS)
     lowered = lower(ep)
     targets = {str(n.target) for n in lowered.graph.nodes if n.op == "call_function"}
     assert not any(t.startswith("fxquant.") for t in targets), targets
-    k = _dims(FIXTURE["cases"][1])[1]
+    k = _dims(OUTLIERS)[1]
     for m in (1, 6):
         x = torch.randn(m, k)
         assert sqnr(ep.module()(x), lowered.module()(x)) > 80
@@ -95,7 +97,7 @@ def test_the_triton_kernel_is_the_reference(case, m, dtype):
     t = ckpt.weights["proj.weight"].tensors
     n, k = _dims(case)
     x, b = torch.randn(m, k).to(dtype), torch.randn(n)
-    args = (*(t[c] for c in Vptq.constants), b)
+    args = (*(t.get(c) for c in (*Vptq.constants, *Vptq.optional_constants)), b)
     y = lower_vptq_linear(x, *args)
     want = vptq.vptq_linear(x, *args)
     tol = 1e-5 if dtype == torch.float32 else 1.6e-2
@@ -114,9 +116,26 @@ def test_bad_vptq_checkpoints_and_configs_say_what_is_wrong():
         read_quantized(
             {k: v for k, v in tensors.items() if k != "proj.perm"}, quantization_config=qcfg
         )
-    outliers = {**qcfg, "config_for_layers": {"proj": {**layer, "outlier_size": 4}}}
-    with pytest.raises(NotImplementedError, match="outlier columns"):
-        read_quantized(tensors, quantization_config=outliers)
+    wider = {**qcfg, "config_for_layers": {"proj": {**layer, "in_features": 66}}}
+    with pytest.raises(CheckpointError, match="in_features=66 is not outlier_size"):
+        read_quantized(tensors, quantization_config=wider)
+    ocfg, otensors = OUTLIERS["quantization_config"], OUTLIERS["tensors"]
+    olayer = ocfg["config_for_layers"]["proj"]
+    no_book = {**ocfg, "config_for_layers": {"proj": {**olayer, "vector_lens": [-1, 12]}}}
+    with pytest.raises(CheckpointError, match="outlier_size=5 but no outlier codebook"):
+        read_quantized(otensors, quantization_config=no_book)
+    res = {**ocfg, "config_for_layers": {"proj": {**olayer, "num_res_centroids": [4, -1]}}}
+    with pytest.raises(NotImplementedError, match="residual codebooks on the outlier columns"):
+        read_quantized(otensors, quantization_config=res)
+    with pytest.raises(CheckpointError, match="'proj.outlier_indices' is missing"):
+        read_quantized(
+            {k: v for k, v in otensors.items() if k != "proj.outlier_indices"},
+            quantization_config=ocfg,
+        )
+    big = {**otensors, "proj.outlier_indices": otensors["proj.outlier_indices"].clone()}
+    big["proj.outlier_indices"][0, 0, 0] = 16
+    with pytest.raises(CheckpointError, match="holds index 16; the outlier codebook has 16"):
+        read_quantized(big, quantization_config=ocfg)
     with pytest.raises(CheckpointError, match="no entry in config_for_layers"):
         read_quantized(
             tensors, quantization_config={"quant_method": "vptq", "config_for_layers": {}}
@@ -133,8 +152,8 @@ def test_bad_vptq_checkpoints_and_configs_say_what_is_wrong():
 
 @pytest.mark.slow
 def test_a_vptq_program_saves_and_packages(tmp_path):
-    _, _, ep = _loaded(FIXTURE["cases"][1])
-    k = _dims(FIXTURE["cases"][1])[1]
+    _, _, ep = _loaded(OUTLIERS)
+    k = _dims(OUTLIERS)[1]
     path = tmp_path / "vptq.pt2"
     torch.export.save(ep, path)
     x = torch.randn(4, k)

@@ -7,9 +7,11 @@ layer its ``VptqLayerConfig`` in ``config_for_layers`` (by full module name) or
 it); pairs such as ``vector_lens`` are [outlier part, main part]. Per linear ``<m>``
 (``VQuantLinear`` with packed indices): ``centroids.weight`` [C, K·vl], ``res_centroids.weight``
 [C, R·vl] (R > 0), ``indices`` int32 [C, ⌈out/vl⌉, P], ``perm`` int16 [in] (read as uint16,
-``enable_perm``), ``weight_scale`` / ``weight_bias`` [in] (``enable_norm``), ``bias``. The
-layout is ``fxquant.core.vptq``'s; every shape is checked against the layer's config. Outlier
-columns (``outlier_size`` > 0), unpacked indices and float indices are refused.
+``enable_perm``), ``weight_scale`` / ``weight_bias`` [in] (``enable_norm``), ``bias``; with
+``outlier_size`` S > 0, ``outlier_centroids.weight`` [1, K0·ovl] and ``outlier_indices`` int16
+[1, ⌈out/ovl⌉, S] (not packed; read as uint16), which are decoded here into the dense
+``outliers`` [out, S] the op adds. The layout is ``fxquant.core.vptq``'s; every shape is checked
+against the layer's config. Unpacked indices and float indices are refused.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from fxquant.checkpoints.base import (
     need,
     quantized_modules,
 )
+from fxquant.core import vptq
 from fxquant.core.config import Vptq
 from fxquant.core.scheme import QuantizedWeight
 
@@ -60,18 +63,19 @@ def read_vptq(source: TensorSource, qcfg: Mapping[str, Any]) -> LoadedCheckpoint
 
 def _layer(source, m: str, cfg: Mapping[str, Any]):
     where = f"VPTQ layer {m}"
-    if int(cfg.get("outlier_size", 0) or 0) > 0:
-        raise NotImplementedError(
-            f"{where}: outlier columns (outlier_size={cfg['outlier_size']}) are not loaded "
-            "(untested for inference upstream, and absent from the published models)"
-        )
     if not cfg.get("is_indice_packed", True) or cfg.get("indices_as_float", False):
         raise NotImplementedError(f"{where}: only packed integer indices load (is_indice_packed)")
     vl, k, r = cfg["vector_lens"][1], cfg["num_centroids"][1], cfg["num_res_centroids"][1]
     r = max(int(r), 0)
     c, g = int(cfg.get("group_num", 1)), int(cfg["group_size"])
     n_out, n_in = int(cfg["out_features"]), int(cfg["in_features"])
-    scheme = Vptq(vector_len=vl, num_centroids=k, num_res_centroids=r, group_num=c, group_size=g)
+    s = max(int(cfg.get("outlier_size", 0) or 0), 0)
+    scheme = Vptq(
+        vector_len=vl, num_centroids=k, num_res_centroids=r, group_num=c, group_size=g,
+        outlier_size=s,
+    )  # fmt: skip
+    if reason := scheme.unsupported_reason(out_features=n_out, in_features=n_in):
+        raise CheckpointError(f"{where}: {reason}")
     want = scheme.layout((n_out, n_in))
     used = {f"{m}.indices", f"{m}.centroids.weight"}
     idx = expect(
@@ -112,4 +116,37 @@ def _layer(source, m: str, cfg: Mapping[str, Any]):
         "weight_bias": wbias.contiguous(),
         "rows": torch.arange(n_out),
     }
+    if s:
+        tensors["outliers"] = _outliers(source, m, cfg, n_out, s)
+        used |= {f"{m}.outlier_centroids.weight", f"{m}.outlier_indices"}
     return scheme, QuantizedWeight(tensors, None), (n_out, n_in), used
+
+
+def _outliers(source, m: str, cfg: Mapping[str, Any], n_out: int, s: int) -> torch.Tensor:
+    """The layer's outlier columns → fp32 [out, S], decoded once (``fxquant.core.vptq``)."""
+    where = f"VPTQ layer {m}"
+    ovl, k0, r0 = cfg["vector_lens"][0], cfg["num_centroids"][0], cfg["num_res_centroids"][0]
+    if ovl <= 1 or k0 <= 0:
+        # the package only builds the outlier codebook for vector_lens[0] > 1 and
+        # num_centroids[0] > 0; without it the outlier columns have no weights at all
+        raise CheckpointError(
+            f"{where}: outlier_size={s} but no outlier codebook (vector_lens[0]={ovl}, "
+            f"num_centroids[0]={k0}; the package needs vector_lens[0] > 1 and "
+            "num_centroids[0] > 0)"
+        )
+    if r0 not in (-1, 0):
+        raise NotImplementedError(
+            f"{where}: residual codebooks on the outlier columns (num_res_centroids[0]={r0}) "
+            "do not exist in the vptq package (its VQuantLinear raises on them)"
+        )
+    cb = need(source, f"{m}.outlier_centroids.weight", where)
+    expect(f"{m}.outlier_centroids.weight", cb, dtype=SCALE_DTYPES, shape=(1, k0 * ovl))
+    codes = need(source, f"{m}.outlier_indices", where)
+    expect(f"{m}.outlier_indices", codes, dtype=torch.int16, shape=(1, -(-n_out // ovl), s))
+    codes = codes[0].view(torch.uint16).to(torch.int64)
+    if codes.numel() and int(codes.max()) >= k0:
+        raise CheckpointError(
+            f"tensor '{m}.outlier_indices' holds index {int(codes.max())}; the outlier codebook "
+            f"has {k0} entries"
+        )
+    return vptq.decode_outliers(codes, cb.reshape(k0, ovl), rows=n_out).contiguous()

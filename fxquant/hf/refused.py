@@ -21,7 +21,7 @@ refuses(
     "VPTQ's vector codebooks come from hours of Hessian-weighted k-means (the vptq package), "
     "which fxquant does not run, so a float model is not quantized to it: "
     "`fxquant.load_quantized(ep, path)` loads VPTQ checkpoints (packed indices, residual "
-    "codebooks, permutation and column scales; outlier columns refused) and runs them with the "
+    "codebooks, outlier columns, permutation and column scales) and runs them with the "
     "weight decoded from its codebooks",
 )
 

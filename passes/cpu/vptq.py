@@ -4,9 +4,10 @@ packed indices and codebooks per call, then one fp32 GEMM.
 Where it sits: registered by op name (``fxquant.core.registry``) and read by the lowering pass
 (``fxquant.passes.lower``).
 
-Decoding is shifts and gathers on the index words, two codebook gathers, a column permutation
-and the per-column scale and bias (aten ops Inductor compiles), then ``x @ Wᵀ``: correct, and
-slower than fp32 (a lookup-table CPU kernel is not built).
+Decoding is shifts and gathers on the index words, two codebook gathers, the outlier columns
+(decoded at load) in front, a column permutation and the per-column scale and bias (aten ops
+Inductor compiles), then ``x @ Wᵀ``: correct, and slower than fp32 (a lookup-table CPU kernel is
+not built).
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ from fxquant.core.registry import lowering
 
 
 @lowering("cpu", "vptq_linear")
-def _vptq(x, weight, centroids, res_centroids, perm, weight_scale, weight_bias, rows, bias):
+def _vptq(
+    x, weight, centroids, res_centroids, perm, weight_scale, weight_bias, rows, outliers, bias
+):
     return vptq.vptq_linear(
-        x, weight, centroids, res_centroids, perm, weight_scale, weight_bias, rows, bias
+        x, weight, centroids, res_centroids, perm, weight_scale, weight_bias, rows, outliers, bias
     )

@@ -20,10 +20,11 @@ from fxquant.core.scheme import Scheme, check_int, register_scheme
 class Vptq(Scheme):
     """VPTQ weights: vectors of ``vector_len`` weights down the output axis, each the sum of one
     of ``num_centroids`` main and one of ``num_res_centroids`` residual codebook entries (0: no
-    residual), in ``group_num`` codebook groups of ``group_size`` input columns, with the input
-    channels permuted and scaled as the checkpoint says (``fxquant.core.vptq``); activations in
-    float. Loaded from checkpoints only (``fxquant.load_quantized``): the codebooks come from
-    hours of Hessian-weighted k-means, which fxquant does not run.
+    residual), in ``group_num`` codebook groups of ``group_size`` input columns, after
+    ``outlier_size`` outlier columns with a codebook of their own, with the input channels
+    permuted and scaled as the checkpoint says (``fxquant.core.vptq``); activations in float.
+    Loaded from checkpoints only (``fxquant.load_quantized``): the codebooks come from hours of
+    Hessian-weighted k-means, which fxquant does not run.
 
     Args: the ``VptqLayerConfig`` fields of the same names (main part).
     """
@@ -31,7 +32,8 @@ class Vptq(Scheme):
     name: ClassVar[str] = "vptq"
     # packed indices int32 [C, Nv, P]; centroids fp32 [C, K, vl]; res_centroids fp32 [C, R, vl];
     # perm int64 [in]; weight_scale, weight_bias fp32 [in]; rows int64 [out]: the layer's rows
-    # of the Nv·vl decoded ones (the last vector block is padded)
+    # of the Nv·vl decoded ones (the last vector block is padded); outliers fp32 [out, S], the
+    # first S permuted columns decoded at load (stored only when outlier_size > 0)
     constants = (
         "qweight",
         "centroids",
@@ -41,17 +43,20 @@ class Vptq(Scheme):
         "weight_bias",
         "rows",
     )
+    optional_constants = ("outliers",)
     reference = staticmethod(vptq.vptq_linear)
     vector_len: int = 8
     num_centroids: int = 65536
     num_res_centroids: int = 256
     group_num: int = 1
     group_size: int = 4096
+    outlier_size: int = 0
 
     def __post_init__(self) -> None:
         for f in ("vector_len", "num_centroids", "group_num", "group_size"):
             check_int("Vptq", f, getattr(self, f), minimum=1)
-        check_int("Vptq", "num_res_centroids", self.num_res_centroids, minimum=0)
+        for f in ("num_res_centroids", "outlier_size"):
+            check_int("Vptq", f, getattr(self, f), minimum=0)
         for f in ("num_centroids", "num_res_centroids"):
             v = getattr(self, f)
             if v & (v - 1):
@@ -62,10 +67,10 @@ class Vptq(Scheme):
         return rest[5].shape[0]  # ``rows``: the indices also cover the last block's padding
 
     def unsupported_reason(self, *, out_features: int, in_features: int) -> str | None:
-        if in_features != self.group_num * self.group_size:
+        want = self.outlier_size + self.group_num * self.group_size
+        if in_features != want:
             return (
-                f"in_features={in_features} is not group_num × group_size = "
-                f"{self.group_num * self.group_size}"
+                f"in_features={in_features} is not outlier_size + group_num × group_size = {want}"
             )
         return None
 
@@ -85,7 +90,7 @@ class Vptq(Scheme):
             "weight_scale": ((k,), torch.float32),
             "weight_bias": ((k,), torch.float32),
             "rows": ((n,), torch.int64),
-        }
+        } | ({"outliers": ((n, self.outlier_size), torch.float32)} if self.outlier_size else {})
 
     def quantize(self, w):
         raise NotImplementedError(
