@@ -26,10 +26,10 @@ DISPATCHED = ("int8wo", "w8a8", "fp8wo", "fp8-row", "int4wo-64", "w4a8-64")
 # lowered vs semantic program, dB: the native kernels and _int_mm compute the reference's
 # products (fp32 / exact int32 sums); the bf16 GEMMs round x (or W) and the sums to bf16
 FLOOR = {"native": 80.0, "int_mm": 80.0, "bf16": 40.0}
-# Plans for the forced class: every candidate in some range, and int8 / int4 weight-only with
-# three ranges (two boundaries: a cond nested in the first one's large branch)
+# Plans for the forced class: every candidate in some range, and int4 weight-only with three
+# ranges (two boundaries: a cond nested in the first one's large branch)
 PLANS = {
-    "native_int8_weight_only_linear": [[4, "native"], [16, "int8_act"], [None, "bf16"]],
+    "native_int8_weight_only_linear": [[16, "native"], [None, "bf16"]],
     "native_int8_scaled_linear": [[4, "native"], [None, "int_mm"]],
     "native_float8_weight_only_linear": [[16, "native"], [None, "bf16"]],
     "native_int4_weight_only_linear": [[8, "native"], [32, "int8_act"], [None, "bf16"]],
@@ -40,8 +40,8 @@ PLANS = {
 def _floor(recipe: str, candidate: str) -> float:
     # fp8-row re-rounds each layer's input to e4m3 (steps of 1/8): the bf16 rounding of the
     # layer before moves some of those roundings by a whole step, so it drifts a little more.
-    # weight-only on int8 activations computes the W8A8 / W4A8 program, not the semantic one
-    # (see test_weight_only_on_int8_activations_is_the_int8_activation_program)
+    # int4 weight-only on int8 activations computes the W4A8 program, not the semantic one (see
+    # test_int4_weight_only_on_int8_activations_is_the_w4a8_program)
     if candidate == "int8_act":
         return 30.0
     return 35.0 if (recipe, candidate) == ("fp8-row", "bf16") else FLOOR[candidate]
@@ -160,24 +160,14 @@ def test_w8a8_on_int_mm_is_the_integer_product(forced):
     torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize(
-    ("recipe", "program", "op"),
-    [
-        ("int4wo-64", "w4a8-64", "int4_weight_only_linear"),
-        ("int8wo", "w8a8", "int8_weight_only_linear"),
-    ],
-)
-def test_weight_only_on_int8_activations_is_the_int8_activation_program(
-    forced, monkeypatch, recipe, program, op
-):
-    # The large-M choice for weight-only int4 (AVX2, Zen 4) and int8 (Zen 4): x rounded to int8
-    # per token into the W4A8 / W8A8 kernel. It computes that scheme's program on the same
-    # weight, and stays near the weight-only one: the activation rounding is small beside the
-    # weight's own error.
-    plan = {"native_" + op: [[8, "native"], [None, "int8_act"]]}
+def test_int4_weight_only_on_int8_activations_is_the_w4a8_program(forced, monkeypatch):
+    # AVX2's large-M choice for int4 weight-only (int8_act): x rounded to int8 per token into
+    # the W4A8 kernel. It computes the W4A8 scheme's program on the same weight, and stays near
+    # the weight-only one: the activation rounding is small beside the int4 weight's error.
+    plan = {"native_int4_weight_only_linear": [[8, "native"], [None, "int8_act"]]}
     monkeypatch.setattr(dispatch, "table", lambda: {CLASS: plan})
-    model, qep = _quantized(recipe)
-    _, other = _quantized(program)
+    model, qep = _quantized("int4wo-64")
+    _, w4a8 = _quantized("w4a8-64")
     lowered = lower(qep)
     for m in (1, 8, 9, 48):
         x = torch.randn(m, 128)
@@ -185,12 +175,11 @@ def test_weight_only_on_int8_activations_is_the_int8_activation_program(
         if m <= 8:
             assert sqnr(qep.module()(x), got) >= FLOOR["native"], m
         else:
-            assert sqnr(other.module()(x), got) >= 80.0, m
+            assert sqnr(w4a8.module()(x), got) >= 80.0, m
             assert sqnr(qep.module()(x), got) >= 30.0, m
-        assert sqnr(model(x), got) >= (15.0 if "4" in recipe else 25.0), m
-    assert dispatch.kernel_plan(op, None, CLASS) == (
-        "fxquant native kernel up to M = 8, then int8-activation kernel, W8A8 / W4A8 (x rounded "
-        "to int8 per token)"
+        assert sqnr(model(x), got) >= 15.0, m
+    assert dispatch.kernel_plan("int4_weight_only_linear", None, CLASS) == (
+        "fxquant native kernel up to M = 8, then W4A8 kernel (x rounded to int8 per token)"
     )
 
 

@@ -65,7 +65,7 @@ CANDIDATES = {
     "native": "fxquant native kernel",
     "bf16": "bf16 GEMM (x and the sum rounded to bf16)",
     "int_mm": "torch._int_mm (int8, exact int32 sums)",
-    "int8_act": "int8-activation kernel, W8A8 / W4A8 (x rounded to int8 per token)",
+    "int8_act": "W4A8 kernel (x rounded to int8 per token)",
 }
 
 # semantic op name → (the dispatched GEMM its native lowering runs, on which of its schemes), so

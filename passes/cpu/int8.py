@@ -160,11 +160,8 @@ def _prepack_int8_scaled(node: fx.Node, args, consts):
 # Each GEMM on fp32 [M, N] rows has its candidates by M (``passes/cpu/dispatch.py``): the native
 # kernel (the GEMV that decode wants) and, for large M where the table says so, a GEMM in a
 # wider unit: int8 weight-only as a bf16 GEMM of the exact int8 values (x rounded to bf16, the
-# products' sum rounded to bf16 before the fp32 scale: ~2e-3 relative, under int8's own error)
-# or as w8a8's program (``int8_act``: x rounded to int8 per token, then the int8 x int8 kernel:
-# VNNI's dot products at twice the bf16 rate; w8a8's numerics, ~6e-3 relative on the benchmark
-# stack against int8 weight-only's 2e-3), w8a8 as ``_int_mm`` (VNNI / AMX int8; exact int32
-# sums, as the reference's).
+# products' sum rounded to bf16 before the fp32 scale: ~2e-3 relative, under int8's own error),
+# w8a8 as ``_int_mm`` (VNNI / AMX int8; exact int32 sums, as the reference's).
 
 
 def _int8_rows_native(x2: Tensor, weight: Tensor, scale: Tensor) -> Tensor:
@@ -184,11 +181,6 @@ def _int8_scaled_rows_native(xq2: Tensor, xs2: Tensor, weight: Tensor, scale: Te
     )
 
 
-def _int8_rows_int8_act(x2: Tensor, weight: Tensor, scale: Tensor) -> Tensor:
-    xq, xs = ref.quantize_int8_per_token(x2)
-    return _int8_scaled_rows_native(xq, xs, weight, scale)
-
-
 def _int8_scaled_rows_int_mm(xq2: Tensor, xs2: Tensor, weight: Tensor, scale: Tensor) -> Tensor:
     # W [N, K] read as Wᵀ [K, N] column-major: oneDNN's fast layout for this product
     y = torch._int_mm(xq2.contiguous(), weight.t())
@@ -198,10 +190,7 @@ def _int8_scaled_rows_int_mm(xq2: Tensor, xs2: Tensor, weight: Tensor, scale: Te
 dispatches("native_int8_weight_only_linear", "int8_weight_only_linear")
 dispatches("native_int8_scaled_linear", "int8_dynamic_linear", "int8_scaled_linear")
 _INT8_ROWS = candidates(
-    "native_int8_weight_only_linear",
-    native=_int8_rows_native,
-    bf16=_int8_rows_bf16,
-    int8_act=_int8_rows_int8_act,
+    "native_int8_weight_only_linear", native=_int8_rows_native, bf16=_int8_rows_bf16
 )
 _INT8_SCALED_ROWS = candidates(
     "native_int8_scaled_linear", native=_int8_scaled_rows_native, int_mm=_int8_scaled_rows_int_mm
