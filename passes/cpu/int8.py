@@ -162,6 +162,11 @@ def _prepack_int8_scaled(node: fx.Node, args, consts):
 # wider unit: int8 weight-only as a bf16 GEMM of the exact int8 values (x rounded to bf16, the
 # products' sum rounded to bf16 before the fp32 scale: ~2e-3 relative, under int8's own error),
 # w8a8 as ``_int_mm`` (VNNI / AMX int8; exact int32 sums, as the reference's).
+# int8 weight-only has no int8-activation candidate (int4 weight-only has, passes/cpu/int4.py):
+# measured on the Zen 4 it ran SmolLM2's linears 2x faster from M = 16, but it is w8a8's
+# program, and at prefill it moved the demo package's perplexity from 31.60 to 32.71 (fp32
+# 31.72) and its greedy tokens off fp32's: 15x the scheme's own error, where int4's rounding
+# swamps the activation's. A user who wants that speed picks w8a8.
 
 
 def _int8_rows_native(x2: Tensor, weight: Tensor, scale: Tensor) -> Tensor:
