@@ -26,21 +26,33 @@ The accelerate loop, with fxquant as its FP8 engine (``Accelerator()`` without
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
     model = fxquant.accelerate.apply_fp8_autowrap(model, {"fp8_format": "HYBRID"})
     model = torch.compile(model, backend="fxquant")
+
+Under FSDP2 with ``AORecipeKwargs(enable_fsdp_float8_all_gather=True)``, call
+``apply_fp8_autowrap`` before ``accelerator.prepare``: the FP8 all-gather wraps the weights
+before ``fully_shard`` shards them.
 """
 
 from __future__ import annotations
 
 import functools
+import warnings
 from collections.abc import Callable
 from types import MethodType
 from typing import Any
 
+import torch.distributed as dist
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from fxquant.core.config import Float8Recipe, QuantConfig
-from fxquant.training.accelerate import from_accelerate, handler_kind
+from fxquant.training.accelerate import (
+    from_accelerate,
+    handler_kind,
+    wants_fsdp_float8_all_gather,
+)
 from fxquant.training.autocast import fp8_autocast
-from fxquant.training.layers import convert_layers, has_fp8_layers
+from fxquant.training.fsdp import enable_fsdp_float8_all_gather
+from fxquant.training.layers import Float8Linear, convert_layers, has_fp8_layers
 
 __all__ = [
     "apply_fp8_autowrap",
@@ -118,7 +130,10 @@ def apply_fp8_autowrap(model: nn.Module, fp8_recipe_handler: Any) -> nn.Module:
     ``Float8Recipe``, or None (``Float8Recipe()``, TE's ``DelayedScaling`` defaults). Its
     ``use_autocast_during_eval`` becomes ``use_during_eval``. An ``AORecipeKwargs`` also says which
     linears train in FP8 (its ``module_filter_func``, else accelerate's default: not the first
-    and last Linear): unless ``convert_model`` already marked some, those are marked here."""
+    and last Linear): unless ``convert_model`` already marked some, those are marked here. With
+    ``enable_fsdp_float8_all_gather=True``, the FP8 layers' weights get FSDP2's FP8 all-gather
+    (``fxquant.training.fsdp``): call this before the model is sharded, with the process group
+    up (``Accelerator()`` starts it)."""
     if fp8_recipe_handler is None:
         recipe = Float8Recipe()
     elif isinstance(fp8_recipe_handler, Float8Recipe):
@@ -128,6 +143,8 @@ def apply_fp8_autowrap(model: nn.Module, fp8_recipe_handler: Any) -> nn.Module:
         recipe = config.scheme
         if handler_kind(fp8_recipe_handler) == "ao" and not has_fp8_layers(model):
             _mark_admitted(model, config)
+        if wants_fsdp_float8_all_gather(fp8_recipe_handler):
+            _fp8_all_gather(model, recipe)
     forward = contextual_fp8_autocast(model.forward, recipe, recipe.use_autocast_during_eval)
     if hasattr(model.forward, "__func__"):
         model.forward = MethodType(forward, model)
@@ -136,6 +153,39 @@ def apply_fp8_autowrap(model: nn.Module, fp8_recipe_handler: Any) -> nn.Module:
         setattr(bound, _AUTOCAST_MARK, True)
         model.forward = bound
     return model
+
+
+def _fp8_all_gather(model: nn.Module, recipe: Float8Recipe) -> None:
+    """``enable_fsdp_float8_all_gather=True``: the FP8 all-gather for the FP8 layers' weights,
+    which must be wrapped before ``fully_shard`` (as torchao's conversion does them)."""
+    if isinstance(model, nn.parallel.DistributedDataParallel):
+        # DDP replicates the weights and all-reduces gradients: it has no all-gather to make
+        # FP8, and it holds the parameters that wrapping them would replace
+        warnings.warn(
+            "enable_fsdp_float8_all_gather=True has no effect under DDP (FSDP2 only)",
+            stacklevel=3,
+        )
+        return
+    if any(isinstance(p, DTensor) for p in model.parameters()):
+        raise ValueError(
+            "enable_fsdp_float8_all_gather=True: the model is sharded already (its parameters "
+            "are DTensors); call apply_fp8_autowrap before fully_shard / accelerator.prepare"
+        )
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+        warnings.warn(
+            "enable_fsdp_float8_all_gather=True has no effect here: no process group of two or "
+            "more ranks is up (create the Accelerator, or init_process_group, first)",
+            stacklevel=3,
+        )
+        return
+    # Only the FP8 layers: a high-precision layer's weight must not be rounded to e4m3 on the
+    # way. The shard group is the world, as in FSDP2 without a mesh of its own (no HSDP).
+    enable_fsdp_float8_all_gather(
+        model,
+        recipe=recipe,
+        world_size=dist.get_world_size(),
+        module_filter=lambda module, fqn: isinstance(module, Float8Linear),
+    )
 
 
 def _mark_admitted(model: nn.Module, config: QuantConfig) -> None:

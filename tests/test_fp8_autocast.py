@@ -257,6 +257,56 @@ def test_apply_fp8_autowrap_reads_te_and_ao_handlers():
     assert _decisions() == {"up": None, "mid": "current", "down": None}
 
 
+AO_ALL_GATHER = {"config": None, "enable_fsdp_float8_all_gather": True}
+
+
+def test_ao_fp8_all_gather_wraps_the_fp8_layers_before_sharding(monkeypatch):
+    from fxquant.training.fsdp import ALL_GATHER_ATTR, Float8AllGatherWeight
+
+    # no process group: nothing to all-gather, said once
+    with pytest.warns(UserWarning, match="no process group of two or more ranks"):
+        model = apply_fp8_autowrap(MLP(), AO_ALL_GATHER)
+    assert not any(isinstance(p, Float8AllGatherWeight) for p in model.parameters())
+    # two ranks (the two-process FSDP2 runs themselves: tests/test_float8_fsdp.py): only the
+    # layer that trains in FP8 gathers in FP8, the first and last keep their weights' precision
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.distributed, "get_world_size", lambda group=None: 2)
+    torch.manual_seed(0)
+    model, x = MLP(), torch.randn(4, 32)
+    want = model(x)
+    apply_fp8_autowrap(model, AO_ALL_GATHER)
+    kinds = {n: type(m.weight).__name__ for n, m in model.named_modules() if hasattr(m, "bias")}
+    assert kinds == {
+        "norm": "Parameter",
+        "up": "Parameter",
+        "mid": "Float8AllGatherWeight",
+        "down": "Parameter",
+    }
+    assert getattr(model.up, ALL_GATHER_ATTR)["reason"] == "filtered out"
+    with torch.no_grad():
+        torch.testing.assert_close(model.forward.__wrapped__(x), want, rtol=0, atol=0)
+
+
+def test_ao_fp8_all_gather_refuses_a_sharded_model_and_skips_ddp(tmp_path):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    dist = torch.distributed
+    dist.init_process_group(
+        "gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1
+    )
+    try:
+        sharded = MLP()
+        fully_shard(sharded, mesh=init_device_mesh("cpu", (1,)))
+        with pytest.raises(ValueError, match="sharded already.*before fully_shard"):
+            apply_fp8_autowrap(sharded, AO_ALL_GATHER)
+        ddp = nn.parallel.DistributedDataParallel(MLP())
+        with pytest.warns(UserWarning, match="no effect under DDP"):
+            apply_fp8_autowrap(ddp, AO_ALL_GATHER)
+    finally:
+        dist.destroy_process_group()
+
+
 def test_a_real_accelerate_loop_trains_with_fxquant_fp8():
     accelerate = pytest.importorskip("accelerate")
     torch.manual_seed(0)

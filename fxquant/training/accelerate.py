@@ -43,9 +43,11 @@ AO_FIELDS = {
     "from cast_config_grad_output, wgrad in high precision when its casts are disabled",
     "module_filter_func": "QuantConfig.module_filter; None → skip the first and last Linear",
     "pad_inner_dim": "Float8Recipe.pad_inner_dim (default True)",
-    "enable_fsdp_float8_all_gather": "accepted; under FSDP2 call "
-    "fxquant.training.fsdp.enable_fsdp_float8_all_gather(model, ...) before fully_shard "
-    "(current tensorwise scaling only)",
+    "enable_fsdp_float8_all_gather": "True: apply_fp8_autowrap, called before the model is "
+    "sharded (fully_shard, or accelerator.prepare with FSDP2) in a process group of two or more "
+    "ranks, sets up the FP8 all-gather of the linears that train in FP8 "
+    "(fxquant.training.fsdp; current tensorwise scaling only); from_accelerate returns a "
+    "config, which has no place for it",
 }
 # torchao Float8LinearConfig fields read through "config" (the rest of the table in the docs).
 _AO_RECIPE_NAMES = {
@@ -106,6 +108,12 @@ def _kind(obj: Any, fields: dict[str, Any], kind: str | None) -> str:
 def handler_kind(obj: Any) -> str:
     """'te' or 'ao': which of accelerate's recipe kwargs ``obj`` is (object or dict)."""
     return _kind(obj, _fields(obj), None)
+
+
+def wants_fsdp_float8_all_gather(obj: Any) -> bool:
+    """Whether accelerate's recipe kwargs ``obj`` ask for the FP8 all-gather under FSDP2
+    (``AORecipeKwargs(enable_fsdp_float8_all_gather=True)``)."""
+    return bool(_fields(obj).get("enable_fsdp_float8_all_gather"))
 
 
 def from_accelerate(obj: Any, *, kind: str | None = None) -> QuantConfig:
