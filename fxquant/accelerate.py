@@ -47,7 +47,7 @@ from torch.distributed.tensor import DTensor
 from fxquant.core.config import Float8Recipe, QuantConfig
 from fxquant.training.accelerate import (
     from_accelerate,
-    handler_kind,
+    te_module_filter,
     wants_fsdp_float8_all_gather,
 )
 from fxquant.training.autocast import fp8_autocast
@@ -128,23 +128,31 @@ def apply_fp8_autowrap(model: nn.Module, fp8_recipe_handler: Any) -> nn.Module:
 
     ``fp8_recipe_handler``: a ``TERecipeKwargs`` / ``AORecipeKwargs`` (or one's dict), a
     ``Float8Recipe``, or None (``Float8Recipe()``, TE's ``DelayedScaling`` defaults). Its
-    ``use_autocast_during_eval`` becomes ``use_during_eval``. An ``AORecipeKwargs`` also says which
-    linears train in FP8 (its ``module_filter_func``, else accelerate's default: not the first
-    and last Linear): unless ``convert_model`` already marked some, those are marked here. With
+    ``use_autocast_during_eval`` becomes ``use_during_eval``. The handler also says which linears
+    train in FP8 (``TERecipeKwargs``, a ``Float8Recipe`` or None: every Linear with dims
+    multiples of 16, as accelerate's TE conversion; ``AORecipeKwargs``: its
+    ``module_filter_func``, else accelerate's default: not the first and last Linear): unless
+    ``convert_model`` already marked some, those are marked here, as accelerate converts them,
+    which is also what lets the region reach them across graph breaks (FSDP2's at every sharded
+    module; ``fxquant.training.autocast``). With
     ``enable_fsdp_float8_all_gather=True``, the FP8 layers' weights get FSDP2's FP8 all-gather
     (``fxquant.training.fsdp``): call this before the model is sharded, with the process group
     up (``Accelerator()`` starts it)."""
-    if fp8_recipe_handler is None:
-        recipe = Float8Recipe()
-    elif isinstance(fp8_recipe_handler, Float8Recipe):
-        recipe = fp8_recipe_handler
-    else:
+    accelerate_kwargs = not (
+        fp8_recipe_handler is None or isinstance(fp8_recipe_handler, Float8Recipe)
+    )
+    if accelerate_kwargs:
         config = from_accelerate(fp8_recipe_handler)
         recipe = config.scheme
-        if handler_kind(fp8_recipe_handler) == "ao" and not has_fp8_layers(model):
-            _mark_admitted(model, config)
-        if wants_fsdp_float8_all_gather(fp8_recipe_handler):
-            _fp8_all_gather(model, recipe)
+    else:
+        recipe = fp8_recipe_handler or Float8Recipe()
+        config = QuantConfig(
+            scheme=recipe, modules_to_not_convert=(), module_filter=te_module_filter
+        )
+    if not has_fp8_layers(model):
+        _mark_admitted(model, config)
+    if accelerate_kwargs and wants_fsdp_float8_all_gather(fp8_recipe_handler):
+        _fp8_all_gather(model, recipe)
     forward = contextual_fp8_autocast(model.forward, recipe, recipe.use_autocast_during_eval)
     if hasattr(model.forward, "__func__"):
         model.forward = MethodType(forward, model)
@@ -189,7 +197,8 @@ def _fp8_all_gather(model: nn.Module, recipe: Float8Recipe) -> None:
 
 
 def _mark_admitted(model: nn.Module, config: QuantConfig) -> None:
-    """Mark as FP8 layers the linears an AO recipe admits (its filter, or the first/last rule)."""
+    """Mark as FP8 layers the linears the handler's config admits (its filter, or the first/last
+    rule); ``convert_layers`` skips those whose dims are not multiples of 16."""
     from fxquant.passes.float8_regions import region_choice
 
     linears = [n for n, m in model.named_modules() if type(m) is nn.Linear]

@@ -8,7 +8,8 @@ the worker function by module and name).
 Each rank runs every variant of ``VARIANTS`` and ``BF16_VARIANTS`` in turn (one spawn, one
 process group): FP8 with current tensorwise scaling, with delayed scaling, and current scaling
 with the FP8 all-gather of ``fxquant.training.fsdp``; then current scaling with either
-all-gather and FSDP's bf16 parameters. Rank r trains on rows [r·B, (r+1)·B) of each global
+all-gather and FSDP's bf16 parameters; then accelerate's way, ``apply_fp8_autowrap`` with
+``AORecipeKwargs`` fields, with either all-gather. Rank r trains on rows [r·B, (r+1)·B) of each global
 batch, scaled by ``RANK_SCALE[r]`` so that the ranks' amaxes differ.
 """
 
@@ -35,6 +36,12 @@ VARIANTS = (("current", False), ("delayed", False), ("current", True))
 # the same with FSDP's bf16 mixed precision (MixedPrecisionPolicy(param_dtype=bf16)): the
 # all-gather the FP8 one is held to in the issue; keyed (scaling, fp8 all-gather, "bf16")
 BF16_VARIANTS = (("current", False, "bf16"), ("current", True, "bf16"))
+# accelerate's way (fxquant.accelerate.apply_fp8_autowrap with AORecipeKwargs fields, before
+# fully_shard, the forward in an fp8_autocast region), its enable_fsdp_float8_all_gather off
+# and on; keyed ("current", fp8 all-gather, "fp32", "autowrap")
+AUTOWRAP_VARIANTS = (("current", False, "fp32", "autowrap"), ("current", True, "fp32", "autowrap"))
+# every Linear accelerate's filter would take (dims multiples of 16: not the 99-output one)
+AO_FIELDS = {"config": None, "module_filter_func": lambda module, fqn: True}
 
 
 def config(scaling: str) -> QuantConfig:
@@ -128,17 +135,34 @@ def single_process(scaling: str) -> dict:
 
 
 def _run_variant(
-    rank: int, mesh, scaling: str, fp8_all_gather: bool, param_dtype: str = "fp32"
+    rank: int,
+    mesh,
+    scaling: str,
+    fp8_all_gather: bool,
+    param_dtype: str = "fp32",
+    how: str = "config",
 ) -> dict:
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+    from fxquant.accelerate import apply_fp8_autowrap
+    from fxquant.training.fsdp import ALL_GATHER_ATTR
+
     torch._dynamo.reset()
     model = make_model()
-    all_gather_rows = (
-        enable_fsdp_float8_all_gather(model, recipe=config(scaling).scheme, world_size=WORLD)
-        if fp8_all_gather
-        else []
-    )
+    if how == "autowrap":
+        fields = {**AO_FIELDS, "enable_fsdp_float8_all_gather": fp8_all_gather}
+        apply_fp8_autowrap(model, fields)
+        all_gather_rows = [
+            {"name": n, **getattr(m, ALL_GATHER_ATTR)}
+            for n, m in model.named_modules()
+            if hasattr(m, ALL_GATHER_ATTR)
+        ]
+    elif fp8_all_gather:
+        all_gather_rows = enable_fsdp_float8_all_gather(
+            model, recipe=config(scaling).scheme, world_size=WORLD
+        )
+    else:
+        all_gather_rows = []
     mp_policy = MixedPrecisionPolicy(
         param_dtype=torch.bfloat16 if param_dtype == "bf16" else None,
         reduce_dtype=torch.float32,
@@ -146,7 +170,10 @@ def _run_variant(
     for block in model.blocks:
         fully_shard(block, mesh=mesh, mp_policy=mp_policy)
     fully_shard(model, mesh=mesh, mp_policy=mp_policy)
-    run = torch.compile(model, backend="fxquant", options={"config": config(scaling)})
+    if how == "autowrap":  # the recipe comes from the region apply_fp8_autowrap opened
+        run = torch.compile(model, backend="fxquant")
+    else:
+        run = torch.compile(model, backend="fxquant", options={"config": config(scaling)})
     # The bytes each all-gather receives (FSDP2 calls dist.all_gather_single through the module
     # attribute, once per fully_shard group and unshard), per step.
     gathered: list[int] = []
@@ -187,6 +214,7 @@ def rank_main(rank: int, store: str, out: str) -> None:
 
     init_gloo(rank, store)
     mesh = init_device_mesh("cpu", (WORLD,))
-    results = {v: _run_variant(rank, mesh, *v) for v in VARIANTS + BF16_VARIANTS}
+    variants = VARIANTS + BF16_VARIANTS + AUTOWRAP_VARIANTS
+    results = {v: _run_variant(rank, mesh, *v) for v in variants}
     torch.save(results, f"{out}/rank{rank}.pt")
     dist.destroy_process_group()

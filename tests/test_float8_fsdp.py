@@ -194,3 +194,27 @@ def test_bf16_fp8_all_gather_halves_the_bf16_bytes_and_changes_nothing(runs):
         (block0_bf16, *_), (block0_fp8, *_) = bf16["first_step_calls"], fp8["first_step_calls"]
         assert block0_fp8 <= 0.55 * block0_bf16
         assert block0_fp8 / block0_bf16 == pytest.approx(0.5058, abs=1e-4)
+
+
+@slow
+def test_accelerates_fp8_all_gather_flag_gathers_the_fp8_layers_in_fp8(runs):
+    # apply_fp8_autowrap with AORecipeKwargs fields, before fully_shard, as an accelerate user
+    # calls it: the flag off and on train bitwise alike (the linear's second cast is lossless),
+    # and the three FP8 layers' weights cross in fp8. blocks.1.fc2 (99 outputs, not a multiple
+    # of 16) is no FP8 layer for accelerate's filter, so it trains and gathers in fp32.
+    for run in runs:
+        hp, fp8 = (run[v] for v in w.AUTOWRAP_VARIANTS)
+        assert hp["graphs"] == fp8["graphs"] == [["fc1", "fc2"], [], ["fc1"]]
+        assert fp8["losses"] == hp["losses"]
+        for n, p in hp["params"].items():
+            assert torch.equal(fp8["params"][n], p), n
+        rows = {r["name"]: (r["all_gather"], r["reason"]) for r in fp8["all_gather_rows"]}
+        assert rows == {
+            "blocks.0.fc1": ("fp8", ""),
+            "blocks.0.fc2": ("fp8", ""),
+            "blocks.1.fc1": ("fp8", ""),
+            "blocks.1.fc2": ("high precision", "filtered out"),
+        }
+        assert hp["all_gather_bytes"] == [2 * _expected_gather_bytes(set())] * w.STEPS
+        fp8_layers = {"blocks.0.fc1", "blocks.0.fc2", "blocks.1.fc1"}
+        assert fp8["all_gather_bytes"] == [2 * _expected_gather_bytes(fp8_layers)] * w.STEPS

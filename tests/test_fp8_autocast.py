@@ -241,6 +241,8 @@ def test_use_during_eval_keeps_fp8_in_eval():
 def test_apply_fp8_autowrap_reads_te_and_ao_handlers():
     te = {"fp8_format": "E4M3", "amax_history_len": 8, "amax_compute_algo": "max"}
     model = apply_fp8_autowrap(MLP(), te)
+    # accelerate's TE conversion: every Linear (dims multiples of 16), marked as it swaps them
+    assert {type(m).__name__ for m in (model.up, model.mid, model.down)} == {"Float8Linear"}
     _run(torch.compile(model, backend="fxquant"), torch.randn(4, 32))
     rows = last_reports[-1]
     assert {r["scheme"]["fp8_format"] for r in rows} == {"E4M3"}
@@ -255,6 +257,49 @@ def test_apply_fp8_autowrap_reads_te_and_ao_handlers():
     ]
     _run(torch.compile(model, backend="fxquant"), torch.randn(4, 32))
     assert _decisions() == {"up": None, "mid": "current", "down": None}
+
+
+class Broken(nn.Module):
+    """Two blocks with a graph break between them, as FSDP2 breaks at each sharded module."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = MLP(), MLP()
+
+    def forward(self, x):
+        x = self.a(x)
+        torch._dynamo.graph_break()
+        return self.b(x)
+
+
+def test_a_region_reaches_marked_layers_across_graph_breaks(monkeypatch):
+    # The wrapped forward breaks the graph, so Dynamo runs it (and the region) eagerly and
+    # compiles each block as its own frame: the marked layers there still train in FP8, the
+    # frames' guards hold the region (eval, with the region disabled, recompiles in high
+    # precision; training again reuses the FP8 frames), and nothing warns
+    monkeypatch.setattr(autocast_mod, "_warned_eager", False)
+    model = apply_fp8_autowrap(Broken(), {"config": None, "module_filter_func": None})
+    run = torch.compile(model, backend="fxquant")
+    x = torch.randn(4, 32)
+    n = len(last_reports)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*has no effect here")
+        _run(run, x)
+    trained = [{r["name"]: r["status"] for r in rows} for rows in last_reports[n:]]
+    # accelerate's default filter over the whole model: not its first Linear nor its last
+    assert trained == [
+        {"a.up": "skipped", "a.mid": "quantized", "a.down": "quantized"},
+        {"b.up": "quantized", "b.mid": "quantized", "b.down": "skipped"},
+    ]
+    model.eval()
+    with torch.no_grad():
+        y = run(x)
+    assert all(r["status"] == "skipped" for rows in last_reports[n + 2 :] for r in rows)
+    assert len(last_reports) == n + 4
+    torch.testing.assert_close(y, model.b(model.a(x)), rtol=1e-6, atol=1e-6)
+    model.train()
+    _run(run, x)
+    assert len(last_reports) == n + 4
 
 
 AO_ALL_GATHER = {"config": None, "enable_fsdp_float8_all_gather": True}

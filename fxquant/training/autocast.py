@@ -12,8 +12,16 @@ the region's recipe; outside every region, or inside ``enabled=False``, it runs 
 precision; the innermost region wins. ``recipe=None`` means the compile's recipe (the
 ``Float8Recipe`` of its config, else ``Float8Recipe()``, TE's ``DelayedScaling`` defaults).
 
-Outside a compiled forward (eager, or around the call of a compiled model) the annotation
-reaches no graph fxquant rewrites: the region has no effect and says so, once.
+A region entered outside a compiled graph still reaches the layers ``convert_model`` marked
+(``Float8Linear``) in the frames compiled inside it: that happens whenever the forward holding
+the region graph-breaks (FSDP2 breaks the graph at every ``fully_shard`` module, so under FSDP2
+this is the rule), Dynamo then running that forward eagerly and compiling the modules it calls
+as frames of their own. Such a region is kept on a stack (``ambient``), which
+``Float8Linear.forward`` reads while Dynamo traces it (so the frame's guards hold the region and
+a change of region recompiles) and writes as an annotation of its own (``AMBIENT``); a region
+traced in the graph is always inside it, and wins. Plain ``nn.Linear`` layers have no such
+forward: where no compile took the region up (eager, or around the call of a compiled model),
+it has no effect and says so, once.
 """
 
 from __future__ import annotations
@@ -29,14 +37,20 @@ import torch.fx as fx
 
 from fxquant.core.config import Float8Recipe
 
-__all__ = ["ANNOTATION", "Region", "fp8_autocast", "has_regions", "region_of"]
+__all__ = ["AMBIENT", "ANNOTATION", "Region", "ambient", "fp8_autocast", "has_regions", "region_of"]
 
 # The key of the node annotation (node.meta["custom"]) a region writes.
 ANNOTATION = "fxquant_fp8_autocast"
+# The key Float8Linear.forward writes for the region entered outside the graph (module docstring)
+AMBIENT = "fxquant_fp8_autocast_ambient"
 # The recipe travels as its ``region_key`` (a string of its fields): Dynamo can put constants
 # in an annotation, not a dataclass instance.
 
 _warned_eager = False
+# The regions entered outside a compiled graph, innermost last: (enabled, recipe key)
+_EAGER_REGIONS: list[tuple[bool, str | None]] = []
+# Whether a compile ever took an eager region up (the "no effect" warning is then wrong)
+_ambient_taken = False
 
 
 @dataclass(frozen=True)
@@ -71,11 +85,23 @@ def fp8_autocast(
             f"{type(recipe).__name__}; convert accelerate / Transformer Engine recipe kwargs with "
             "fxquant.from_accelerate(...).scheme"
         )
-    if not torch.compiler.is_compiling():
-        _warn_eager()
     key = None if recipe is None else recipe.region_key
-    with torch.fx.traceback.annotate({ANNOTATION: (bool(enabled), key)}):
+    if torch.compiler.is_compiling():
+        with torch.fx.traceback.annotate({ANNOTATION: (bool(enabled), key)}):
+            yield
+        return
+    _EAGER_REGIONS.append((bool(enabled), key))
+    try:
         yield
+    finally:
+        _EAGER_REGIONS.pop()
+    if not _ambient_taken:
+        _warn_eager()
+
+
+def ambient() -> tuple[bool, str | None] | None:
+    """The innermost region entered outside a compiled graph, or None."""
+    return _EAGER_REGIONS[-1] if _EAGER_REGIONS else None
 
 
 def _warn_eager() -> None:
@@ -87,15 +113,18 @@ def _warn_eager() -> None:
             "of a model compiled with torch.compile(model, backend='fxquant'), and this code "
             "runs eagerly (or around the compiled call). Put it inside the forward "
             "(fxquant.accelerate.apply_fp8_autowrap does that), or give the compile a "
-            "Float8Recipe config",
+            "Float8Recipe config (where the forward breaks the graph, only layers "
+            "convert_model marked take a region)",
             UserWarning,
             stacklevel=4,
         )
 
 
 def region_of(node: fx.Node) -> Region | None:
-    """The innermost region ``node`` was traced in, or None (outside every region)."""
-    value = (node.meta.get("custom") or {}).get(ANNOTATION)
+    """The innermost region ``node`` was traced in, or None (outside every region): one traced
+    in the graph, else one entered outside it (module docstring)."""
+    custom = node.meta.get("custom") or {}
+    value = custom.get(ANNOTATION, custom.get(AMBIENT))
     if value is None:
         return None
     enabled, key = value
@@ -104,5 +133,10 @@ def region_of(node: fx.Node) -> Region | None:
 
 
 def has_regions(graph: fx.Graph) -> bool:
-    """Whether any node of ``graph`` was traced inside ``fp8_autocast``."""
-    return any(ANNOTATION in (n.meta.get("custom") or {}) for n in graph.nodes)
+    """Whether any node of ``graph`` was traced inside ``fp8_autocast`` (in the graph, or around
+    it for a ``Float8Linear``)."""
+    global _ambient_taken
+    keys = {k for n in graph.nodes for k in (n.meta.get("custom") or {})}
+    if AMBIENT in keys:
+        _ambient_taken = True
+    return bool(keys & {ANNOTATION, AMBIENT})

@@ -12,14 +12,28 @@ norm as converted, for ``has_fp8_layers``.
 
 from __future__ import annotations
 
+import torch
 from torch import nn
+
+from fxquant.training import autocast
 
 __all__ = ["Float8LayerNorm", "Float8Linear", "convert_layers", "has_fp8_layers"]
 
 
 class Float8Linear(nn.Linear):
     """An ``nn.Linear`` that trains in FP8 inside an ``fp8_autocast`` region of a compiled
-    forward (and in high precision elsewhere)."""
+    forward (and in high precision elsewhere).
+
+    Its forward is ``nn.Linear``'s; traced by Dynamo inside a region entered outside the graph
+    (the region's forward broke the graph, as FSDP2 makes it), it annotates itself with that
+    region (``fxquant.training.autocast``)."""
+
+    def forward(self, x):
+        region = autocast.ambient() if torch.compiler.is_compiling() else None
+        if region is None:
+            return super().forward(x)
+        with torch.fx.traceback.annotate({autocast.AMBIENT: region}):
+            return super().forward(x)
 
 
 class Float8LayerNorm(nn.LayerNorm):
