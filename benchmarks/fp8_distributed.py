@@ -16,7 +16,11 @@ its own rows (MSE to a fixed random linear map of the input). Rows:
   (``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``), then ``torch.compile(model)``:
   ``bf16 inductor``; ``fp8 current`` (every linear, current tensorwise scaling); and
   ``fp8 current + fp8 all-gather`` (the same, the weights all-gathered in e4m3 by
-  ``fxquant.training.fsdp.enable_fsdp_float8_all_gather``).
+  ``fxquant.training.fsdp.enable_fsdp_float8_all_gather``); ``fp8 accelerate + fp8 all-gather``
+  (accelerate's way: ``fxquant.accelerate.apply_fp8_autowrap`` with ``AORecipeKwargs`` fields,
+  every linear admitted and ``enable_fsdp_float8_all_gather=True``, before ``fully_shard``; then
+  ``torch.compile(model, backend="fxquant")`` with no config: the FP8 region comes from the
+  wrapped forward).
 
 Per row, each in its own pair of processes (a clean compile cache in memory and a clean peak):
 
@@ -74,6 +78,13 @@ WORLD = 2
 _EVERY_LINEAR = QuantConfig(
     scheme=Float8Recipe(scaling="current"), module_filter=lambda module, fqn: True
 )
+# The accelerate row's recipe handler (AORecipeKwargs' fields; its default config is current
+# tensorwise scaling, as _EVERY_LINEAR's) in place of a config
+_ACCELERATE = {
+    "config": None,
+    "module_filter_func": lambda module, fqn: True,
+    "enable_fsdp_float8_all_gather": True,
+}
 ROWS = {
     "ddp": {
         "fp32 inductor": None,
@@ -83,6 +94,7 @@ ROWS = {
         "bf16 inductor": None,
         "fp8 current": _EVERY_LINEAR,
         "fp8 current + fp8 all-gather": _EVERY_LINEAR,
+        "fp8 accelerate + fp8 all-gather": _ACCELERATE,
     },
 }
 
@@ -93,9 +105,12 @@ def _fsdp2(model: nn.Module, row: str) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+    from fxquant.accelerate import apply_fp8_autowrap
     from fxquant.training.fsdp import enable_fsdp_float8_all_gather
 
-    if row.endswith("fp8 all-gather"):
+    if ROWS["fsdp2"][row] is _ACCELERATE:
+        apply_fp8_autowrap(model, _ACCELERATE)  # the process group is up: the all-gather too
+    elif row.endswith("fp8 all-gather"):
         enable_fsdp_float8_all_gather(model, recipe=_EVERY_LINEAR.scheme, world_size=WORLD)
     mesh = init_device_mesh("cpu", (WORLD,))
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
@@ -173,6 +188,8 @@ def _rank(
     config = ROWS[parallel][row]
     if config is None:
         run = torch.compile(wrapped)
+    elif config is _ACCELERATE:
+        run = torch.compile(wrapped, backend="fxquant")
     else:
         run = torch.compile(wrapped, backend="fxquant", options={"config": config})
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
