@@ -31,7 +31,7 @@ from fxquant.passes.plan import LayerPlan, Site, find_sites, plan_sites
 from fxquant.passes.rewrite import COPIED_META, DynamoEditor, _row, counters
 from fxquant.training.autocast import has_regions, region_of
 from fxquant.training.fsdp import ALL_GATHER_ATTR
-from fxquant.training.layers import fp8_linear_names
+from fxquant.training.layers import Float8Linear, fp8_linear_names
 from fxquant.training.numerics import float8_training_linear, gemm_kind, missing_gemm
 from fxquant.training.state import state_for
 
@@ -103,6 +103,16 @@ def root_and_linears(gm: fx.GraphModule):
     return None, None
 
 
+def _module_class(node: torch.fx.Node) -> type | None:
+    """The class of the module whose forward made ``node`` (Dynamo's ``nn_module_stack``), or
+    None where the graph does not say."""
+    stack = node.meta.get("nn_module_stack") or {}
+    if not stack:
+        return None
+    cls = list(stack.values())[-1][1]
+    return cls if isinstance(cls, type) else None
+
+
 def region_choice(
     name: str,
     config: QuantConfig,
@@ -150,6 +160,18 @@ def plan_regions(
     elif linears is None:  # no root module found: the graph's own call order stands in
         linears = list(dict.fromkeys(s.module_name for s in sites))
     fp8_names = fp8_linear_names(root) if autocast else None
+    classes = {id(s): _module_class(s.node) for s in sites}
+    # the model has FP8 layers: found under the root, or by class where the root's names do
+    # not match the graph's (a module reached through a closure, ``L['f'].__closure__[0]...``)
+    marked = fp8_names is not None or any(
+        c is not None and issubclass(c, Float8Linear) for c in classes.values()
+    )
+
+    def is_fp8_layer(site: Site) -> bool:
+        cls = classes[id(site)]
+        if cls is not None:
+            return issubclass(cls, Float8Linear)
+        return site.module_name in (fp8_names or ())
 
     def choose(site: Site) -> tuple[Float8Recipe | None, str]:
         region = region_of(site.node) if autocast else None
@@ -158,7 +180,7 @@ def plan_regions(
                 return None, "outside every fxquant.fp8_autocast region"
             if not region.enabled:
                 return None, "inside fxquant.fp8_autocast(enabled=False)"
-            if fp8_names is not None and site.module_name not in fp8_names:
+            if marked and not is_fp8_layer(site):
                 return None, (
                     "not converted by convert_model (the model has FP8 layers: only they "
                     "train in FP8)"

@@ -9,8 +9,8 @@ Each rank runs every variant of ``VARIANTS`` and ``BF16_VARIANTS`` in turn (one 
 process group): FP8 with current tensorwise scaling, with delayed scaling, and current scaling
 with the FP8 all-gather of ``fxquant.training.fsdp``; then current scaling with either
 all-gather and FSDP's bf16 parameters; then accelerate's way, ``apply_fp8_autowrap`` with
-``AORecipeKwargs`` fields, with either all-gather. Rank r trains on rows [r·B, (r+1)·B) of each global
-batch, scaled by ``RANK_SCALE[r]`` so that the ranks' amaxes differ.
+``AORecipeKwargs`` fields, with either all-gather. Rank r trains on rows [r·B, (r+1)·B) of each
+global batch, scaled by ``RANK_SCALE[r]`` so that the ranks' amaxes differ.
 """
 
 from __future__ import annotations

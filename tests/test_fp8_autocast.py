@@ -52,6 +52,14 @@ class MLP(nn.Module):
         return self.down(torch.relu(self.mid(torch.relu(self.up(self.norm(x))))))
 
 
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    # Each test's MLP shares MLP.forward's code with the others', and a frame compiled inside
+    # a region entered outside the graph is one more guarded entry of it: without a reset the
+    # file would pass Dynamo's recompile limit, and a frame past it runs eagerly, uncompiled
+    torch._dynamo.reset()
+
+
 def _decisions() -> dict[str, str | None]:
     """{layer: scaling of its recipe, or None} of the latest compile."""
     return {r["name"]: (r["scheme"] or {}).get("scaling") for r in last_reports[-1]}
@@ -300,6 +308,19 @@ def test_a_region_reaches_marked_layers_across_graph_breaks(monkeypatch):
     model.train()
     _run(run, x)
     assert len(last_reports) == n + 4
+
+
+def test_a_region_around_a_compiled_call_reaches_marked_layers():
+    # as a TE region around a call does; outside it the frame recompiles in high precision
+    torch.manual_seed(0)
+    model, x = MLP(), torch.randn(4, 32)
+    convert_model(model)
+    run = torch.compile(model, backend="fxquant")
+    with fxquant.fp8_autocast(recipe=CURRENT):
+        _run(run, x)
+    assert _decisions() == {"up": "current", "mid": "current", "down": "current"}
+    _run(run, x)
+    assert _decisions() == {"up": None, "mid": None, "down": None}
 
 
 AO_ALL_GATHER = {"config": None, "enable_fsdp_float8_all_gather": True}

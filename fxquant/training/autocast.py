@@ -19,9 +19,10 @@ this is the rule), Dynamo then running that forward eagerly and compiling the mo
 as frames of their own. Such a region is kept on a stack (``ambient``), which
 ``Float8Linear.forward`` reads while Dynamo traces it (so the frame's guards hold the region and
 a change of region recompiles) and writes as an annotation of its own (``AMBIENT``); a region
-traced in the graph is always inside it, and wins. Plain ``nn.Linear`` layers have no such
-forward: where no compile took the region up (eager, or around the call of a compiled model),
-it has no effect and says so, once.
+traced in the graph is always inside it, and wins. The same holds for a region around the call
+of a compiled model (Transformer Engine's layers read the region when they run, so there too).
+Plain ``nn.Linear`` layers have no such forward: where no compile took the region up (eager
+code, or no marked layer), it has no effect and says so, once.
 """
 
 from __future__ import annotations
