@@ -134,10 +134,9 @@ def apply_fp8_autowrap(model: nn.Module, fp8_recipe_handler: Any) -> nn.Module:
     ``module_filter_func``, else accelerate's default: not the first and last Linear): unless
     ``convert_model`` already marked some, those are marked here, as accelerate converts them,
     which is also what lets the region reach them across graph breaks (FSDP2's at every sharded
-    module; ``fxquant.training.autocast``). With
-    ``enable_fsdp_float8_all_gather=True``, the FP8 layers' weights get FSDP2's FP8 all-gather
-    (``fxquant.training.fsdp``): call this before the model is sharded, with the process group
-    up (``Accelerator()`` starts it)."""
+    module; ``fxquant.training.autocast``). With ``enable_fsdp_float8_all_gather=True``, the FP8
+    layers' weights get FSDP2's FP8 all-gather (``fxquant.training.fsdp``): call this before the
+    model is sharded, with the process group up (``Accelerator()`` starts it)."""
     accelerate_kwargs = not (
         fp8_recipe_handler is None or isinstance(fp8_recipe_handler, Float8Recipe)
     )

@@ -111,11 +111,12 @@ def _warn_eager() -> None:
         _warned_eager = True
         warnings.warn(
             "fxquant.fp8_autocast has no effect here: it marks FP8 regions inside the forward "
-            "of a model compiled with torch.compile(model, backend='fxquant'), and this code "
-            "runs eagerly (or around the compiled call). Put it inside the forward "
-            "(fxquant.accelerate.apply_fp8_autowrap does that), or give the compile a "
-            "Float8Recipe config (where the forward breaks the graph, only layers "
-            "convert_model marked take a region)",
+            "of a model compiled with torch.compile(model, backend='fxquant'), and no compiled "
+            "frame took this one up (it ran eagerly, or around the call of a compiled model "
+            "whose layers convert_model did not mark, the only ones a region entered outside "
+            "the graph reaches). Put it inside the forward (fxquant.accelerate."
+            "apply_fp8_autowrap does that), mark the layers, or give the compile a "
+            "Float8Recipe config",
             UserWarning,
             stacklevel=4,
         )
