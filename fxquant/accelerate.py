@@ -42,7 +42,6 @@ from typing import Any
 
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.tensor import DTensor
 
 from fxquant.core.config import Float8Recipe, QuantConfig
 from fxquant.training.accelerate import (
@@ -173,7 +172,8 @@ def _fp8_all_gather(model: nn.Module, recipe: Float8Recipe) -> None:
             stacklevel=3,
         )
         return
-    if any(isinstance(p, DTensor) for p in model.parameters()):
+    # a sharded parameter is a DTensor (by name: torch builds without distributed lack the class)
+    if any(type(p).__name__ == "DTensor" for p in model.parameters()):
         raise ValueError(
             "enable_fsdp_float8_all_gather=True: the model is sharded already (its parameters "
             "are DTensors); call apply_fp8_autowrap before fully_shard / accelerator.prepare"
