@@ -16,11 +16,5 @@ import fxquant.core.ops  # noqa: F401  (registers the fxquant:: ops)
 from fxquant.core import vptq
 from fxquant.core.registry import lowering
 
-
-@lowering("cpu", "vptq_linear")
-def _vptq(
-    x, weight, centroids, res_centroids, perm, weight_scale, weight_bias, rows, outliers, bias
-):
-    return vptq.vptq_linear(
-        x, weight, centroids, res_centroids, perm, weight_scale, weight_bias, rows, outliers, bias
-    )
+# the reference itself: its arguments are the op's, in the op's order
+lowering("cpu", "vptq_linear")(vptq.vptq_linear)
