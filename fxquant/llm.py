@@ -102,7 +102,6 @@ class CachedCausalLM(nn.Module):
         super().__init__()
         _check_logits("CachedCausalLM", logits)
         from transformers.cache_utils import StaticCache, StaticLayer
-        from transformers.configuration_utils import get_head_shapes
 
         config = _text_config(model)
         self.model = model
@@ -115,7 +114,7 @@ class CachedCausalLM(nn.Module):
         # export_llm checks), and full layers would attend over the whole cache
         layer_cls = _visible_layer_class(StaticLayer)
         self.cache.layers = [layer_cls(max_cache_len) for _ in self.cache.layers]
-        heads, head_dim = get_head_shapes(config)
+        heads, head_dim = _head_shapes(config)
         device = next(model.parameters()).device
         self.cache.early_initialization(max_batch, heads, head_dim, _dtype(model), device)
         for i, layer in enumerate(self.cache.layers):
@@ -148,6 +147,21 @@ class CachedCausalLM(nn.Module):
         )
         logits = out.logits[:, -1:] if last else out.logits
         return logits.float()
+
+
+def _head_shapes(config) -> tuple[Any, Any]:
+    """``(num_kv_heads, head_dim)`` for ``StaticCache.early_initialization``: transformers'
+    ``get_head_shapes`` where it exists (per-layer lists for mixed configs); releases before it
+    (the second lent H200's image had one) take the plain config attributes, as they did."""
+    try:
+        from transformers.configuration_utils import get_head_shapes
+    except ImportError:
+        heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+        head_dim = getattr(config, "head_dim", None) or (
+            config.hidden_size // config.num_attention_heads
+        )
+        return heads, head_dim
+    return get_head_shapes(config)
 
 
 def _visible_layer_class(base: type) -> type:

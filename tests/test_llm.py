@@ -150,6 +150,22 @@ def test_grouped_query_heads_read_the_cache_without_repeating_it():
     assert not repeats, repeats
 
 
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "gpt2"])
+def test_cache_shapes_without_get_head_shapes(arch, monkeypatch):
+    # transformers releases before get_head_shapes (the lent H200's image) size the cache from
+    # the config's attributes; the same shapes as the helper where it exists
+    from transformers import configuration_utils
+
+    from fxquant.llm import _head_shapes
+
+    config = _config(arch)
+    expected = _head_shapes(config)
+    if hasattr(configuration_utils, "get_head_shapes"):
+        assert expected == configuration_utils.get_head_shapes(config)
+        monkeypatch.delattr(configuration_utils, "get_head_shapes")
+    assert _head_shapes(config) == expected
+
+
 def test_batch_rows_are_independent():
     model = _model()
     ep = export_llm(model, max_cache_len=16, max_batch=2, logits="all")
