@@ -336,6 +336,40 @@ def gpu_section() -> str:
             ]
         )
     out += [_table(["target", "goal", "measured", "met"], rows, "lrrl"), ""]
+    fp8 = (rec.get("fp8_training") or {}).get("rows") or []
+    if fp8:
+        out += [
+            "FP8 training, one Llama-3-8B block (sequence 4096, forward + backward, real "
+            "`_scaled_mm` GEMMs), step time against bf16 Inductor:",
+            "",
+        ]
+        rows = [
+            [
+                r["recipe"],
+                str(r["batch"]),
+                f"failed: {r['error'].strip()[:60]}" if r.get("error") else _f(r["step_ms"], ".2f"),
+                _f(r.get("speedup_vs_bf16"), ".2f"),
+                _f(
+                    r.get("loss_max_rel_gap_vs_bf16") and 100 * r["loss_max_rel_gap_vs_bf16"], ".2f"
+                ),
+            ]
+            for r in fp8
+        ]
+        out += [_table(["recipe", "batch", "ms/step", "× bf16", "loss gap %"], rows), ""]
+    experts = rec.get("experts") or []
+    if experts:
+        out += ["MXFP4 experts (gpt-oss-20b shapes) against bf16 `torch._grouped_mm`:", ""]
+        rows = [
+            [
+                r["shape"],
+                str(r["tokens"]),
+                _f(r.get("graph_ms", r.get("ms")), ".3f"),
+                _f(r.get("graph_speedup_vs_bf16", r.get("speedup_vs_bf16")), ".2f"),
+            ]
+            for r in experts
+            if not r.get("error")
+        ]
+        out += [_table(["shape", "tokens", "ms", "× bf16"], rows), ""]
     return "\n".join(out).rstrip()
 
 
