@@ -201,9 +201,8 @@ def _float8_training(
     eval_fn = _Lazy(
         lambda: torch.compile(original, backend="inductor", options=inductor_config or None)
     )
-    compiled = compile_fx(
-        fg.gm, [*example_inputs, *fg.extra_inputs], config_patches=inductor_config
-    )
+    extra = _static_fakes(fg.extra_inputs, example_inputs)
+    compiled = compile_fx(fg.gm, [*example_inputs, *extra], config_patches=inductor_config)
     return Float8TrainingProgram(
         compiled,
         n_outputs=fg.n_outputs,
@@ -212,6 +211,22 @@ def _float8_training(
         eval_fn=eval_fn,
         autocast_during_eval=autocast or any(s.use_autocast_during_eval for s in config.schemes),
     )
+
+
+def _static_fakes(tensors: list[torch.Tensor], example_inputs) -> list[torch.Tensor]:
+    """``tensors`` (the inputs ``float8_regions`` added: scales, amax sink) as fake tensors of
+    static shape in the fake mode of Dynamo's trace.
+
+    Why: handed over real, AOTAutograd fakeifies a tensor Dynamo never saw with a fresh size
+    symbol per dim (duck-sized, even under ``dynamic=False``) whose source Dynamo does not know.
+    A guard Inductor then puts on one (the Triton backend's 32-bit indexing check,
+    ``simd.py can_use_32bit_indexing``: ``2*s66 <= 2147483647`` on the sink's [sites, 2])
+    makes Dynamo's guard creation fail with ``IndexError: list index out of range`` (the
+    delayed recipe on a GPU). Their shapes are fixed by the graph anyway."""
+    fake_mode = torch._guards.detect_fake_mode(example_inputs)
+    if fake_mode is None:  # not under Dynamo (a direct call): nothing to guard
+        return list(tensors)
+    return [fake_mode.from_tensor(t, static_shapes=True) for t in tensors]
 
 
 class _Lazy:
