@@ -13,7 +13,10 @@
 # by one item):
 #   bash benchmarks/gpu/run.sh --budget-s 330 --sections kernels,norm_quant,fp8_training,experts \
 #       --caps kernels=150,fp8_training=150
-#   bash benchmarks/gpu/run.sh --budget-s 300 --sections decode,stack,every_k --caps decode=200
+#   bash benchmarks/gpu/run.sh --budget-s 420 --sections decode,stack,every_k --caps decode=240
+# (the first call held the machine ~305 s on 2026-12-04, start included, leaving ~590 s: the second
+# gets 420 s and a ~500 s timeout, since stack and decode may each need a second, Inductor, attempt
+# after an AOTInductor crash; see bench.py's run_isolated)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT="${OUT:-benchmarks/results/gpu}"
