@@ -29,7 +29,7 @@ from torch import Tensor
 import fxquant.kernels.quantize  # noqa: F401  (registers W4A8's activation quantizer)
 from fxquant.core.registry import lowering
 from fxquant.kernels import gemm, intx_weight_only
-from fxquant.kernels.intx_weight_only import unpack_codes
+from fxquant.kernels.intx_weight_only import unpack_nibbles
 
 fxq = torch.ops.fxquant
 
@@ -56,10 +56,12 @@ def _dequantize_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
-    n = (tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N))[:, None]
-    k = (tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K))[None, :]
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    k0 = tl.program_id(1) * BLOCK_K
+    u = unpack_nibbles(w_ptr, offs_n, offs_n < N, k0, GROUPS * GROUP_SIZE // 2, BLOCK_K, BLOCK_N)
+    n = offs_n[:, None]
+    k = (k0 + tl.arange(0, BLOCK_K))[None, :]
     mask = (n < N) & (k < K)
-    u = unpack_codes(w_ptr, n, k, mask, GROUPS * GROUP_SIZE // 2, 4)
     group = n * GROUPS + k // GROUP_SIZE
     s = tl.load(scale_ptr + group, mask=mask, other=0.0)
     z = tl.load(zero_ptr + group, mask=mask, other=0).to(tl.int32)

@@ -71,22 +71,21 @@ def unpack_codes(w_ptr, n, k, mask, ROW_BYTES, BITS: tl.constexpr):
 
 @triton.jit
 def unpack_nibbles(
-    w_ptr, offs_n, mask_n, k0, ROW_BYTES, STEP_K: tl.constexpr, BLOCK_N: tl.constexpr
+    w_ptr, offs_n, mask_n, k0, ROW_BYTES, WIDTH: tl.constexpr, BLOCK_N: tl.constexpr
 ):
-    """``unpack_codes`` at 4 bits for one K step: the codes of W at rows ``offs_n`` and columns
-    k0 .. k0 + STEP_K as a [STEP_K, BLOCK_N] int32 tile. Each row's STEP_K / 2 bytes load as one
-    contiguous run, split into nibbles in registers (low nibble first), where ``unpack_codes``
-    gathers a byte per code, every byte twice: on the H200 the int4 decode GEMM took 27 µs on a
-    4096² weight whose 8 MB stream in ~2 µs (benchmarks/README.md, second run). The step must
-    lie inside the packed row (in the GEMM it does: a step never crosses a group and Kp is whole
-    groups), so only the rows are masked."""
-    HALF: tl.constexpr = STEP_K // 2
+    """4-bit codes of W at rows ``offs_n`` and columns k0 .. k0 + WIDTH (k0 even) as a
+    [BLOCK_N, WIDTH] int32 tile, bytes past the packed row reading 0. Each row's WIDTH / 2 bytes
+    load as one contiguous run, split into nibbles in registers (low nibble first), where
+    ``unpack_codes`` gathers a byte per code, every byte twice: on the H200 the int4 decode GEMM
+    took 27 µs on a 4096² weight whose 8 MB stream in ~2 µs (benchmarks/README.md, second
+    run)."""
+    HALF: tl.constexpr = WIDTH // 2
     cols = k0 // 2 + tl.arange(0, HALF)
-    packed = tl.load(
-        w_ptr + offs_n[:, None] * ROW_BYTES + cols[None, :], mask=mask_n[:, None], other=0
-    ).to(tl.int32)
+    mask = mask_n[:, None] & (cols < ROW_BYTES)[None, :]
+    packed = tl.load(w_ptr + offs_n[:, None] * ROW_BYTES + cols[None, :], mask=mask, other=0)
+    packed = packed.to(tl.int32)
     u = tl.join(packed & 0xF, packed >> 4)  # [BLOCK_N, HALF, 2]: codes 2j, 2j + 1
-    return tl.trans(tl.reshape(u, (BLOCK_N, STEP_K)))
+    return tl.reshape(u, (BLOCK_N, WIDTH))
 
 
 @triton.jit
@@ -125,7 +124,7 @@ def _intx_gemm_kernel(
         k = k0 + offs_k
         a, mask_k = load_a(x_ptr, offs_m, mask_m, k, K)
         if BITS == 4:
-            u = unpack_nibbles(w_ptr, offs_n, mask_n, k0, row_bytes, STEP_K, BLOCK_N)
+            u = tl.trans(unpack_nibbles(w_ptr, offs_n, mask_n, k0, row_bytes, STEP_K, BLOCK_N))
         else:
             u = unpack_codes(
                 w_ptr,
