@@ -32,7 +32,12 @@ from fxquant.passes.rewrite import COPIED_META, DynamoEditor, _row, counters
 from fxquant.training.autocast import has_regions, region_of
 from fxquant.training.fsdp import ALL_GATHER_ATTR
 from fxquant.training.layers import Float8Linear, fp8_linear_names
-from fxquant.training.numerics import float8_training_linear, gemm_kind, missing_gemm
+from fxquant.training.numerics import (
+    float8_training_linear,
+    gemm_kind,
+    missing_gemm,
+    reads_gathered,
+)
 from fxquant.training.state import state_for
 
 __all__ = [
@@ -352,12 +357,17 @@ def float8_regions(
                 ("fprop", "dgrad", "wgrad"), recipe.override_linear_precision, strict=True
             )
         }
+        extra = {**row.extra, "fp8_gemms": gemms}
+        if (
+            not plan.site.transposed  # torch.t of the gathered weight dequantizes it
+            and not all(recipe.override_linear_precision[:2])
+            and reads_gathered(plan.site.weight, recipe)
+        ):
+            # FSDP2's FP8 all-gather handed the graph e4m3 values and their scale: fprop and
+            # dgrad read them as they are (fxquant.training.gathered)
+            extra["fp8_weight"] = "as all-gathered (e4m3 and its scale, no cast)"
         rows.append(
-            row.replace(
-                padded_in_features=padded,
-                bytes_after=row.bytes_before,
-                extra={**row.extra, "fp8_gemms": gemms},
-            )
+            row.replace(padded_in_features=padded, bytes_after=row.bytes_before, extra=extra)
         )
         node = env[plan.site.node]
         x, w = env_arg(env, plan.site.x), env[plan.site.weight_node]

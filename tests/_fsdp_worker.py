@@ -202,6 +202,8 @@ def _run_variant(
         "losses": losses,
         "params": {n: p.full_tensor().detach().clone() for n, p in model.named_parameters()},
         "graphs": _fp8_layers(reports()),
+        # the layers whose GEMMs read the gathered e4m3 weight as it is (no cast)
+        "gathered": [[r["name"] for r in rows if "fp8_weight" in r] for rows in reports()],
         "all_gather_bytes": step_bytes,
         "first_step_calls": gathered[: len(gathered) // STEPS],
         "all_gather_rows": all_gather_rows,

@@ -107,6 +107,10 @@ def test_fp8_all_gather_moves_a_quarter_of_the_weight_bytes(runs):
             {n for n, r in rows.items() if r["all_gather"] == "fp8"}
         )
         assert fp8["all_gather_bytes"] == [expected] * w.STEPS
+        # the GEMMs read the fp8-gathered weights as gathered (one graph per Block, block 1's
+        # fc2 gathered in fp32), never a high-precision one
+        assert fp8["gathered"] == [["fc1", "fc2"], [], ["fc1"]]
+        assert fp32["gathered"] == [[], [], []]
         # 0.51x per step here, with blocks.1.fc2 (38% of the weights) gathered in fp32
         assert fp8["all_gather_bytes"][0] <= 0.55 * fp32["all_gather_bytes"][0]
         # block 0 (all weights in fp8, biases in fp32): 0.26x of fp32 (bf16: the test below)
@@ -125,8 +129,9 @@ def test_fp8_all_gather_moves_a_quarter_of_the_weight_bytes(runs):
 )
 @pytest.mark.filterwarnings("ignore:Float8Recipe.override_linear_precision")
 def test_fp8_all_gather_refuses_recipes_it_would_round_twice(kwargs, problem):
-    # the linear re-casts the gathered weight: lossless only when it recomputes the same
-    # tensorwise scale (with delayed scaling the losses moved 4% in 4 steps, measured)
+    # the linear reads the gathered e4m3 weight as it is: what it would cast itself only for
+    # current tensorwise scaling (with delayed scaling, casting the gathered weight again, the
+    # losses moved 4% in 4 steps, measured)
     recipe = Float8Recipe(**{"scaling": "current", **kwargs})
     with pytest.raises(ValueError, match="current tensorwise scaling only.*" + re.escape(problem)):
         enable_fsdp_float8_all_gather(w.make_model(), recipe=recipe, world_size=2)
@@ -183,10 +188,11 @@ def test_the_fp8_training_rows_say_which_all_gather_each_layer_has():
 def test_bf16_fp8_all_gather_halves_the_bf16_bytes_and_changes_nothing(runs):
     for run in runs:
         bf16, fp8 = run[("current", False, "bf16")], run[("current", True, "bf16")]
-        # the hook casts FSDP's bf16 copy of the shard, with the scale the linear would compute
-        # from the whole bf16 weight, and the linear's second cast is lossless: bitwise the same
-        # training as the bf16 all-gather (measured; with the cast taken from the fp32 master
-        # weight instead, the losses moved by 1e-3)
+        # the hook casts FSDP's bf16 copy of the shard with the scale the linear would compute
+        # from the whole bf16 weight, and the linear reads those e4m3 values as they are: bitwise
+        # the same training as the bf16 all-gather (measured; with the cast taken from the fp32
+        # master weight instead, the losses moved by 1e-3)
+        assert fp8["gathered"] == [["fc1", "fc2"], [], ["fc1"]]
         assert fp8["losses"] == bf16["losses"]
         for n, p in bf16["params"].items():
             assert torch.equal(fp8["params"][n], p), n
@@ -199,12 +205,14 @@ def test_bf16_fp8_all_gather_halves_the_bf16_bytes_and_changes_nothing(runs):
 @slow
 def test_accelerates_fp8_all_gather_flag_gathers_the_fp8_layers_in_fp8(runs):
     # apply_fp8_autowrap with AORecipeKwargs fields, before fully_shard, as an accelerate user
-    # calls it: the flag off and on train bitwise alike (the linear's second cast is lossless),
-    # and the three FP8 layers' weights cross in fp8. blocks.1.fc2 (99 outputs, not a multiple
-    # of 16) is no FP8 layer for accelerate's filter, so it trains and gathers in fp32.
+    # calls it: the flag off and on train bitwise alike (the linear reads the gathered e4m3
+    # values, those its own cast would make), and the three FP8 layers' weights cross in fp8.
+    # blocks.1.fc2 (99 outputs, not a multiple of 16) is no FP8 layer for accelerate's filter,
+    # so it trains and gathers in fp32.
     for run in runs:
         hp, fp8 = (run[v] for v in w.AUTOWRAP_VARIANTS)
         assert hp["graphs"] == fp8["graphs"] == [["fc1", "fc2"], [], ["fc1"]]
+        assert fp8["gathered"] == [["fc1", "fc2"], [], ["fc1"]]
         assert fp8["losses"] == hp["losses"]
         for n, p in hp["params"].items():
             assert torch.equal(fp8["params"][n], p), n

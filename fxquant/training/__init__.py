@@ -16,7 +16,8 @@ graph in ``state.Float8TrainingProgram``.
   pass reads).
 - ``layers``: ``Float8Linear`` / ``Float8LayerNorm``, the layers ``convert_model`` marks.
 - ``fsdp``: the FP8 all-gather under FSDP2 (``enable_fsdp_float8_all_gather``,
-  ``Float8AllGatherWeight``).
+  ``Float8AllGatherWeight``); ``gathered``: the weight it hands the graph
+  (``Float8GatheredWeight``, e4m3 values and a scale the FP8 linear reads without a cast).
 
 accelerate's four FP8 functions built on these are in ``fxquant.accelerate``.
 

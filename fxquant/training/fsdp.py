@@ -13,20 +13,23 @@ calls its two all-gather hooks (torch 2.13's extension contract, read in
   the whole weight), then the shard (FSDP's ``param_dtype`` copy of it under mixed precision) cast
   to e4m3 and viewed as uint8 (FSDP's all-gather buffer is uint8 anyway once a group mixes
   dtypes, here fp8 weights and high-precision biases), with the scale as metadata;
-- ``fsdp_post_all_gather(outputs, metadata, param_dtype, *, out=None)``: the gathered fp8 weight
-  dequantized to ``param_dtype``; from the second all-gather on, written into FSDP's unsharded
-  parameter (``out``) in place.
+- ``fsdp_post_all_gather(outputs, metadata, param_dtype, *, out=None)``: the gathered fp8 bytes
+  and the scale as a ``Float8GatheredWeight`` (``fxquant.training.gathered``), FSDP's unsharded
+  parameter; from the second all-gather on, FSDP refills its bytes in place and only the scale
+  is written (``out``).
 
-The graph fxquant compiles therefore still sees a plain high-precision weight, and its FP8 linear
-(``fxquant.training.numerics.float8_training_linear``) casts it again. With current tensorwise
-scaling that second cast is lossless: the dequantized weight's amax is 448·scale, so the linear
-finds the same scale (to an ulp) and the same e4m3 values, and training follows the
-high-precision all-gather run (checked by tests/test_float8_fsdp.py). With delayed scaling the
-linear's weight scale comes from its history, not from this cast, so the weight is rounded twice
-(measured: losses 4% off the single process within 4 steps); :func:`enable_fsdp_float8_all_gather`
-therefore refuses any recipe but current tensorwise scaling. Not done yet: feeding the gathered
-fp8 data and scale into the GEMM directly (torchao's ``Float8TrainingTensor`` does), which would
-save the dequantize, the fp32 unsharded weight and the second cast, and allow delayed scaling.
+The FP8 training linear (``fxquant.training.numerics.float8_training_linear``) feeds that weight's
+fp8 values and scale to ``torch._scaled_mm`` as they are, for fprop and (transposed) for dgrad:
+no dequantize, no second cast, and 1 byte a weight value held from the forward to the backward
+instead of the parameter dtype's 2 or 4. They are the values the linear would have cast from the
+gathered weight, dequantized: with current tensorwise scaling the dequantized weight's amax is
+448·scale, so a cast finds the same scale and the same e4m3 values, and training follows the
+high-precision all-gather run (tests/test_float8_fsdp.py). Any other op on the weight (a linear
+outside an FP8 region, eval) sees it dequantized to ``param_dtype``. Delayed scaling would take
+the weight's scale from its amax history, not from this cast, so the weight would be rounded
+twice (measured: losses 4% off the single process within 4 steps), and row-wise scales differ
+from the per-tensor one gathered here: :func:`enable_fsdp_float8_all_gather` refuses any recipe
+but current tensorwise scaling.
 
 A weight whose dim 0 does not split evenly over the ranks keeps the high-precision all-gather
 (FSDP pads such shards; the fp8 path here does not pad) and its row says so: in the rows
@@ -45,6 +48,7 @@ from torch.utils._pytree import tree_map_only
 
 from fxquant.core.config import Float8Recipe
 from fxquant.core.reference import EPS
+from fxquant.training.gathered import Float8GatheredWeight
 from fxquant.training.numerics import E4M3, fp8_max
 
 # Each Linear's all-gather as enable_fsdp_float8_all_gather chose it, kept on the module
@@ -143,16 +147,19 @@ class Float8AllGatherWeight(torch.Tensor):
     ):
         (data,) = all_gather_outputs
         (scale,) = metadata
-        weight = (data.view(E4M3).float() * scale).to(param_dtype)
         if out is not None:
-            # FSDP's unsharded parameter from the first all-gather, its storage reallocated. The
-            # backward's re-all-gather writes it while autograd holds it saved for the weight
-            # gradient: keep its version, as FSDP's own all-gather (a collective into the
-            # storage) does, or the backward fails with "modified by an inplace operation".
-            with torch.no_grad(), torch.autograd._unsafe_preserve_version_counter(out):
-                out.copy_(weight)
+            # FSDP's unsharded parameter from the first all-gather: its fp8 data is a view of
+            # the all-gather buffer FSDP just refilled; only the scale is new. The backward's
+            # re-all-gather writes it while autograd holds it saved for dgrad: keep its version,
+            # as FSDP's own all-gather (a collective into the storage) does, or the backward
+            # fails with "modified by an inplace operation".
+            with torch.no_grad(), torch.autograd._unsafe_preserve_version_counter(out.fp8_scale):
+                out.fp8_scale.copy_(scale)
             return None
-        return weight, (weight,)
+        # The gathered bytes stay fp8 (1 byte a value until FSDP frees them after the forward),
+        # read by the FP8 linear as they are; any other op sees them dequantized
+        # (fxquant.training.gathered).
+        return Float8GatheredWeight(data.view(E4M3), scale, param_dtype), (data,)
 
 
 def _fallback_reason(module: nn.Linear, world_size: int) -> str | None:
@@ -166,9 +173,9 @@ def _fallback_reason(module: nn.Linear, world_size: int) -> str | None:
 
 
 def _check_recipe(recipe: Float8Recipe) -> None:
-    # The second cast in the linear is lossless only when it recomputes the scale from the
-    # weight itself, per tensor, with no margin, and when the forward and dgrad GEMMs read the
-    # weight in fp8 at all.
+    # The gathered fp8 weight is what the linear would cast only when it computes the scale
+    # from the weight itself, per tensor, with no margin, and when the forward and dgrad GEMMs
+    # read the weight in fp8 at all.
     problems = []
     if recipe.scaling != "current":
         problems.append(f"scaling={recipe.scaling!r} (needs 'current')")

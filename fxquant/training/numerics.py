@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from fxquant.core.config import Float8Recipe
 from fxquant.core.reference import EPS
 from fxquant.core.reference_mx import e8m0_exponent
+from fxquant.training.gathered import Float8GatheredWeight
 
 __all__ = [
     "E4M3",
@@ -245,6 +246,28 @@ def quantize_rows(
     return _saturate_fp8(t / s, dtype), s
 
 
+def reads_gathered(weight: torch.Tensor, recipe: Float8Recipe) -> bool:
+    """Whether the recipe's GEMMs read ``weight`` as FSDP gathered it (:func:`weight_rows`):
+    an FP8-gathered weight under per-tensor current scaling."""
+    per_tensor_current = recipe.scaling == "current" and recipe.granularity == "tensor"
+    return isinstance(weight, Float8GatheredWeight) and per_tensor_current
+
+
+def weight_rows(
+    weight: torch.Tensor, recipe: Float8Recipe, *, scale: torch.Tensor | None, transpose: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """W (fprop, K last) or Wᵀ (dgrad, N last) in fp8 with its dequant scale, as
+    :func:`quantize_rows` casts it. FSDP's FP8-gathered weight (``Float8GatheredWeight``) under
+    per-tensor current scaling goes in as gathered: casting its dequantized values again would
+    find the same scale (its amax is 448 · scale) and the same e4m3 values, a pass over the
+    weight for nothing. Other recipes cast its dequantized values (what they would do without
+    the FP8 all-gather, rounding the weight twice)."""
+    if reads_gathered(weight, recipe):
+        data = weight.fp8_data
+        return (data.t().contiguous() if transpose else data), weight.fp8_scale.reshape(())
+    return quantize_rows(weight.t() if transpose else weight, recipe, E4M3, scale=scale)
+
+
 def _pad16(t: torch.Tensor, dim: int, value: float = 0.0) -> torch.Tensor:
     extra = -t.shape[dim] % 16
     if not extra:
@@ -300,7 +323,7 @@ class _Float8TrainingLinear(torch.autograd.Function):
             y = x2 @ weight.to(x2.dtype).t()
         elif scaled:
             xq, xq_scale = quantize_rows(x2, recipe, E4M3, scale=xs)
-            wq, wq_scale = quantize_rows(weight, recipe, E4M3, scale=ws)
+            wq, wq_scale = weight_rows(weight, recipe, scale=ws, transpose=False)
             y = scaled_gemm(xq, xq_scale, wq, wq_scale, out_dtype=x2.dtype)
         else:
             xc = cast_operand(x2, recipe, E4M3, dim=1, scale=xs)
@@ -350,7 +373,7 @@ class _Float8TrainingLinear(torch.autograd.Function):
                 grad_x = grad_y @ weight.to(grad_y.dtype)
             elif scaled:  # g [M, N] · W [N, K]: both cast along N
                 gq, g_scale = quantize_rows(grad_y, recipe, gdt, scale=gs)
-                wq, w_scale = quantize_rows(weight.t(), recipe, E4M3, scale=ws)
+                wq, w_scale = weight_rows(weight, recipe, scale=ws, transpose=True)
                 grad_x = scaled_gemm(gq, g_scale, wq, w_scale, out_dtype=ctx.x_dtype)
             else:
                 gq = cast_operand(grad_y, recipe, gdt, dim=1, scale=gs)
