@@ -131,6 +131,10 @@ def _passes(m: int, weights: dict) -> dict[str, Callable[[], None]]:
 # int8) competes only from this M: prefill and batched serving, where it pays most (~1.8x the
 # weight-only path at M = 128 on AVX2); decode keeps the scheme's own numerics (~10 % there).
 MIN_M = {"int8_act": 16}
+# A candidate that runs the native kernel itself below some M (the bf16 dot-product kernels
+# take the fp32 GEMV for one row): there it is the native kernel, timed as such, so run-to-run
+# noise between two timings of the same code does not decide the plan.
+NATIVE_BELOW = {"bf16_dot": 2}
 TIE = 0.05
 
 
@@ -153,6 +157,10 @@ def plan(by_m: dict[int, dict[str, float]], op: str) -> list[list]:
     times = {
         m: {n.split(":")[1]: t for n, t in by_m[m].items() if n.startswith(op + ":")} for m in ms
     }
+    for name, below in NATIVE_BELOW.items():
+        for m in ms:
+            if m < below and name in times[m] and "native" in times[m]:
+                times[m][name] = times[m]["native"]
     names = [n for n in times[ms[0]] if not n.endswith(PACKED_SUFFIX)]
 
     def allowed(name: str, m: int) -> bool:

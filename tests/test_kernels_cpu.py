@@ -70,6 +70,31 @@ def test_int8_scaled_extremes_do_not_saturate():
     assert torch.equal(got, want)
 
 
+@pytest.mark.parametrize("fmt", ["int8", "fp8"])
+@pytest.mark.parametrize("k", [1, 31, 32, 33, 100, 1024])
+def test_bf16_dot_kernels_are_the_reference_on_x_rounded_to_bf16(fmt, k):
+    # int8 and e4m3 weights are exact in bf16, so the products are the reference's on x
+    # rounded to bf16 (round to nearest even; one row, decode, is not rounded: the fp32 GEMV)
+    # and the sums fp32 (another order): every M
+    # around the 16-row blocks and their 8/4/2/1 tails, K around the 32-column steps (and
+    # K = 1024, whose rows the kernel spaces apart so they do not share an L1 set)
+    g = torch.Generator().manual_seed(k)
+    w = torch.randn(37, k, generator=g)
+    if fmt == "int8":
+        q, s = ref.quantize_int8_per_channel(w)
+        op = fxq.native_int8_bf16dot_linear
+    else:
+        q, s = ref.quantize_fp8_per_channel(w)
+        op = fxq.native_float8_bf16dot_linear
+    for m in (0, 1, 2, 3, 15, 16, 17, 31, 40):
+        x = torch.randn(m, k, generator=g)
+        xr = x if m == 1 else x.bfloat16().float()  # decode (one row) keeps fp32 x
+        want = (xr @ q.float().t()) * s.float().reshape(-1)
+        _close(op(x, q, s.float().reshape(-1)), want)
+    # all-zero activations give zeros, not NaN
+    assert torch.equal(op(torch.zeros(5, k), q, s.float().reshape(-1)), torch.zeros(5, 37))
+
+
 @pytest.mark.parametrize("k", [1, 7, 8, 9, 31, 33, 100, 127, 136, 200])
 def test_int8_weight_only_every_k(k):
     g = torch.Generator().manual_seed(k)
@@ -388,6 +413,8 @@ def test_opcheck():
     cases.append((fxq.native_int4_to_bfloat16, (kw, ks, ko, 32)))
     cases.append((fxq.native_int8_scaled_vnni_linear, (xq, xs.reshape(-1), *vnni, s)))
     cases.append((fxq.native_float8_to_bfloat16, (f8,)))
+    cases.append((fxq.native_int8_bf16dot_linear, (x, q, s)))
+    cases.append((fxq.native_float8_bf16dot_linear, (x, f8, fs)))
     x3 = torch.randn(2, 3, 64, generator=g)
     cases.append((fxq.cpu_native_int4_linear, (x3, kw, ks, ko, torch.randn(20), 32, 20)))
     cases.append((fxq.cpu_native_int8_int4_linear, (x3, kw, ks, ko, torch.randn(20), 32, 20)))

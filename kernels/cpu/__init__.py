@@ -75,6 +75,17 @@ NATIVE_OPS = {
         "AOTITorchError aoti_torch_cpu_native_float8_weight_only_linear(AtenTensorHandle x, "
         "AtenTensorHandle weight, AtenTensorHandle scale, AtenTensorHandle* ret0)",
     ),
+    # the same weights, x rounded to bf16 and multiplied with bf16 dot products (AVX-512 BF16)
+    "native_int8_bf16dot_linear": (
+        "native_int8_bf16dot_linear(Tensor x, Tensor weight, Tensor scale) -> Tensor",
+        "AOTITorchError aoti_torch_cpu_native_int8_bf16dot_linear(AtenTensorHandle x, "
+        "AtenTensorHandle weight, AtenTensorHandle scale, AtenTensorHandle* ret0)",
+    ),
+    "native_float8_bf16dot_linear": (
+        "native_float8_bf16dot_linear(Tensor x, Tensor weight, Tensor scale) -> Tensor",
+        "AOTITorchError aoti_torch_cpu_native_float8_bf16dot_linear(AtenTensorHandle x, "
+        "AtenTensorHandle weight, AtenTensorHandle scale, AtenTensorHandle* ret0)",
+    ),
     "native_int8_scaled_linear": (
         "native_int8_scaled_linear(Tensor xq, Tensor xs, Tensor weight, Tensor scale) -> Tensor",
         "AOTITorchError aoti_torch_cpu_native_int8_scaled_linear(AtenTensorHandle xq, "
@@ -131,6 +142,12 @@ torch.library.register_fake("fxquant::native_int8_weight_only_linear", lib=_lib)
     lambda x, weight, scale: _out(x, weight)
 )
 torch.library.register_fake("fxquant::native_float8_weight_only_linear", lib=_lib)(
+    lambda x, weight, scale: _out(x, weight)
+)
+torch.library.register_fake("fxquant::native_int8_bf16dot_linear", lib=_lib)(
+    lambda x, weight, scale: _out(x, weight)
+)
+torch.library.register_fake("fxquant::native_float8_bf16dot_linear", lib=_lib)(
     lambda x, weight, scale: _out(x, weight)
 )
 torch.library.register_fake("fxquant::native_int8_scaled_linear", lib=_lib)(

@@ -26,6 +26,10 @@
 #if defined(FXQ_AVX2) && defined(__AVX512VNNI__) && defined(__AVX512BW__)
 #define FXQ_VNNI512 1  // int8 x int8 dot products in one instruction (vpdpbusd)
 #endif
+#if defined(FXQ_AVX2) && defined(__AVX512BF16__) && defined(__AVX512BW__) && \
+    defined(__AVX512VL__)
+#define FXQ_BF16_512 1  // bf16 pair dot products into fp32 lanes (vdpbf16ps)
+#endif
 
 #pragma GCC visibility push(hidden)
 

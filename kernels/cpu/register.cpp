@@ -13,6 +13,10 @@ AOTITorchError aoti_torch_cpu_native_int8_weight_only_linear(AtenTensorHandle, A
 AOTITorchError aoti_torch_cpu_native_float8_weight_only_linear(AtenTensorHandle, AtenTensorHandle,
                                                                AtenTensorHandle,
                                                                AtenTensorHandle*);
+AOTITorchError aoti_torch_cpu_native_int8_bf16dot_linear(AtenTensorHandle, AtenTensorHandle,
+                                                         AtenTensorHandle, AtenTensorHandle*);
+AOTITorchError aoti_torch_cpu_native_float8_bf16dot_linear(AtenTensorHandle, AtenTensorHandle,
+                                                           AtenTensorHandle, AtenTensorHandle*);
 AOTITorchError aoti_torch_cpu_native_int8_scaled_linear(AtenTensorHandle, AtenTensorHandle,
                                                         AtenTensorHandle, AtenTensorHandle,
                                                         AtenTensorHandle*);
@@ -54,6 +58,18 @@ Tensor float8_weight_only(Tensor x, Tensor w, Tensor scale) {
   AtenTensorHandle out = nullptr;
   auto err = aoti_torch_cpu_native_float8_weight_only_linear(x.get(), w.get(), scale.get(), &out);
   return checked(err, out, "native_float8_weight_only_linear");
+}
+
+Tensor int8_bf16dot(Tensor x, Tensor w, Tensor scale) {
+  AtenTensorHandle out = nullptr;
+  auto err = aoti_torch_cpu_native_int8_bf16dot_linear(x.get(), w.get(), scale.get(), &out);
+  return checked(err, out, "native_int8_bf16dot_linear");
+}
+
+Tensor float8_bf16dot(Tensor x, Tensor w, Tensor scale) {
+  AtenTensorHandle out = nullptr;
+  auto err = aoti_torch_cpu_native_float8_bf16dot_linear(x.get(), w.get(), scale.get(), &out);
+  return checked(err, out, "native_float8_bf16dot_linear");
 }
 
 Tensor int8_scaled(Tensor xq, Tensor xs, Tensor w, Tensor scale) {
@@ -103,6 +119,8 @@ Tensor int4_to_bfloat16(Tensor w, Tensor scale, Tensor offset, int64_t group_siz
 STABLE_TORCH_LIBRARY_IMPL(fxquant, CPU, m) {
   m.impl("native_int8_weight_only_linear", TORCH_BOX(&int8_weight_only));
   m.impl("native_float8_weight_only_linear", TORCH_BOX(&float8_weight_only));
+  m.impl("native_int8_bf16dot_linear", TORCH_BOX(&int8_bf16dot));
+  m.impl("native_float8_bf16dot_linear", TORCH_BOX(&float8_bf16dot));
   m.impl("native_int8_scaled_linear", TORCH_BOX(&int8_scaled));
   m.impl("native_int8_scaled_vnni_linear", TORCH_BOX(&int8_scaled_vnni));
   m.impl("native_int4_weight_only_linear", TORCH_BOX(&int4_weight_only));

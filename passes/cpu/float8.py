@@ -113,8 +113,18 @@ dispatches(
 )
 
 
+def _fp8_rows_bf16_dot(x2: Tensor, weight: Tensor, scale: Tensor) -> Tensor:
+    # e4m3 widened to bf16 in registers (exact), x rounded to bf16 (exact when it is e4m3
+    # already: fp8 dynamic and static), fp32 sums: AVX-512 BF16's dot products; one row
+    # (decode) keeps fp32 x, on the GEMV
+    return fxq.native_float8_bf16dot_linear(x2, weight, row_scales(scale, weight.shape[0]))
+
+
 _FP8_ROWS = candidates(
-    "native_float8_weight_only_linear", native=_fp8_rows_native, bf16=_fp8_rows_bf16
+    "native_float8_weight_only_linear",
+    native=_fp8_rows_native,
+    bf16=_fp8_rows_bf16,
+    bf16_dot=_fp8_rows_bf16_dot,
 )
 
 

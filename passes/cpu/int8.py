@@ -194,8 +194,18 @@ def _int8_scaled_rows_int_mm(xq2: Tensor, xs2: Tensor, weight: Tensor, scale: Te
 
 dispatches("native_int8_weight_only_linear", "int8_weight_only_linear")
 dispatches("native_int8_scaled_linear", "int8_dynamic_linear", "int8_scaled_linear")
+def _int8_rows_bf16_dot(x2: Tensor, weight: Tensor, scale: Tensor) -> Tensor:
+    # int8 widened to bf16 in registers (exact), x rounded to bf16, fp32 sums: AVX-512 BF16's
+    # dot products, twice the fp32 GEMV's multiplies an instruction (kernels/cpu/int8_fp8.cpp);
+    # one row (decode) keeps fp32 x, on the GEMV
+    return fxq.native_int8_bf16dot_linear(x2, weight, row_scales(scale, weight.shape[0]))
+
+
 _INT8_ROWS = candidates(
-    "native_int8_weight_only_linear", native=_int8_rows_native, bf16=_int8_rows_bf16
+    "native_int8_weight_only_linear",
+    native=_int8_rows_native,
+    bf16=_int8_rows_bf16,
+    bf16_dot=_int8_rows_bf16_dot,
 )
 _INT8_SCALED_ROWS = candidates(
     "native_int8_scaled_linear", native=_int8_scaled_rows_native, int_mm=_int8_scaled_rows_int_mm
