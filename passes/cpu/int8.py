@@ -194,6 +194,8 @@ def _int8_scaled_rows_int_mm(xq2: Tensor, xs2: Tensor, weight: Tensor, scale: Te
 
 dispatches("native_int8_weight_only_linear", "int8_weight_only_linear")
 dispatches("native_int8_scaled_linear", "int8_dynamic_linear", "int8_scaled_linear")
+
+
 def _int8_rows_bf16_dot(x2: Tensor, weight: Tensor, scale: Tensor) -> Tensor:
     # int8 widened to bf16 in registers (exact), x rounded to bf16, fp32 sums: AVX-512 BF16's
     # dot products, twice the fp32 GEMV's multiplies an instruction (kernels/cpu/int8_fp8.cpp);
