@@ -95,6 +95,19 @@ def test_bf16_dot_kernels_are_the_reference_on_x_rounded_to_bf16(fmt, k):
     assert torch.equal(op(torch.zeros(5, k), q, s.float().reshape(-1)), torch.zeros(5, 37))
 
 
+@pytest.mark.parametrize("fmt", ["int8", "fp8"])
+def test_bf16_dot_kernels_take_every_k(fmt):
+    # every K of 1..200 (each residue of the 32-column steps and their masked tails), a few rows
+    g = torch.Generator().manual_seed(0)
+    for k in range(1, 201):
+        w = torch.randn(19, k, generator=g)
+        q, s = (ref.quantize_int8_per_channel if fmt == "int8" else ref.quantize_fp8_per_channel)(w)
+        op = fxq.native_int8_bf16dot_linear if fmt == "int8" else fxq.native_float8_bf16dot_linear
+        x = torch.randn(3, k, generator=g)
+        want = (x.bfloat16().float() @ q.float().t()) * s.float().reshape(-1)
+        _close(op(x, q, s.float().reshape(-1)), want)
+
+
 @pytest.mark.parametrize("k", [1, 7, 8, 9, 31, 33, 100, 127, 136, 200])
 def test_int8_weight_only_every_k(k):
     g = torch.Generator().manual_seed(k)
