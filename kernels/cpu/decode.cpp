@@ -20,13 +20,6 @@
 namespace fxq {
 namespace {
 
-// fp32 -> bf16 bits, round to nearest, ties to even (inputs are finite)
-inline uint16_t bf16_bits(float f) {
-  uint32_t b;
-  std::memcpy(&b, &f, sizeof b);
-  return uint16_t((b + 0x7FFF + ((b >> 16) & 1)) >> 16);
-}
-
 #ifdef FXQ_AVX2
 // eight 32-bit lanes, each < 2^16, stored as eight uint16 at out
 inline void store_u16x8(uint16_t* out, __m256i r) {

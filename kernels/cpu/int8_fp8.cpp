@@ -488,13 +488,7 @@ void gemm_int8_int8_vnni_packed(const int8_t* xq, const float* xs, int64_t M, in
 // From this many rows the bf16 ops round x and use the dot products; below, the fp32 GEMV
 constexpr int64_t kBf16MinM = 2;
 
-// x [M, K] fp32 rounded to bf16, as the bits (round to nearest even; x is finite)
-inline uint16_t bf16_bits(float f) {
-  uint32_t b;
-  std::memcpy(&b, &f, sizeof b);
-  return uint16_t((b + 0x7FFF + ((b >> 16) & 1)) >> 16);
-}
-
+// f rounded to the nearest bf16 (native.h's bf16_bits), as an fp32
 inline float bf16_round(float f) {
   const uint32_t b = uint32_t(bf16_bits(f)) << 16;
   float out;

@@ -86,6 +86,13 @@ inline float fp8_e4m3_to_float(uint8_t b) {
   return f * 0x1p120f;
 }
 
+// fp32 -> bf16 bits, round to nearest, ties to even (inputs are finite)
+inline uint16_t bf16_bits(float f) {
+  uint32_t b;
+  std::memcpy(&b, &f, sizeof b);
+  return uint16_t((b + 0x7FFF + ((b >> 16) & 1)) >> 16);
+}
+
 #ifdef FXQ_AVX2
 inline float hsum(__m256 v) {
   __m128 lo = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
