@@ -75,9 +75,11 @@ def test_int8_scaled_extremes_do_not_saturate():
 def test_bf16_dot_kernels_are_the_reference_on_x_rounded_to_bf16(fmt, k):
     # int8 and e4m3 weights are exact in bf16, so the products are the reference's on x
     # rounded to bf16 (round to nearest even; one row, decode, is not rounded: the fp32 GEMV)
-    # and the sums fp32 (another order): every M
-    # around the 16-row blocks and their 8/4/2/1 tails, K around the 32-column steps (and
-    # K = 1024, whose rows the kernel spaces apart so they do not share an L1 set)
+    # and the sums fp32 (another order): every M around the row kernel's 16-row blocks and
+    # their 8/4/2/1 tails and past the packed-panel GEMM's start (32 rows: its 6-row tiles and
+    # their tails, 37 columns = two full 16-column panels and a short one), K around the
+    # 32-column steps (and K = 1024, whose rows the kernel spaces apart so they do not share an
+    # L1 set)
     g = torch.Generator().manual_seed(k)
     w = torch.randn(37, k, generator=g)
     if fmt == "int8":
@@ -86,7 +88,7 @@ def test_bf16_dot_kernels_are_the_reference_on_x_rounded_to_bf16(fmt, k):
     else:
         q, s = ref.quantize_fp8_per_channel(w)
         op = fxq.native_float8_bf16dot_linear
-    for m in (0, 1, 2, 3, 15, 16, 17, 31, 40):
+    for m in (0, 1, 2, 3, 15, 16, 17, 31, 32, 33, 40, 71):
         x = torch.randn(m, k, generator=g)
         xr = x if m == 1 else x.bfloat16().float()  # decode (one row) keeps fp32 x
         want = (xr @ q.float().t()) * s.float().reshape(-1)
@@ -97,15 +99,17 @@ def test_bf16_dot_kernels_are_the_reference_on_x_rounded_to_bf16(fmt, k):
 
 @pytest.mark.parametrize("fmt", ["int8", "fp8"])
 def test_bf16_dot_kernels_take_every_k(fmt):
-    # every K of 1..200 (each residue of the 32-column steps and their masked tails), a few rows
+    # every K of 1..200 (each residue of the 32-column steps and their masked tails, odd K's
+    # half-empty last pair in the panels), a few rows and enough for the packed-panel GEMM
     g = torch.Generator().manual_seed(0)
     for k in range(1, 201):
         w = torch.randn(19, k, generator=g)
         q, s = (ref.quantize_int8_per_channel if fmt == "int8" else ref.quantize_fp8_per_channel)(w)
         op = fxq.native_int8_bf16dot_linear if fmt == "int8" else fxq.native_float8_bf16dot_linear
-        x = torch.randn(3, k, generator=g)
-        want = (x.bfloat16().float() @ q.float().t()) * s.float().reshape(-1)
-        _close(op(x, q, s.float().reshape(-1)), want)
+        for m in (3, 34):
+            x = torch.randn(m, k, generator=g)
+            want = (x.bfloat16().float() @ q.float().t()) * s.float().reshape(-1)
+            _close(op(x, q, s.float().reshape(-1)), want)
 
 
 @pytest.mark.parametrize("k", [1, 7, 8, 9, 31, 33, 100, 127, 136, 200])

@@ -484,9 +484,20 @@ void gemm_int8_int8_vnni_packed(const int8_t* xq, const float* xs, int64_t M, in
 // the weight is read and widened once, as in the GEMV, at twice its multiply rate. The op's
 // other builds (no AVX-512 BF16) round x the same way and run the fp32 kernels on it: the same
 // numerics but for the order of fp32 sums, which the tests hold them to.
+// From kBf16PanelMinM rows the same products run as a packed-panel GEMM (below).
 
 // From this many rows the bf16 ops round x and use the dot products; below, the fp32 GEMV
 constexpr int64_t kBf16MinM = 2;
+// From this many rows the packed-panel GEMM (each weight value widened once a call); below, the
+// row kernel (each widened once per 16 rows, no pack: the pack alone cost what ~15 rows do).
+// Zen 4, two threads, SmolLM2's 576 x 576, 192 x 576, 1536 x 576 and 576 x 1536, one build with
+// the panels from 2 rows, one without them, compared per M (a one-off comparison, not a
+// benchmarks/ script): the rows 2.7x faster at 4, they tie at 28, the panels 1.15x faster at
+// 32, 1.5x at 64, 1.9x at 128, 2.3x at 512 (there 1.04x bf16 F.linear, the rows 0.43x).
+#ifndef FXQ_BF16_PANEL_MIN_M
+#define FXQ_BF16_PANEL_MIN_M 32
+#endif
+constexpr int64_t kBf16PanelMinM = FXQ_BF16_PANEL_MIN_M;
 
 // f rounded to the nearest bf16 (native.h's bf16_bits), as an fp32
 inline float bf16_round(float f) {
@@ -535,6 +546,133 @@ inline void dot_rows_bf16(const uint16_t* xb, int64_t ldx, const uint8_t* row, i
   for (int m = 0; m < R; ++m) out[m] = _mm512_reduce_add_ps(acc[m]);
 }
 
+// ---- The same products as a packed-panel GEMM, for many rows ---------------------------------
+// Past a few dozen rows the row kernel above is bound by its loads (16 activation vectors for
+// 16 dot products of one weight vector) and widens each weight row once per 16 rows. Here, as in
+// the VNNI GEMM, the weight is widened once a call into panels of 16 output columns laid out
+// k-pair by k-pair (64 bytes: the 16 columns' next two k, as bf16), so one broadcast pair of
+// activations meets 16 columns in one vdpbf16ps, each fp32 lane is one output, and an R x P
+// register tile does R * P dot products per P + R loads. Same products (x rounded to bf16, the
+// weight exact), fp32 sums in another order.
+
+// r[i] = 16 int32 of row i -> r[j] = the j-th int32 of rows 0..15
+inline void transpose16x16_epi32(__m512i* r) {
+  __m512i t[16], u[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+  }
+  // u[4q + j], 128-bit lane L: column 4L + j of rows 4q..4q+3
+  for (int q = 0; q < 4; ++q)
+    for (int h = 0; h < 2; ++h) {
+      u[4 * q + 2 * h] = _mm512_unpacklo_epi64(t[4 * q + h], t[4 * q + h + 2]);
+      u[4 * q + 2 * h + 1] = _mm512_unpackhi_epi64(t[4 * q + h], t[4 * q + h + 2]);
+    }
+  for (int j = 0; j < 4; ++j) {
+    // lanes 0-1 (then 2-3) of rows 0..7's and 8..15's column groups, then one lane each
+    const __m512i a = _mm512_shuffle_i32x4(u[j], u[4 + j], 0x44);
+    const __m512i b = _mm512_shuffle_i32x4(u[8 + j], u[12 + j], 0x44);
+    const __m512i c = _mm512_shuffle_i32x4(u[j], u[4 + j], 0xEE);
+    const __m512i d = _mm512_shuffle_i32x4(u[8 + j], u[12 + j], 0xEE);
+    r[j] = _mm512_shuffle_i32x4(a, b, 0x88);
+    r[4 + j] = _mm512_shuffle_i32x4(a, b, 0xDD);
+    r[8 + j] = _mm512_shuffle_i32x4(c, d, 0x88);
+    r[12 + j] = _mm512_shuffle_i32x4(c, d, 0xDD);
+  }
+}
+
+// One 16-column panel from `rows` (<= 16) weight rows, widened to bf16: K2 = ceil(K / 2) pairs
+// of 64 bytes, pair g = the 16 columns' (w[c, 2g], w[c, 2g + 1]); missing rows and k past K are
+// zeros (they add nothing)
+template <Fmt F>
+inline void pack_panel_bf16(const uint8_t* w, int64_t K, int64_t rows, __m512i* out) {
+  const int64_t K2 = (K + 1) / 2;
+  for (int64_t k = 0; k < K; k += 32) {
+    const __mmask32 mask = K - k >= 32 ? ~__mmask32(0) : (__mmask32(1) << (K - k)) - 1;
+    __m512i r[16];
+    for (int c = 0; c < 16; ++c)
+      r[c] = c < rows ? (__m512i)load_bytes_bf16<F>(w + c * K + k, mask) : _mm512_setzero_si512();
+    transpose16x16_epi32(r);
+    const int64_t g0 = k / 2, pairs = std::min<int64_t>(16, K2 - g0);
+    for (int64_t g = 0; g < pairs; ++g) _mm512_storeu_si512(out + g0 + g, r[g]);
+  }
+}
+
+// y[i, 16p + c] for R activation rows (bf16, ldx apart, zero-padded to whole pairs) x P panels;
+// the pragmas and attribute as in panel16_tile (accumulators kept in registers)
+template <int R, int P>
+__attribute__((optimize("no-tree-pre"))) void panel_bf16_tile(const uint16_t* xb, int64_t ldx,
+                                                               const __m512i* wp, int64_t K2,
+                                                               const float* scale, float* y,
+                                                               int64_t N, int64_t n0) {
+  __m512 acc[R][P];
+#pragma GCC unroll 8
+  for (int i = 0; i < R; ++i)
+#pragma GCC unroll 8
+    for (int j = 0; j < P; ++j) acc[i][j] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < K2; ++g) {
+    __m512bh wv[P];
+#pragma GCC unroll 8
+    for (int j = 0; j < P; ++j) wv[j] = (__m512bh)_mm512_loadu_si512(wp + j * K2 + g);
+#pragma GCC unroll 8
+    for (int i = 0; i < R; ++i) {
+      int32_t pair;
+      std::memcpy(&pair, xb + i * ldx + 2 * g, 4);
+      const __m512bh xv = (__m512bh)_mm512_set1_epi32(pair);
+#pragma GCC unroll 8
+      for (int j = 0; j < P; ++j) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], xv, wv[j]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int j = 0; j < P; ++j) {
+    const int64_t n = n0 + 16 * j, cols = N - n;
+    const __mmask16 mask = cols >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << cols) - 1);
+    const __m512 sv = _mm512_maskz_loadu_ps(mask, scale + n);
+#pragma GCC unroll 8
+    for (int i = 0; i < R; ++i)
+      _mm512_mask_storeu_ps(y + i * N + n, mask, _mm512_mul_ps(acc[i][j], sv));
+  }
+}
+
+// up to R rows x up to P panels, both counts runtime values (the last tiles)
+template <int R, int P>
+inline void panel_bf16_tile_n(int64_t rows, int64_t panels, const uint16_t* xb, int64_t ldx,
+                              const __m512i* wp, int64_t K2, const float* scale, float* y,
+                              int64_t N, int64_t n0) {
+  if constexpr (R > 1)
+    if (rows < R)
+      return panel_bf16_tile_n<R - 1, P>(rows, panels, xb, ldx, wp, K2, scale, y, N, n0);
+  if constexpr (P > 1)
+    if (panels < P)
+      return panel_bf16_tile_n<R, P - 1>(rows, panels, xb, ldx, wp, K2, scale, y, N, n0);
+  panel_bf16_tile<R, P>(xb, ldx, wp, K2, scale, y, N, n0);
+}
+
+// y[m, n] = (sum_k xb[m, k] * w[n, k]) * scale[n], xb the rounded activations (bf16, ldx apart)
+template <Fmt F>
+void gemm_panels_bf16(const uint16_t* xb, int64_t ldx, int64_t M, int64_t K, const uint8_t* w,
+                      int64_t N, const float* scale, float* y) {
+  constexpr int R = 6, P = 4;  // 24 accumulators + 4 panel vectors + a broadcast, of 32
+  const int64_t K2 = (K + 1) / 2, panels = (N + 15) / 16;
+  const PanelWork work(panels, K2 * 64, M, P, R, omp_get_max_threads());
+#pragma omp parallel
+  {
+    std::vector<__m512i> buf(work.block_panels * K2);
+#pragma omp for schedule(static)
+    for (int64_t item = 0; item < work.items(); ++item) {
+      int64_t p0, p1, m0, m1;
+      work.item(item, M, &p0, &p1, &m0, &m1);
+      for (int64_t p = p0; p < p1; ++p)
+        pack_panel_bf16<F>(w + p * 16 * K, K, std::min<int64_t>(16, N - p * 16),
+                           &buf[(p - p0) * K2]);
+      for (int64_t m = m0; m < m1; m += R)
+        for (int64_t p = p0; p < p1; p += P)
+          panel_bf16_tile_n<R, P>(m1 - m, p1 - p, xb + m * ldx, ldx, &buf[(p - p0) * K2], K2,
+                                  scale, y + m * N, N, p * 16);
+    }
+  }
+}
+
 // y[m, n] = (sum_k bf16(x[m, k]) * w[n, k]) * scale[n]
 template <Fmt F>
 void gemm_bytes_bf16(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t N,
@@ -557,6 +695,7 @@ void gemm_bytes_bf16(const float* x, int64_t M, int64_t K, const uint8_t* w, int
     }
     for (; k < ldx; ++k) xr[k] = k < K ? bf16_bits(x[m * K + k]) : 0;
   }
+  if (M >= kBf16PanelMinM) return gemm_panels_bf16<F>(xb, ldx, M, K, w, N, scale, y);
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {
     prefetch_row_ahead(w, n, N, K);
