@@ -198,8 +198,9 @@ dispatches("native_int8_scaled_linear", "int8_dynamic_linear", "int8_scaled_line
 
 def _int8_rows_bf16_dot(x2: Tensor, weight: Tensor, scale: Tensor) -> Tensor:
     # int8 widened to bf16 in registers (exact), x rounded to bf16, fp32 sums: AVX-512 BF16's
-    # dot products, twice the fp32 GEMV's multiplies an instruction (kernels/cpu/int8_fp8.cpp);
-    # one row (decode) keeps fp32 x, on the GEMV
+    # dot products, twice the fp32 GEMV's multiplies an instruction (kernels/cpu/int8_fp8.cpp:
+    # a row kernel up to 31 rows, a packed-panel GEMM from 32); one row (decode) keeps fp32 x,
+    # on the GEMV
     return fxq.native_int8_bf16dot_linear(x2, weight, row_scales(scale, weight.shape[0]))
 
 
