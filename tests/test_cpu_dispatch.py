@@ -25,15 +25,16 @@ CLASS = "avx512_vnni_bf16"  # a class whose table has large-M candidates
 DISPATCHED = ("int8wo", "w8a8", "fp8wo", "fp8-row", "int4wo-64", "w4a8-64")
 # lowered vs semantic program, dB: the native kernels and _int_mm compute the reference's
 # products (fp32 / exact int32 sums); the bf16 GEMMs round x (or W) and the sums to bf16, the
-# bf16 dot-product kernels x only (their sums are fp32)
+# bf16 dot-product kernels x only (and int4's dequantized weight; their sums are fp32)
 FLOOR = {"native": 80.0, "int_mm": 80.0, "bf16": 40.0, "bf16_dot": 45.0}
-# Plans for the forced class: every candidate in some range, and int8, fp8 and int4 weight-only
-# with three ranges (two boundaries: a cond nested in the first one's large branch)
+# Plans for the forced class: every candidate in some range (int4 weight-only's native kernel:
+# where bf16_dot runs it, at one row, and in the int8_act test below), and int8, fp8 and int4
+# weight-only with three ranges (two boundaries: a cond nested in the first one's large branch)
 PLANS = {
     "native_int8_weight_only_linear": [[4, "native"], [16, "bf16_dot"], [None, "bf16"]],
     "native_int8_scaled_linear": [[4, "native"], [None, "int_mm"]],
     "native_float8_weight_only_linear": [[4, "native"], [16, "bf16_dot"], [None, "bf16"]],
-    "native_int4_weight_only_linear": [[8, "native"], [32, "int8_act"], [None, "bf16"]],
+    "native_int4_weight_only_linear": [[8, "bf16_dot"], [32, "int8_act"], [None, "bf16"]],
     "native_int8_int4_linear": [[32, "native"], [None, "bf16"]],
 }
 
@@ -205,7 +206,7 @@ def test_one_package_serves_decode_and_prefill(forced, tmp_path):
     # int4 weight-only's three ranges: two nested conds in the package
     _, qep = _quantized("int4wo-64")
     pkg = fxquant.aot_compile(qep, tmp_path / "int4wo.pt2")
-    for m, name in ((1, "native"), (20, "int8_act"), (96, "bf16")):
+    for m, name in ((1, "native"), (4, "bf16_dot"), (20, "int8_act"), (96, "bf16")):
         x = torch.randn(m, 128)
         assert sqnr(qep.module()(x), pkg(x)) >= _floor("int4wo-64", name), (m, name)
 
@@ -217,7 +218,7 @@ def test_the_backend_dispatches_an_unbacked_m(forced):
     model, qep = _quantized("int4wo-64")
     torch._dynamo.reset()
     run = torch.compile(model, backend="fxquant", options={"config": "int4wo-64"})
-    for m, name in ((1, "native"), (20, "int8_act"), (96, "bf16")):
+    for m, name in ((1, "native"), (4, "bf16_dot"), (20, "int8_act"), (96, "bf16")):
         x = torch.randn(m, 128)
         torch._dynamo.decorators.mark_unbacked(x, 0)
         with torch.no_grad():

@@ -112,6 +112,41 @@ def test_bf16_dot_kernels_take_every_k(fmt):
             _close(op(x, q, s.float().reshape(-1)), want)
 
 
+@pytest.mark.parametrize(("k", "group"), [(32, 32), (64, 64), (256, 128), (576, 64)])
+def test_int4_bf16_dot_kernel_is_the_bf16_rounded_product(k, group):
+    # x rounded to bf16 (not one row: decode is the weight-only op's fp32 GEMV) times the
+    # dequantized weight rounded to bf16 (the decoder's, itself tested against the layout's
+    # reading in aten above), fp32 sums: every M around the row kernel's blocks and past the
+    # packed-panel GEMM's start (32), 37 columns (two full 16-column panels and a short one)
+    g = torch.Generator().manual_seed(k + group)
+    w = torch.randn(37, k, generator=g)
+    p, s, z = ref.quantize_int4_grouped(w, group_size=group, symmetric=False)
+    kw, ks, ko = native.prepack_int4(p, s, z, group_size=group)
+    w_bf16 = fxq.native_int4_to_bfloat16(kw, ks, ko, group).float()
+    for m in (0, 1, 2, 3, 15, 16, 17, 31, 32, 33, 40, 71):
+        x = torch.randn(m, k, generator=g)
+        got = fxq.native_int4_bf16dot_linear(x, kw, ks, ko, group)
+        want = ref.int4_weight_only_linear(x, p, s, z, group_size=group)
+        if m == 1:
+            _close(got, fxq.native_int4_weight_only_linear(x, kw, ks, ko, group))
+        elif m:
+            _close(got, x.bfloat16().float() @ w_bf16.t())
+            # and the scheme's fp32 reference: the two bf16 roundings, ~2e-3 relative each
+            assert ((got - want).norm() / want.norm()).item() < 1.5e-2
+    # all-zero activations and weights give zeros, not NaN
+    zero = native.prepack_int4(
+        *ref.quantize_int4_grouped(torch.zeros(5, k), group_size=group, symmetric=False),
+        group_size=group,
+    )
+    for m in (3, 40):
+        assert torch.equal(
+            fxq.native_int4_bf16dot_linear(torch.zeros(m, k), *zero, group), torch.zeros(m, 5)
+        )
+        assert torch.equal(
+            fxq.native_int4_bf16dot_linear(torch.randn(m, k), *zero, group), torch.zeros(m, 5)
+        )
+
+
 @pytest.mark.parametrize("k", [1, 7, 8, 9, 31, 33, 100, 127, 136, 200])
 def test_int8_weight_only_every_k(k):
     g = torch.Generator().manual_seed(k)
@@ -432,6 +467,7 @@ def test_opcheck():
     cases.append((fxq.native_float8_to_bfloat16, (f8,)))
     cases.append((fxq.native_int8_bf16dot_linear, (x, q, s)))
     cases.append((fxq.native_float8_bf16dot_linear, (x, f8, fs)))
+    cases.append((fxq.native_int4_bf16dot_linear, (x, kw, ks, ko, 32)))
     x3 = torch.randn(2, 3, 64, generator=g)
     cases.append((fxq.cpu_native_int4_linear, (x3, kw, ks, ko, torch.randn(20), 32, 20)))
     cases.append((fxq.cpu_native_int8_int4_linear, (x3, kw, ks, ko, torch.randn(20), 32, 20)))

@@ -17,7 +17,8 @@ The sources: ``linear.cpp`` (the large-M path and the shims' checks, shared by e
 its header says why C++ and not an aten composition: memory bandwidth at M = 1, measured by
 ``benchmarks/native_kernels.py``), ``int8_fp8.cpp`` (byte weights), ``int4.cpp`` (int4 weights),
 ``decode.cpp`` (fp8 and int4 weights to bf16, for the large-M bf16 GEMMs), ``native.h`` (what
-they share), ``register.cpp`` (the in-process op registrations).
+they share), ``bf16_dot.h`` (the AVX-512 BF16 GEMMs the byte and int4 formats share),
+``register.cpp`` (the in-process op registrations).
 """
 
 from __future__ import annotations
@@ -58,7 +59,8 @@ _HERE = Path(__file__).resolve().parent
 # compiled into the static archive (the kernels and their C shims); register.cpp is added for
 # the in-process library only
 _KERNEL_SOURCES = ("linear.cpp", "int8_fp8.cpp", "int4.cpp", "decode.cpp")
-_SOURCES = (*_KERNEL_SOURCES, "native.h", "register.cpp")  # every file the build reads
+# every file the build reads
+_SOURCES = (*_KERNEL_SOURCES, "native.h", "bf16_dot.h", "register.cpp")
 _ARCHIVE = "libfxquant_native.a"
 _SHARED = "libfxquant_native.so"
 INT4_BLOCK = 32  # nibble interleave block of the int4 kernel layout (int4.cpp)
@@ -104,6 +106,14 @@ NATIVE_OPS = {
         "native_int4_weight_only_linear(Tensor x, Tensor weight, Tensor scale, Tensor offset, "
         "int group_size) -> Tensor",
         "AOTITorchError aoti_torch_cpu_native_int4_weight_only_linear(AtenTensorHandle x, "
+        "AtenTensorHandle weight, AtenTensorHandle scale, AtenTensorHandle offset, "
+        "int64_t group_size, AtenTensorHandle* ret0)",
+    ),
+    # int4 weight-only on bf16 dot products (x and the dequantized weight rounded to bf16)
+    "native_int4_bf16dot_linear": (
+        "native_int4_bf16dot_linear(Tensor x, Tensor weight, Tensor scale, Tensor offset, "
+        "int group_size) -> Tensor",
+        "AOTITorchError aoti_torch_cpu_native_int4_bf16dot_linear(AtenTensorHandle x, "
         "AtenTensorHandle weight, AtenTensorHandle scale, AtenTensorHandle offset, "
         "int64_t group_size, AtenTensorHandle* ret0)",
     ),
@@ -159,6 +169,9 @@ torch.library.register_fake("fxquant::native_int8_scaled_vnni_linear", lib=_lib)
     )
 )
 torch.library.register_fake("fxquant::native_int4_weight_only_linear", lib=_lib)(
+    lambda x, weight, scale, offset, group_size: _out(x, weight)
+)
+torch.library.register_fake("fxquant::native_int4_bf16dot_linear", lib=_lib)(
     lambda x, weight, scale, offset, group_size: _out(x, weight)
 )
 torch.library.register_fake("fxquant::native_int8_int4_linear", lib=_lib)(

@@ -3,9 +3,10 @@
 // numerics and the reason these exist are in linear.cpp's header; the large-M path they fall
 // back to is there too.
 
-#include "native.h"
-
 #include <omp.h>
+
+#include "bf16_dot.h"
+#include "native.h"
 
 namespace fxq {
 namespace {
@@ -571,6 +572,31 @@ void gemv_int4_int8(const int8_t* xq, const float* xs, int64_t M, int64_t K, con
   }
 }
 
+#ifdef FXQ_BF16_512
+// ---- bf16 dot products: int4 weights x activations rounded to bf16 -------------------------
+// The int4 layout as a bf16_dot.h weight source: a 32-column block (16 bytes: byte i holds
+// column i in its low nibble, column i + 16 in its high one) dequantized in fp32, w = u * s + b
+// (one fused multiply-add, as the decoders of decode.cpp and the chunked path), then rounded to
+// bf16 (~2e-3 relative a value, far under int4's own rounding); x rounded to bf16, fp32 sums.
+struct Int4Weight {
+  const uint8_t* base;
+  int64_t row_bytes;  // K / 2
+  int64_t groups, group;
+  const float *scale, *offset;  // [N, groups]
+  __m512bh operator()(int64_t n, int64_t k) const {
+    const __m128i b = _mm_loadu_si128((const __m128i*)(base + n * row_bytes + k / 2));
+    const __m128i low = _mm_set1_epi8(0x0F);
+    const int64_t g = n * groups + k / group;
+    const __m512 s = _mm512_set1_ps(scale[g]), o = _mm512_set1_ps(offset[g]);
+    auto dequant = [&](__m128i u) {
+      return _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(u)), s, o);
+    };
+    return _mm512_cvtne2ps_pbh(dequant(_mm_and_si128(_mm_srli_epi16(b, 4), low)),
+                               dequant(_mm_and_si128(b, low)));
+  }
+};
+#endif
+
 }  // namespace
 }  // namespace fxq
 
@@ -604,6 +630,41 @@ AOTITorchError aoti_torch_cpu_native_int4_weight_only_linear(AtenTensorHandle x,
     return gemm_chunked(Fmt::kInt4, xp, M, K, wp, N, sp, op, group_size, y);
   };
   return run_linear(M, N, kGemvMaxM[int(Fmt::kInt4)], ret0, gemv, mm);
+}
+
+// The int4 weight-only product on bf16 dot products from 2 rows (bf16_dot.h), x and the
+// dequantized weight rounded to bf16; one row (decode) is the weight-only op's fp32 GEMV. Builds
+// without AVX-512 BF16 round both the same way and multiply in fp32 (the chunked path).
+AOTITorchError aoti_torch_cpu_native_int4_bf16dot_linear(AtenTensorHandle x, AtenTensorHandle w,
+                                                         AtenTensorHandle scale,
+                                                         AtenTensorHandle offset,
+                                                         int64_t group_size,
+                                                         AtenTensorHandle* ret0) {
+  Mat xm, wm, sm, om;
+  if (!view(x, 2, aoti_torch_dtype_float32(), &xm)) return AOTI_TORCH_FAILURE;
+  if (xm.rows < kBf16MinM)
+    return aoti_torch_cpu_native_int4_weight_only_linear(x, w, scale, offset, group_size, ret0);
+  if (!view(w, 2, aoti_torch_dtype_uint8(), &wm) ||
+      !view(scale, 2, aoti_torch_dtype_float32(), &sm) ||
+      !view(offset, 2, aoti_torch_dtype_float32(), &om))
+    return AOTI_TORCH_FAILURE;
+  const int64_t M = xm.rows, K = xm.cols, N = wm.rows;
+  if (group_size <= 0 || group_size % 32 != 0 || K % group_size != 0 || wm.cols * 2 != K ||
+      sm.rows != N || sm.cols != K / group_size || om.rows != N || om.cols != sm.cols)
+    return AOTI_TORCH_FAILURE;
+  float* y = nullptr;
+  if (AOTITorchError e = new_output(M, N, ret0, &y)) return e;
+  if (N == 0) return AOTI_TORCH_SUCCESS;
+#ifdef FXQ_BF16_512
+  const Int4Weight src{wm.as<uint8_t>(), K / 2, K / group_size, group_size, sm.as<float>(),
+                       om.as<float>()};
+  gemm_bf16(xm.as<float>(), M, K, src, N, nullptr, y);
+  return AOTI_TORCH_SUCCESS;
+#else
+  const std::vector<float> xr = bf16_rounded(xm.as<float>(), M, K);
+  return gemm_chunked(Fmt::kInt4, xr.data(), M, K, wm.as<uint8_t>(), N, sm.as<float>(),
+                      om.as<float>(), group_size, y, true);
+#endif
 }
 
 AOTITorchError aoti_torch_cpu_native_int8_int4_linear(AtenTensorHandle xq, AtenTensorHandle xs,

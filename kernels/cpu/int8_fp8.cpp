@@ -2,9 +2,10 @@
 // activations), and int8 weights x int8 activations (w8a8). The layouts, numerics and the reason
 // these exist are in linear.cpp's header; the large-M path they fall back to is there too.
 
-#include "native.h"
-
 #include <omp.h>
+
+#include "bf16_dot.h"
+#include "native.h"
 
 namespace fxq {
 namespace {
@@ -473,39 +474,13 @@ void gemm_int8_int8_vnni_packed(const int8_t* xq, const float* xs, int64_t M, in
 }
 
 // ---- bf16 dot products: int8 / fp8 weights x activations rounded to bf16 -----------------
-// The weight-only GEMVs above multiply in fp32, 8 lanes an FMA; CPUs with AVX-512 BF16
-// (vdpbf16ps: 16 fp32 lanes, each adding two bf16 products) multiply twice as many pairs an
-// instruction. Every int8 and e4m3 value is exact in bf16 (8 significant bits; e4m3's exponent
-// range inside bf16's), so the weight loses nothing when it is widened in registers; x is
-// rounded to bf16 once per call (round to nearest even, ~2e-3 relative a value), and the
-// products and their sums stay fp32. One activation row (decode) is not rounded: it takes the
-// fp32 GEMV, which streams the weight as fast. A weight row is decoded once per 16 activation
-// rows (16 accumulators: all 32 registers but the decoded weight and a load), so up to M = 16
-// the weight is read and widened once, as in the GEMV, at twice its multiply rate. The op's
-// other builds (no AVX-512 BF16) round x the same way and run the fp32 kernels on it: the same
-// numerics but for the order of fp32 sums, which the tests hold them to.
-// From kBf16PanelMinM rows the same products run as a packed-panel GEMM (below).
-
-// From this many rows the bf16 ops round x and use the dot products; below, the fp32 GEMV
-constexpr int64_t kBf16MinM = 2;
-// From this many rows the packed-panel GEMM (each weight value widened once a call); below, the
-// row kernel (each widened once per 16 rows, no pack: the pack alone cost what ~15 rows do).
-// Zen 4, two threads, SmolLM2's 576 x 576, 192 x 576, 1536 x 576 and 576 x 1536, one build with
-// the panels from 2 rows, one without them, compared per M (a one-off comparison, not a
-// benchmarks/ script): the rows 2.7x faster at 4, they tie at 28, the panels 1.15x faster at
-// 32, 1.5x at 64, 1.9x at 128, 2.3x at 512 (there 1.04x bf16 F.linear, the rows 0.43x).
-#ifndef FXQ_BF16_PANEL_MIN_M
-#define FXQ_BF16_PANEL_MIN_M 32
-#endif
-constexpr int64_t kBf16PanelMinM = FXQ_BF16_PANEL_MIN_M;
-
-// f rounded to the nearest bf16 (native.h's bf16_bits), as an fp32
-inline float bf16_round(float f) {
-  const uint32_t b = uint32_t(bf16_bits(f)) << 16;
-  float out;
-  std::memcpy(&out, &b, sizeof out);
-  return out;
-}
+// On CPUs with AVX-512 BF16 (bf16_dot.h: the row kernel and the packed-panel GEMM). Every int8
+// and e4m3 value is exact in bf16 (8 significant bits; e4m3's exponent range inside bf16's), so
+// the weight loses nothing when it is widened in registers; x is rounded to bf16 once per call
+// (round to nearest even, ~2e-3 relative a value), and the products and their sums stay fp32.
+// One activation row (decode) is not rounded: it takes the fp32 GEMV, which streams the weight
+// as fast. The ops' other builds (no AVX-512 BF16) round x the same way and run the fp32
+// kernels on it: the same numerics but for the order of fp32 sums, which the tests hold them to.
 
 #ifdef FXQ_BF16_512
 // 32 weight bytes from p (the first `mask` bits' worth; zeros after) widened to bf16, exact
@@ -529,190 +504,15 @@ inline __m512bh load_bytes_bf16(const uint8_t* p, __mmask32 mask) {
   }
 }
 
-// R activation rows (bf16, ldx apart, zero past K) against one weight row: out[m] = x[m] . w
-template <Fmt F, int R>
-inline void dot_rows_bf16(const uint16_t* xb, int64_t ldx, const uint8_t* row, int64_t K,
-                          float* out) {
-  __m512 acc[R];
-  for (int m = 0; m < R; ++m) acc[m] = _mm512_setzero_ps();
-  for (int64_t k = 0; k < K; k += 32) {
-    const __mmask32 mask = K - k >= 32 ? ~__mmask32(0) : (__mmask32(1) << (K - k)) - 1;
-    const __m512bh w = load_bytes_bf16<F>(row + k, mask);
-    for (int m = 0; m < R; ++m) {
-      const __m512bh xv = (__m512bh)_mm512_load_si512(xb + m * ldx + k);
-      acc[m] = _mm512_dpbf16_ps(acc[m], xv, w);
-    }
-  }
-  for (int m = 0; m < R; ++m) out[m] = _mm512_reduce_add_ps(acc[m]);
-}
-
-// ---- The same products as a packed-panel GEMM, for many rows ---------------------------------
-// Past a few dozen rows the row kernel above is bound by its loads (16 activation vectors for
-// 16 dot products of one weight vector) and widens each weight row once per 16 rows. Here, as in
-// the VNNI GEMM, the weight is widened once a call into panels of 16 output columns laid out
-// k-pair by k-pair (64 bytes: the 16 columns' next two k, as bf16), so one broadcast pair of
-// activations meets 16 columns in one vdpbf16ps, each fp32 lane is one output, and an R x P
-// register tile does R * P dot products per P + R loads. Same products (x rounded to bf16, the
-// weight exact), fp32 sums in another order.
-
-// r[i] = 16 int32 of row i -> r[j] = the j-th int32 of rows 0..15
-inline void transpose16x16_epi32(__m512i* r) {
-  __m512i t[16], u[16];
-  for (int i = 0; i < 16; i += 2) {
-    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
-    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
-  }
-  // u[4q + j], 128-bit lane L: column 4L + j of rows 4q..4q+3
-  for (int q = 0; q < 4; ++q)
-    for (int h = 0; h < 2; ++h) {
-      u[4 * q + 2 * h] = _mm512_unpacklo_epi64(t[4 * q + h], t[4 * q + h + 2]);
-      u[4 * q + 2 * h + 1] = _mm512_unpackhi_epi64(t[4 * q + h], t[4 * q + h + 2]);
-    }
-  for (int j = 0; j < 4; ++j) {
-    // lanes 0-1 (then 2-3) of rows 0..7's and 8..15's column groups, then one lane each
-    const __m512i a = _mm512_shuffle_i32x4(u[j], u[4 + j], 0x44);
-    const __m512i b = _mm512_shuffle_i32x4(u[8 + j], u[12 + j], 0x44);
-    const __m512i c = _mm512_shuffle_i32x4(u[j], u[4 + j], 0xEE);
-    const __m512i d = _mm512_shuffle_i32x4(u[8 + j], u[12 + j], 0xEE);
-    r[j] = _mm512_shuffle_i32x4(a, b, 0x88);
-    r[4 + j] = _mm512_shuffle_i32x4(a, b, 0xDD);
-    r[8 + j] = _mm512_shuffle_i32x4(c, d, 0x88);
-    r[12 + j] = _mm512_shuffle_i32x4(c, d, 0xDD);
-  }
-}
-
-// One 16-column panel from `rows` (<= 16) weight rows, widened to bf16: K2 = ceil(K / 2) pairs
-// of 64 bytes, pair g = the 16 columns' (w[c, 2g], w[c, 2g + 1]); missing rows and k past K are
-// zeros (they add nothing)
+// int8 or e4m3 weight rows [N, K] as a bf16_dot.h weight source
 template <Fmt F>
-inline void pack_panel_bf16(const uint8_t* w, int64_t K, int64_t rows, __m512i* out) {
-  const int64_t K2 = (K + 1) / 2;
-  for (int64_t k = 0; k < K; k += 32) {
-    const __mmask32 mask = K - k >= 32 ? ~__mmask32(0) : (__mmask32(1) << (K - k)) - 1;
-    __m512i r[16];
-    for (int c = 0; c < 16; ++c)
-      r[c] = c < rows ? (__m512i)load_bytes_bf16<F>(w + c * K + k, mask) : _mm512_setzero_si512();
-    transpose16x16_epi32(r);
-    const int64_t g0 = k / 2, pairs = std::min<int64_t>(16, K2 - g0);
-    for (int64_t g = 0; g < pairs; ++g) _mm512_storeu_si512(out + g0 + g, r[g]);
+struct ByteWeight {
+  const uint8_t* base;
+  int64_t row_bytes;  // K
+  __m512bh operator()(int64_t n, int64_t k) const {
+    return load_bytes_bf16<F>(base + n * row_bytes + k, first_columns(row_bytes - k));
   }
-}
-
-// y[i, 16p + c] for R activation rows (bf16, ldx apart, zero-padded to whole pairs) x P panels;
-// the pragmas and attribute as in panel16_tile (accumulators kept in registers)
-template <int R, int P>
-__attribute__((optimize("no-tree-pre"))) void panel_bf16_tile(const uint16_t* xb, int64_t ldx,
-                                                               const __m512i* wp, int64_t K2,
-                                                               const float* scale, float* y,
-                                                               int64_t N, int64_t n0) {
-  __m512 acc[R][P];
-#pragma GCC unroll 8
-  for (int i = 0; i < R; ++i)
-#pragma GCC unroll 8
-    for (int j = 0; j < P; ++j) acc[i][j] = _mm512_setzero_ps();
-  for (int64_t g = 0; g < K2; ++g) {
-    __m512bh wv[P];
-#pragma GCC unroll 8
-    for (int j = 0; j < P; ++j) wv[j] = (__m512bh)_mm512_loadu_si512(wp + j * K2 + g);
-#pragma GCC unroll 8
-    for (int i = 0; i < R; ++i) {
-      int32_t pair;
-      std::memcpy(&pair, xb + i * ldx + 2 * g, 4);
-      const __m512bh xv = (__m512bh)_mm512_set1_epi32(pair);
-#pragma GCC unroll 8
-      for (int j = 0; j < P; ++j) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], xv, wv[j]);
-    }
-  }
-#pragma GCC unroll 8
-  for (int j = 0; j < P; ++j) {
-    const int64_t n = n0 + 16 * j, cols = N - n;
-    const __mmask16 mask = cols >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << cols) - 1);
-    const __m512 sv = _mm512_maskz_loadu_ps(mask, scale + n);
-#pragma GCC unroll 8
-    for (int i = 0; i < R; ++i)
-      _mm512_mask_storeu_ps(y + i * N + n, mask, _mm512_mul_ps(acc[i][j], sv));
-  }
-}
-
-// up to R rows x up to P panels, both counts runtime values (the last tiles)
-template <int R, int P>
-inline void panel_bf16_tile_n(int64_t rows, int64_t panels, const uint16_t* xb, int64_t ldx,
-                              const __m512i* wp, int64_t K2, const float* scale, float* y,
-                              int64_t N, int64_t n0) {
-  if constexpr (R > 1)
-    if (rows < R)
-      return panel_bf16_tile_n<R - 1, P>(rows, panels, xb, ldx, wp, K2, scale, y, N, n0);
-  if constexpr (P > 1)
-    if (panels < P)
-      return panel_bf16_tile_n<R, P - 1>(rows, panels, xb, ldx, wp, K2, scale, y, N, n0);
-  panel_bf16_tile<R, P>(xb, ldx, wp, K2, scale, y, N, n0);
-}
-
-// y[m, n] = (sum_k xb[m, k] * w[n, k]) * scale[n], xb the rounded activations (bf16, ldx apart)
-template <Fmt F>
-void gemm_panels_bf16(const uint16_t* xb, int64_t ldx, int64_t M, int64_t K, const uint8_t* w,
-                      int64_t N, const float* scale, float* y) {
-  constexpr int R = 6, P = 4;  // 24 accumulators + 4 panel vectors + a broadcast, of 32
-  const int64_t K2 = (K + 1) / 2, panels = (N + 15) / 16;
-  const PanelWork work(panels, K2 * 64, M, P, R, omp_get_max_threads());
-#pragma omp parallel
-  {
-    std::vector<__m512i> buf(work.block_panels * K2);
-#pragma omp for schedule(static)
-    for (int64_t item = 0; item < work.items(); ++item) {
-      int64_t p0, p1, m0, m1;
-      work.item(item, M, &p0, &p1, &m0, &m1);
-      for (int64_t p = p0; p < p1; ++p)
-        pack_panel_bf16<F>(w + p * 16 * K, K, std::min<int64_t>(16, N - p * 16),
-                           &buf[(p - p0) * K2]);
-      for (int64_t m = m0; m < m1; m += R)
-        for (int64_t p = p0; p < p1; p += P)
-          panel_bf16_tile_n<R, P>(m1 - m, p1 - p, xb + m * ldx, ldx, &buf[(p - p0) * K2], K2,
-                                  scale, y + m * N, N, p * 16);
-    }
-  }
-}
-
-// y[m, n] = (sum_k bf16(x[m, k]) * w[n, k]) * scale[n]
-template <Fmt F>
-void gemm_bytes_bf16(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t N,
-                     const float* scale, float* y) {
-  // x in bf16, each row on its own 64-byte lines and zero-padded to whole 32-column steps;
-  // one line more between rows than they need, so that with K a power of two the 16 rows a
-  // weight row meets do not fall into one L1 set (K = 4096: 8 KiB apart, 16 rows in 8 ways;
-  // measured 2.4x slower at M = 16 on the Zen 4 before the extra line)
-  const int64_t ldx = (K + 31) / 32 * 32 + 32;
-  std::unique_ptr<uint16_t[]> buf(new uint16_t[M * ldx + 32]);
-  uint16_t* xb = (uint16_t*)(((uintptr_t)buf.get() + 63) & ~uintptr_t(63));
-#pragma omp parallel for schedule(static)
-  for (int64_t m = 0; m < M; ++m) {
-    uint16_t* xr = xb + m * ldx;
-    int64_t k = 0;
-    for (; k + 32 <= K; k += 32) {
-      const __m512bh v = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + m * K + k + 16),
-                                             _mm512_loadu_ps(x + m * K + k));
-      _mm512_store_si512(xr + k, (__m512i)v);
-    }
-    for (; k < ldx; ++k) xr[k] = k < K ? bf16_bits(x[m * K + k]) : 0;
-  }
-  if (M >= kBf16PanelMinM) return gemm_panels_bf16<F>(xb, ldx, M, K, w, N, scale, y);
-#pragma omp parallel for schedule(static)
-  for (int64_t n = 0; n < N; ++n) {
-    prefetch_row_ahead(w, n, N, K);
-    const uint8_t* row = w + n * K;
-    float out[16];
-    auto put = [&](int64_t m0, int rows) {
-      for (int i = 0; i < rows; ++i) y[(m0 + i) * N + n] = out[i] * scale[n];
-    };
-    int64_t m = 0;
-    for (; m + 16 <= M; m += 16) dot_rows_bf16<F, 16>(xb + m * ldx, ldx, row, K, out), put(m, 16);
-    // the last M % 16 rows in blocks of 8, 4, 2, 1
-    if (M - m >= 8) dot_rows_bf16<F, 8>(xb + m * ldx, ldx, row, K, out), put(m, 8), m += 8;
-    if (M - m >= 4) dot_rows_bf16<F, 4>(xb + m * ldx, ldx, row, K, out), put(m, 4), m += 4;
-    if (M - m >= 2) dot_rows_bf16<F, 2>(xb + m * ldx, ldx, row, K, out), put(m, 2), m += 2;
-    if (M - m >= 1) dot_rows_bf16<F, 1>(xb + m * ldx, ldx, row, K, out), put(m, 1);
-  }
-}
+};
 #endif
 
 // ---- Shims' shared body: int8 and fp8 weights, fp32 activations ---------------------------
@@ -738,13 +538,12 @@ AOTITorchError bytes_linear(Fmt fmt, int32_t w_dtype, AtenTensorHandle x, AtenTe
     if (AOTITorchError e = new_output(M, N, ret0, &y)) return e;
     if (M == 0 || N == 0) return AOTI_TORCH_SUCCESS;
     if (fmt == Fmt::kInt8)
-      gemm_bytes_bf16<Fmt::kInt8>(xp, M, K, wp, N, sp, y);
+      gemm_bf16(xp, M, K, ByteWeight<Fmt::kInt8>{wp, K}, N, sp, y);
     else
-      gemm_bytes_bf16<Fmt::kFp8>(xp, M, K, wp, N, sp, y);
+      gemm_bf16(xp, M, K, ByteWeight<Fmt::kFp8>{wp, K}, N, sp, y);
     return AOTI_TORCH_SUCCESS;
 #else
-    rounded.resize(M * K);
-    for (int64_t i = 0; i < M * K; ++i) rounded[i] = bf16_round(xp[i]);
+    rounded = bf16_rounded(xp, M, K);
     xp = rounded.data();
 #endif
   }

@@ -112,7 +112,7 @@ float* chunk_buffer(int64_t n) {
 // written to a buffer that stays in cache, and ATen's mm (MKL) writes y's columns in place.
 AOTITorchError gemm_chunked(Fmt fmt, const float* x, int64_t M, int64_t K, const uint8_t* w,
                             int64_t N, const float* scale, const float* offset, int64_t group,
-                            float* y) {
+                            float* y, bool bf16_weight) {
   if (M == 0 || N == 0) return AOTI_TORCH_SUCCESS;
   // as few chunks as fit kChunkBytes, of equal width (a multiple of 16): a last sliver of a few
   // columns would be a GEMM MKL runs at a fraction of its speed
@@ -126,6 +126,8 @@ AOTITorchError gemm_chunked(Fmt fmt, const float* x, int64_t M, int64_t K, const
   for (int64_t n0 = 0; n0 < N; n0 += nc_max) {
     const int64_t nc = std::min(nc_max, N - n0);
     dequant_rows(fmt, w, K, scale, offset, group, n0, nc, wbuf);
+    if (bf16_weight)
+      for (int64_t i = 0; i < nc * K; ++i) wbuf[i] = bf16_round(wbuf[i]);
     Handles chunk;
     AtenTensorHandle* wt = chunk.add();  // the chunk as a [K, nc] (transposed) view
     AtenTensorHandle* yt = chunk.add();  // y[:, n0 : n0 + nc], row stride N

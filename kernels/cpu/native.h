@@ -93,6 +93,14 @@ inline uint16_t bf16_bits(float f) {
   return uint16_t((b + 0x7FFF + ((b >> 16) & 1)) >> 16);
 }
 
+// f rounded to the nearest bf16, as an fp32
+inline float bf16_round(float f) {
+  const uint32_t b = uint32_t(bf16_bits(f)) << 16;
+  float out;
+  std::memcpy(&out, &b, sizeof out);
+  return out;
+}
+
 #ifdef FXQ_AVX2
 inline float hsum(__m256 v) {
   __m128 lo = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -264,10 +272,12 @@ AOTITorchError run_linear(int64_t M, int64_t N, int64_t gemv_max_m, AtenTensorHa
   return AOTI_TORCH_SUCCESS;
 }
 
-// y [M, N] = x [M, K] (fp32) @ dequant(w)^T for large M (offset and group: int4 only).
+// y [M, N] = x [M, K] (fp32) @ dequant(w)^T for large M (offset and group: int4 only);
+// bf16_weight: the dequantized values rounded to bf16 first (the bf16-dot ops' numerics, in the
+// builds without AVX-512 BF16)
 AOTITorchError gemm_chunked(Fmt fmt, const float* x, int64_t M, int64_t K, const uint8_t* w,
                             int64_t N, const float* scale, const float* offset, int64_t group,
-                            float* y);
+                            float* y, bool bf16_weight = false);
 
 // The dequantized activation xq * xs [M, K] fp32, for the large-M path of int8 activations.
 std::vector<float> dequantize_activation(const int8_t* xq, const float* xs, int64_t M, int64_t K);

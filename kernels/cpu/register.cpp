@@ -26,6 +26,9 @@ AOTITorchError aoti_torch_cpu_native_int8_scaled_vnni_linear(AtenTensorHandle, A
 AOTITorchError aoti_torch_cpu_native_int4_weight_only_linear(AtenTensorHandle, AtenTensorHandle,
                                                              AtenTensorHandle, AtenTensorHandle,
                                                              int64_t, AtenTensorHandle*);
+AOTITorchError aoti_torch_cpu_native_int4_bf16dot_linear(AtenTensorHandle, AtenTensorHandle,
+                                                         AtenTensorHandle, AtenTensorHandle,
+                                                         int64_t, AtenTensorHandle*);
 AOTITorchError aoti_torch_cpu_native_int8_int4_linear(AtenTensorHandle, AtenTensorHandle,
                                                       AtenTensorHandle, AtenTensorHandle,
                                                       AtenTensorHandle, int64_t,
@@ -93,6 +96,13 @@ Tensor int4_weight_only(Tensor x, Tensor w, Tensor scale, Tensor offset, int64_t
   return checked(err, out, "native_int4_weight_only_linear");
 }
 
+Tensor int4_bf16dot(Tensor x, Tensor w, Tensor scale, Tensor offset, int64_t group_size) {
+  AtenTensorHandle out = nullptr;
+  auto err = aoti_torch_cpu_native_int4_bf16dot_linear(x.get(), w.get(), scale.get(),
+                                                       offset.get(), group_size, &out);
+  return checked(err, out, "native_int4_bf16dot_linear");
+}
+
 Tensor int8_int4(Tensor xq, Tensor xs, Tensor w, Tensor scale, Tensor offset,
                  int64_t group_size) {
   AtenTensorHandle out = nullptr;
@@ -124,6 +134,7 @@ STABLE_TORCH_LIBRARY_IMPL(fxquant, CPU, m) {
   m.impl("native_int8_scaled_linear", TORCH_BOX(&int8_scaled));
   m.impl("native_int8_scaled_vnni_linear", TORCH_BOX(&int8_scaled_vnni));
   m.impl("native_int4_weight_only_linear", TORCH_BOX(&int4_weight_only));
+  m.impl("native_int4_bf16dot_linear", TORCH_BOX(&int4_bf16dot));
   m.impl("native_int8_int4_linear", TORCH_BOX(&int8_int4));
   m.impl("native_float8_to_bfloat16", TORCH_BOX(&float8_to_bfloat16));
   m.impl("native_int4_to_bfloat16", TORCH_BOX(&int4_to_bfloat16));

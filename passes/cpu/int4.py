@@ -166,7 +166,9 @@ def dequantize_native_int4(
 # the W4A8 kernel: on AVX2 its panel GEMM (maddubs, exact integer sums per group) runs ~1.8x the
 # dequantize + fp32 sgemm path at M = 128, and the int8 rounding of x (~8e-3 relative) is small
 # beside the int4 weight's own error (~4e-2: the stack's accuracy row reads the same for int4wo
-# and w4a8).
+# and w4a8); or, on CPUs with AVX-512 BF16, the int4 weight-only product on bf16 dot products
+# (x and the dequantized weight rounded to bf16, ~2e-3 relative each, fp32 sums; one row is the
+# native GEMV: kernels/cpu/int4.cpp, bf16_dot.h).
 
 
 def _int4_rows_native(x2, weight, scale, offset, group_size):
@@ -176,6 +178,10 @@ def _int4_rows_native(x2, weight, scale, offset, group_size):
 def _int4_rows_bf16(x2, weight, scale, offset, group_size):
     w = fxq.native_int4_to_bfloat16(weight, scale, offset, group_size)  # kernels/cpu/decode.cpp
     return F.linear(x2.to(BF16), w).float()
+
+
+def _int4_rows_bf16_dot(x2, weight, scale, offset, group_size):
+    return fxq.native_int4_bf16dot_linear(x2, weight, scale, offset, group_size)
 
 
 def _int4_rows_int8_act(x2, weight, scale, offset, group_size):
@@ -201,6 +207,7 @@ _INT4_ROWS = candidates(
     "native_int4_weight_only_linear",
     native=_int4_rows_native,
     bf16=_int4_rows_bf16,
+    bf16_dot=_int4_rows_bf16_dot,
     int8_act=_int4_rows_int8_act,
 )
 _INT8_INT4_ROWS = candidates(
