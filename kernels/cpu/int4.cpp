@@ -597,6 +597,46 @@ struct Int4Weight {
 };
 #endif
 
+// ---- The weight-only shims' shared body ------------------------------------------------------
+
+// bf16_x: the bf16-dot op (from 2 rows x and the dequantized weight rounded to bf16, fp32 sums:
+// bf16_dot.h with AVX-512 BF16; builds without it round both the same way and multiply in fp32,
+// on the chunked path), else fp32 x as it is; one row (decode) is the fp32 GEMV either way
+AOTITorchError int4_linear(AtenTensorHandle x, AtenTensorHandle w, AtenTensorHandle scale,
+                           AtenTensorHandle offset, int64_t group_size, AtenTensorHandle* ret0,
+                           bool bf16_x = false) {
+  Mat xm, wm, sm, om;
+  if (!view(x, 2, aoti_torch_dtype_float32(), &xm) || !view(w, 2, aoti_torch_dtype_uint8(), &wm) ||
+      !view(scale, 2, aoti_torch_dtype_float32(), &sm) ||
+      !view(offset, 2, aoti_torch_dtype_float32(), &om))
+    return AOTI_TORCH_FAILURE;
+  const int64_t M = xm.rows, K = xm.cols, N = wm.rows;
+  if (group_size <= 0 || group_size % 32 != 0 || K % group_size != 0 || wm.cols * 2 != K ||
+      sm.rows != N || sm.cols != K / group_size || om.rows != N || om.cols != sm.cols)
+    return AOTI_TORCH_FAILURE;
+  const float* xp = xm.as<float>();
+  const uint8_t* wp = wm.as<uint8_t>();
+  const float* sp = sm.as<float>();
+  const float* op = om.as<float>();
+  if (bf16_x && M >= kBf16MinM) {
+    float* y = nullptr;
+    if (AOTITorchError e = new_output(M, N, ret0, &y)) return e;
+    if (N == 0) return AOTI_TORCH_SUCCESS;
+#ifdef FXQ_BF16_512
+    gemm_bf16(xp, M, K, Int4Weight{wp, K / 2, K / group_size, group_size, sp, op}, N, nullptr, y);
+    return AOTI_TORCH_SUCCESS;
+#else
+    const std::vector<float> xr = bf16_rounded(xp, M, K);
+    return gemm_chunked(Fmt::kInt4, xr.data(), M, K, wp, N, sp, op, group_size, y, true);
+#endif
+  }
+  auto gemv = [&](float* y) { gemv_int4(xp, M, K, wp, N, sp, op, group_size, y); };
+  auto mm = [&](float* y) {
+    return gemm_chunked(Fmt::kInt4, xp, M, K, wp, N, sp, op, group_size, y);
+  };
+  return run_linear(M, N, kGemvMaxM[int(Fmt::kInt4)], ret0, gemv, mm);
+}
+
 }  // namespace
 }  // namespace fxq
 
@@ -612,59 +652,15 @@ AOTITorchError aoti_torch_cpu_native_int4_weight_only_linear(AtenTensorHandle x,
                                                              AtenTensorHandle offset,
                                                              int64_t group_size,
                                                              AtenTensorHandle* ret0) {
-  Mat xm, wm, sm, om;
-  if (!view(x, 2, aoti_torch_dtype_float32(), &xm) || !view(w, 2, aoti_torch_dtype_uint8(), &wm) ||
-      !view(scale, 2, aoti_torch_dtype_float32(), &sm) ||
-      !view(offset, 2, aoti_torch_dtype_float32(), &om))
-    return AOTI_TORCH_FAILURE;
-  const int64_t M = xm.rows, K = xm.cols, N = wm.rows;
-  if (group_size <= 0 || group_size % 32 != 0 || K % group_size != 0 || wm.cols * 2 != K ||
-      sm.rows != N || sm.cols != K / group_size || om.rows != N || om.cols != sm.cols)
-    return AOTI_TORCH_FAILURE;
-  const float* xp = xm.as<float>();
-  const uint8_t* wp = wm.as<uint8_t>();
-  const float* sp = sm.as<float>();
-  const float* op = om.as<float>();
-  auto gemv = [&](float* y) { gemv_int4(xp, M, K, wp, N, sp, op, group_size, y); };
-  auto mm = [&](float* y) {
-    return gemm_chunked(Fmt::kInt4, xp, M, K, wp, N, sp, op, group_size, y);
-  };
-  return run_linear(M, N, kGemvMaxM[int(Fmt::kInt4)], ret0, gemv, mm);
+  return int4_linear(x, w, scale, offset, group_size, ret0);
 }
 
-// The int4 weight-only product on bf16 dot products from 2 rows (bf16_dot.h), x and the
-// dequantized weight rounded to bf16; one row (decode) is the weight-only op's fp32 GEMV. Builds
-// without AVX-512 BF16 round both the same way and multiply in fp32 (the chunked path).
 AOTITorchError aoti_torch_cpu_native_int4_bf16dot_linear(AtenTensorHandle x, AtenTensorHandle w,
                                                          AtenTensorHandle scale,
                                                          AtenTensorHandle offset,
                                                          int64_t group_size,
                                                          AtenTensorHandle* ret0) {
-  Mat xm, wm, sm, om;
-  if (!view(x, 2, aoti_torch_dtype_float32(), &xm)) return AOTI_TORCH_FAILURE;
-  if (xm.rows < kBf16MinM)
-    return aoti_torch_cpu_native_int4_weight_only_linear(x, w, scale, offset, group_size, ret0);
-  if (!view(w, 2, aoti_torch_dtype_uint8(), &wm) ||
-      !view(scale, 2, aoti_torch_dtype_float32(), &sm) ||
-      !view(offset, 2, aoti_torch_dtype_float32(), &om))
-    return AOTI_TORCH_FAILURE;
-  const int64_t M = xm.rows, K = xm.cols, N = wm.rows;
-  if (group_size <= 0 || group_size % 32 != 0 || K % group_size != 0 || wm.cols * 2 != K ||
-      sm.rows != N || sm.cols != K / group_size || om.rows != N || om.cols != sm.cols)
-    return AOTI_TORCH_FAILURE;
-  float* y = nullptr;
-  if (AOTITorchError e = new_output(M, N, ret0, &y)) return e;
-  if (N == 0) return AOTI_TORCH_SUCCESS;
-#ifdef FXQ_BF16_512
-  const Int4Weight src{wm.as<uint8_t>(), K / 2, K / group_size, group_size, sm.as<float>(),
-                       om.as<float>()};
-  gemm_bf16(xm.as<float>(), M, K, src, N, nullptr, y);
-  return AOTI_TORCH_SUCCESS;
-#else
-  const std::vector<float> xr = bf16_rounded(xm.as<float>(), M, K);
-  return gemm_chunked(Fmt::kInt4, xr.data(), M, K, wm.as<uint8_t>(), N, sm.as<float>(),
-                      om.as<float>(), group_size, y, true);
-#endif
+  return int4_linear(x, w, scale, offset, group_size, ret0, true);
 }
 
 AOTITorchError aoti_torch_cpu_native_int8_int4_linear(AtenTensorHandle xq, AtenTensorHandle xs,
