@@ -583,16 +583,24 @@ struct Int4Weight {
   int64_t row_bytes;  // K / 2
   int64_t groups, group;
   const float *scale, *offset;  // [N, groups]
-  __m512bh operator()(int64_t n, int64_t k) const {
-    const __m128i b = _mm_loadu_si128((const __m128i*)(base + n * row_bytes + k / 2));
-    const __m128i low = _mm_set1_epi8(0x0F);
-    const int64_t g = n * groups + k / group;
-    const __m512 s = _mm512_set1_ps(scale[g]), o = _mm512_set1_ps(offset[g]);
-    auto dequant = [&](__m128i u) {
-      return _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(u)), s, o);
-    };
-    return _mm512_cvtne2ps_pbh(dequant(_mm_and_si128(_mm_srli_epi16(b, 4), low)),
-                               dequant(_mm_and_si128(b, low)));
+  struct Row {
+    const uint8_t* p;
+    const float *s, *o;  // the row's groups
+    int64_t group;
+    __m512bh operator()(int64_t k) const {
+      const __m128i b = _mm_loadu_si128((const __m128i*)(p + k / 2));
+      const __m128i low = _mm_set1_epi8(0x0F);
+      const __m512 sv = _mm512_set1_ps(s[k / group]), ov = _mm512_set1_ps(o[k / group]);
+      auto dequant = [&](__m128i u) {
+        return _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(u)), sv, ov);
+      };
+      return _mm512_cvtne2ps_pbh(dequant(_mm_and_si128(_mm_srli_epi16(b, 4), low)),
+                                 dequant(_mm_and_si128(b, low)));
+    }
+    __m512bh full(int64_t k) const { return (*this)(k); }  // K: whole 32-column blocks
+  };
+  Row row(int64_t n) const {
+    return {base + n * row_bytes, scale + n * groups, offset + n * groups, group};
   }
 };
 #endif

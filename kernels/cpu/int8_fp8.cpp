@@ -509,9 +509,13 @@ template <Fmt F>
 struct ByteWeight {
   const uint8_t* base;
   int64_t row_bytes;  // K
-  __m512bh operator()(int64_t n, int64_t k) const {
-    return load_bytes_bf16<F>(base + n * row_bytes + k, first_columns(row_bytes - k));
-  }
+  struct Row {
+    const uint8_t* p;
+    int64_t K;
+    __m512bh operator()(int64_t k) const { return load_bytes_bf16<F>(p + k, first_columns(K - k)); }
+    __m512bh full(int64_t k) const { return load_bytes_bf16<F>(p + k, ~__mmask32(0)); }
+  };
+  Row row(int64_t n) const { return {base + n * row_bytes, row_bytes}; }
 };
 #endif
 
