@@ -21,7 +21,8 @@
 // Numerics match fxquant.core.reference: the same integer/fp8 values, scales applied in the same
 // places, fp32 accumulation (int8 x int8 in exact int32); only the order of the fp32 sums
 // differs. The `*_bf16dot_*` ops are the exception they are named for: x (and an int4 weight's
-// dequantized value) rounded to bf16, for AVX-512 BF16's dot products (bf16_dot.h). Layouts (made once by the lowering's prepack, fxquant.kernels.cpu.prepack_*):
+// dequantized value) rounded to bf16, for AVX-512 BF16's dot products (bf16_dot.h). Layouts
+// (made once by the lowering's prepack, fxquant.kernels.cpu.prepack_*):
 //   int8      w [N, K] int8, scale [N] fp32                       y = (x . w) * scale
 //   int8xint8 xq [M, K] int8, xs [M] fp32, w and scale as above     y = (xq . w) * xs * scale
 //   int4      w [N, K/2] uint8: per 32 columns 16 bytes, byte i = u[i] | u[i + 16] << 4;
