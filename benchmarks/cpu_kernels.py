@@ -77,7 +77,7 @@ ARGS: dict[str, tuple[str, Callable]] = {
     "native_int8_scaled_linear": ("int8", lambda x, xq, w: (*xq, *w)),
     "native_float8_weight_only_linear": ("fp8", lambda x, xq, w: (x, *w)),
     "native_int4_weight_only_linear": ("int4", lambda x, xq, w: (x, *w, GROUP)),
-    "native_int8_int4_linear": ("int4", lambda x, xq, w: (*xq, *w, GROUP)),
+    "native_int8_int4_linear": ("int4", lambda x, xq, w: (x, *w, GROUP)),  # quantizes x itself
 }
 # op → its candidates: the functions its lowering dispatches over (declared with
 # ``dispatch.candidates`` in passes/cpu/int8.py, float8.py, int4.py)

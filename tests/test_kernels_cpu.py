@@ -13,6 +13,7 @@ import textwrap
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import fxquant.kernels.cpu as native
 from fxquant.core import reference as ref
@@ -224,6 +225,40 @@ def test_int8_scaled_on_the_vnni_panels_is_exact(m, n, k):
     assert torch.equal(got, want)
     if torch.cpu._is_avx2_supported() or m <= 3:
         assert torch.equal(got, fxq.native_int8_scaled_linear(xq, xs, w, s))
+
+
+def _activations(m: int, k: int, g: torch.Generator) -> torch.Tensor:
+    # per-token scales from 1e-30 to 1e4, an all-zero row, and a row whose x / scale lands on
+    # exact halves (amax 127: scale 1), where round-half-to-even decides
+    x = torch.randn(m, k, generator=g) * 10.0 ** torch.randint(-30, 5, (m, 1), generator=g)
+    if m > 1:
+        x[1] = 0
+    if m > 2 and k >= 8:
+        x[2, :8] = torch.tensor([127.0, 0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 126.5])
+    return x
+
+
+@pytest.mark.parametrize(("m", "k"), [(0, 8), (1, 1), (3, 7), (5, 64), (17, 100), (130, 600)])
+def test_dynamic_ops_quantize_as_the_reference(m, k):
+    # the fp32-activation ops quantize per token inside the kernel: the reference's bytes, so
+    # their output is bit for bit the int8-activation op's on the reference's xq and xs
+    g = torch.Generator().manual_seed(m * 1000 + k)
+    x = _activations(m, k, g)
+    xq, xs = ref.quantize_int8_per_token(x)
+    xs = xs.reshape(-1)
+    w = torch.randint(-127, 128, (37, k), dtype=torch.int8, generator=g)
+    s = torch.rand(37, generator=g) + 0.5
+    vnni = native.prepack_int8_vnni(w)
+    got = fxq.native_int8_dynamic_vnni_linear(x, *vnni, s)
+    assert torch.equal(got, fxq.native_int8_scaled_vnni_linear(xq, xs, *vnni, s))
+    # W4A8: K padded to whole 32-column blocks with zeros, as the lowering pads (the amax holds)
+    pad = -k % 32
+    w4 = torch.randn(37, k + pad, generator=g)
+    p4 = ref.quantize_int4_grouped(w4, group_size=32, symmetric=False)
+    kw, ks, ko = native.prepack_int4(*p4, group_size=32)
+    got = fxq.native_int8_dynamic_int4_linear(F.pad(x, (0, pad)), kw, ks, ko, 32)
+    assert torch.equal(got, fxq.native_int8_int4_linear(F.pad(xq, (0, pad)), xs, kw, ks, ko, 32))
+    assert not got.isnan().any()
 
 
 def test_prepack_int8_vnni_layout():
@@ -464,6 +499,8 @@ def test_opcheck():
     cases.append((fxq.native_int8_int4_linear, (xq, xs.reshape(-1), kw, ks, ko, 32)))
     cases.append((fxq.native_int4_to_bfloat16, (kw, ks, ko, 32)))
     cases.append((fxq.native_int8_scaled_vnni_linear, (xq, xs.reshape(-1), *vnni, s)))
+    cases.append((fxq.native_int8_dynamic_vnni_linear, (x, *vnni, s)))
+    cases.append((fxq.native_int8_dynamic_int4_linear, (x, kw, ks, ko, 32)))
     cases.append((fxq.native_float8_to_bfloat16, (f8,)))
     cases.append((fxq.native_int8_bf16dot_linear, (x, q, s)))
     cases.append((fxq.native_float8_bf16dot_linear, (x, f8, fs)))

@@ -102,6 +102,15 @@ NATIVE_OPS = {
         "AtenTensorHandle xs, AtenTensorHandle weight, AtenTensorHandle comp, "
         "AtenTensorHandle scale, AtenTensorHandle* ret0)",
     ),
+    # the same from fp32 activations, quantized per token inside the op (the reference's
+    # quantize_int8_per_token, the same bytes)
+    "native_int8_dynamic_vnni_linear": (
+        "native_int8_dynamic_vnni_linear(Tensor x, Tensor weight, Tensor comp, Tensor scale) "
+        "-> Tensor",
+        "AOTITorchError aoti_torch_cpu_native_int8_dynamic_vnni_linear(AtenTensorHandle x, "
+        "AtenTensorHandle weight, AtenTensorHandle comp, AtenTensorHandle scale, "
+        "AtenTensorHandle* ret0)",
+    ),
     "native_int4_weight_only_linear": (
         "native_int4_weight_only_linear(Tensor x, Tensor weight, Tensor scale, Tensor offset, "
         "int group_size) -> Tensor",
@@ -123,6 +132,14 @@ NATIVE_OPS = {
         "AOTITorchError aoti_torch_cpu_native_int8_int4_linear(AtenTensorHandle xq, "
         "AtenTensorHandle xs, AtenTensorHandle weight, AtenTensorHandle scale, "
         "AtenTensorHandle offset, int64_t group_size, AtenTensorHandle* ret0)",
+    ),
+    # W4A8 from fp32 activations, quantized per token inside the op (as the dynamic VNNI op)
+    "native_int8_dynamic_int4_linear": (
+        "native_int8_dynamic_int4_linear(Tensor x, Tensor weight, Tensor scale, Tensor offset, "
+        "int group_size) -> Tensor",
+        "AOTITorchError aoti_torch_cpu_native_int8_dynamic_int4_linear(AtenTensorHandle x, "
+        "AtenTensorHandle weight, AtenTensorHandle scale, AtenTensorHandle offset, "
+        "int64_t group_size, AtenTensorHandle* ret0)",
     ),
     # weight decoders for the large-M bf16 GEMMs of the CPU dispatch (decode.cpp)
     "native_float8_to_bfloat16": (
@@ -168,6 +185,9 @@ torch.library.register_fake("fxquant::native_int8_scaled_vnni_linear", lib=_lib)
         (xq.shape[0], scale.shape[0]), dtype=torch.float32
     )
 )
+torch.library.register_fake("fxquant::native_int8_dynamic_vnni_linear", lib=_lib)(
+    lambda x, weight, comp, scale: x.new_empty((x.shape[0], scale.shape[0]), dtype=torch.float32)
+)
 torch.library.register_fake("fxquant::native_int4_weight_only_linear", lib=_lib)(
     lambda x, weight, scale, offset, group_size: _out(x, weight)
 )
@@ -176,6 +196,9 @@ torch.library.register_fake("fxquant::native_int4_bf16dot_linear", lib=_lib)(
 )
 torch.library.register_fake("fxquant::native_int8_int4_linear", lib=_lib)(
     lambda xq, xs, weight, scale, offset, group_size: _out(xq, weight)
+)
+torch.library.register_fake("fxquant::native_int8_dynamic_int4_linear", lib=_lib)(
+    lambda x, weight, scale, offset, group_size: _out(x, weight)
 )
 torch.library.register_fake("fxquant::native_float8_to_bfloat16", lib=_lib)(
     lambda weight: weight.new_empty(weight.shape, dtype=torch.bfloat16)

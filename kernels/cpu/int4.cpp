@@ -645,6 +645,42 @@ AOTITorchError int4_linear(AtenTensorHandle x, AtenTensorHandle w, AtenTensorHan
   return run_linear(M, N, kGemvMaxM[int(Fmt::kInt4)], ret0, gemv, mm);
 }
 
+// y = (xq . w) * xs on the int4 kernel layout, groups of 32 to 256: the W4A8 shims' body
+AOTITorchError int8_int4_linear(const int8_t* xp, const float* xsp, int64_t M, int64_t K,
+                                AtenTensorHandle w, AtenTensorHandle scale,
+                                AtenTensorHandle offset, int64_t group_size,
+                                AtenTensorHandle* ret0) {
+  Mat wm, sm, om;
+  if (!view(w, 2, aoti_torch_dtype_uint8(), &wm) ||
+      !view(scale, 2, aoti_torch_dtype_float32(), &sm) ||
+      !view(offset, 2, aoti_torch_dtype_float32(), &om))
+    return AOTI_TORCH_FAILURE;
+  const int64_t N = wm.rows;
+  // groups of 32 to 256 columns, powers of two: the int16 lanes hold a group's sums, and the
+  // kernel is instantiated per size (see dot_int4_int8)
+  if ((group_size != 32 && group_size != 64 && group_size != 128 && group_size != 256) ||
+      K % group_size != 0 || wm.cols * 2 != K || sm.rows != N || sm.cols != K / group_size ||
+      om.rows != N || om.cols != sm.cols)
+    return AOTI_TORCH_FAILURE;
+  const uint8_t* wp = wm.as<uint8_t>();
+  const float* sp = sm.as<float>();
+  const float* op = om.as<float>();
+  auto gemv = [&](float* y) { gemv_int4_int8(xp, xsp, M, K, wp, N, sp, op, group_size, y); };
+  auto mm = [&](float* y) {
+#if defined(FXQ_VNNI512)
+    gemm_int4_int8_vnni(xp, xsp, M, K, wp, N, sp, op, group_size, y);
+    return AOTI_TORCH_SUCCESS;
+#elif defined(FXQ_AVX2)
+    gemm_int4_int8(xp, xsp, M, K, wp, N, sp, op, group_size, y);
+    return AOTI_TORCH_SUCCESS;
+#else
+    const std::vector<float> xf = dequantize_activation(xp, xsp, M, K);
+    return gemm_chunked(Fmt::kInt4, xf.data(), M, K, wp, N, sp, op, group_size, y);
+#endif
+  };
+  return run_linear(M, N, kGemvMaxMInt4Int8, ret0, gemv, mm);
+}
+
 }  // namespace
 }  // namespace fxq
 
@@ -675,39 +711,29 @@ AOTITorchError aoti_torch_cpu_native_int8_int4_linear(AtenTensorHandle xq, AtenT
                                                       AtenTensorHandle w, AtenTensorHandle scale,
                                                       AtenTensorHandle offset, int64_t group_size,
                                                       AtenTensorHandle* ret0) {
-  Mat xm, xsm, wm, sm, om;
+  Mat xm, xsm;
   if (!view(xq, 2, aoti_torch_dtype_int8(), &xm) || !view(xs, 1, aoti_torch_dtype_float32(), &xsm) ||
-      !view(w, 2, aoti_torch_dtype_uint8(), &wm) ||
-      !view(scale, 2, aoti_torch_dtype_float32(), &sm) ||
-      !view(offset, 2, aoti_torch_dtype_float32(), &om))
+      xsm.rows != xm.rows)
     return AOTI_TORCH_FAILURE;
-  const int64_t M = xm.rows, K = xm.cols, N = wm.rows;
-  // groups of 32 to 256 columns, powers of two: the int16 lanes hold a group's sums, and the
-  // kernel is instantiated per size (see dot_int4_int8)
-  if ((group_size != 32 && group_size != 64 && group_size != 128 && group_size != 256) ||
-      K % group_size != 0 ||
-      wm.cols * 2 != K || xsm.rows != M || sm.rows != N || sm.cols != K / group_size ||
-      om.rows != N || om.cols != sm.cols)
-    return AOTI_TORCH_FAILURE;
-  const int8_t* xp = xm.as<int8_t>();
-  const float* xsp = xsm.as<float>();
-  const uint8_t* wp = wm.as<uint8_t>();
-  const float* sp = sm.as<float>();
-  const float* op = om.as<float>();
-  auto gemv = [&](float* y) { gemv_int4_int8(xp, xsp, M, K, wp, N, sp, op, group_size, y); };
-  auto mm = [&](float* y) {
-#if defined(FXQ_VNNI512)
-    gemm_int4_int8_vnni(xp, xsp, M, K, wp, N, sp, op, group_size, y);
-    return AOTI_TORCH_SUCCESS;
-#elif defined(FXQ_AVX2)
-    gemm_int4_int8(xp, xsp, M, K, wp, N, sp, op, group_size, y);
-    return AOTI_TORCH_SUCCESS;
-#else
-    const std::vector<float> xf = dequantize_activation(xp, xsp, M, K);
-    return gemm_chunked(Fmt::kInt4, xf.data(), M, K, wp, N, sp, op, group_size, y);
-#endif
-  };
-  return run_linear(M, N, kGemvMaxMInt4Int8, ret0, gemv, mm);
+  return int8_int4_linear(xm.as<int8_t>(), xsm.as<float>(), xm.rows, xm.cols, w, scale, offset,
+                          group_size, ret0);
+}
+
+// W4A8 from fp32 activations: the per-token quantization here (quantize_int8_rows), then the
+// W4A8 kernels as above
+AOTITorchError aoti_torch_cpu_native_int8_dynamic_int4_linear(AtenTensorHandle x,
+                                                              AtenTensorHandle w,
+                                                              AtenTensorHandle scale,
+                                                              AtenTensorHandle offset,
+                                                              int64_t group_size,
+                                                              AtenTensorHandle* ret0) {
+  Mat xm;
+  if (!view(x, 2, aoti_torch_dtype_float32(), &xm)) return AOTI_TORCH_FAILURE;
+  const int64_t M = xm.rows, K = xm.cols;
+  std::vector<int8_t> xq(M * K);
+  std::vector<float> xs(M);
+  quantize_int8_rows(xm.as<float>(), M, K, (uint8_t*)xq.data(), K, 0, xs.data());
+  return int8_int4_linear(xq.data(), xs.data(), M, K, w, scale, offset, group_size, ret0);
 }
 
 }  // extern "C"

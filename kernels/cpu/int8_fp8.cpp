@@ -191,6 +191,19 @@ void gemv_int8_int8(const int8_t* xq, const float* xs, int64_t M, int64_t K, con
 #endif
 }
 
+// The activations as unsigned bytes (xq + 128), rows padded with 128 to whole quads (the
+// padding meets zero weights)
+std::unique_ptr<uint8_t[]> unsigned_rows(const int8_t* xq, int64_t M, int64_t K, int64_t ldx) {
+  std::unique_ptr<uint8_t[]> xu(new uint8_t[M * ldx]);  // every byte written below
+#pragma omp parallel for schedule(static) if (M * K > 65536)
+  for (int64_t m = 0; m < M; ++m) {
+    uint8_t* row = xu.get() + m * ldx;
+    for (int64_t k = 0; k < K; ++k) row[k] = uint8_t(xq[m * K + k]) ^ 0x80;
+    std::memset(row + K, 0x80, ldx - K);
+  }
+  return xu;
+}
+
 #ifdef FXQ_AVX2
 // ---- GEMM for larger M: int8 x int8 in exact int32, packed weight panels ---------------------
 // Above a few rows the GEMV's one-weight-row-at-a-time dot products leave the multipliers idle
@@ -354,23 +367,13 @@ inline void panel16_tile_n(int64_t rows, int64_t panels, const uint8_t* xu, int6
   panel16_tile<R, P>(xu, ldx, wp, comp, K4, xs, scale, y, N, n0);
 }
 
-// The activations as unsigned bytes (xq + 128), rows padded with 128 to whole quads (the
-// padding meets zero weights)
-std::vector<uint8_t> unsigned_rows(const int8_t* xq, int64_t M, int64_t K, int64_t ldx) {
-  std::vector<uint8_t> xu(M * ldx, 0x80);
-#pragma omp parallel for schedule(static) if (M * K > 65536)
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t k = 0; k < K; ++k) xu[m * ldx + k] = uint8_t(xq[m * K + k]) ^ 0x80;
-  return xu;
-}
-
 void gemm_int8_int8_vnni(const int8_t* xq, const float* xs, int64_t M, int64_t K,
                          const int8_t* w, int64_t N, const float* scale, float* y) {
   constexpr int R = 6, P = 4;  // 24 accumulators + 4 panel vectors + a broadcast, of 32
   const int64_t K4 = (K + 3) / 4, panels = (N + 15) / 16;
   const PanelWork work(panels, K4 * 64, M, P, R, omp_get_max_threads());
   const int64_t ldx = K4 * 4;
-  const std::vector<uint8_t> xu = unsigned_rows(xq, M, K, ldx);
+  const std::unique_ptr<uint8_t[]> xu = unsigned_rows(xq, M, K, ldx);
 #pragma omp parallel
   {
     std::vector<__m512i> buf(work.block_panels * K4), comp(work.block_panels);
@@ -383,7 +386,7 @@ void gemm_int8_int8_vnni(const int8_t* xq, const float* xs, int64_t M, int64_t K
                      &comp[p - p0]);
       for (int64_t m = m0; m < m1; m += R)
         for (int64_t p = p0; p < p1; p += P)
-          panel16_tile_n<R, P>(m1 - m, p1 - p, xu.data() + m * ldx, ldx, &buf[(p - p0) * K4],
+          panel16_tile_n<R, P>(m1 - m, p1 - p, xu.get() + m * ldx, ldx, &buf[(p - p0) * K4],
                                &comp[p - p0], K4, xs + m, scale, y + m * N, N, p * 16);
     }
   }
@@ -393,21 +396,21 @@ void gemm_int8_int8_vnni(const int8_t* xq, const float* xs, int64_t M, int64_t K
 // the panels pack_panel16 writes, one after another, and their 128 x column sums): no pack per
 // call, so the tiles read the weight where it lies, and at every M, one row included (R = 1 is
 // a GEMV over the panels: one 64-byte load and one vpdpbusd per 64 weights).
-void gemm_int8_int8_vnni_packed(const int8_t* xq, const float* xs, int64_t M, int64_t K,
+// The activations come as xu = xq + 128 (unsigned_rows' layout: rows of K4 * 4 bytes).
+void gemm_int8_int8_vnni_packed(const uint8_t* xu, const float* xs, int64_t M, int64_t K,
                                 const __m512i* wp, const __m512i* comp, int64_t N,
                                 const float* scale, float* y) {
   constexpr int R = 6, P = 4;
   const int64_t K4 = (K + 3) / 4, panels = (N + 15) / 16;
   const PanelWork work(panels, K4 * 64, M, P, R, omp_get_max_threads());
   const int64_t ldx = K4 * 4;
-  const std::vector<uint8_t> xu = unsigned_rows(xq, M, K, ldx);
 #pragma omp parallel for schedule(static)
   for (int64_t item = 0; item < work.items(); ++item) {
     int64_t p0, p1, m0, m1;
     work.item(item, M, &p0, &p1, &m0, &m1);
     for (int64_t m = m0; m < m1; m += R)
       for (int64_t p = p0; p < p1; p += P)
-        panel16_tile_n<R, P>(m1 - m, p1 - p, xu.data() + m * ldx, ldx, wp + p * K4, comp + p,
+        panel16_tile_n<R, P>(m1 - m, p1 - p, xu + m * ldx, ldx, wp + p * K4, comp + p,
                              K4, xs + m, scale, y + m * N, N, p * 16);
   }
 }
@@ -458,7 +461,7 @@ void gemm_int8_int8_vnni_packed(const int8_t* xq, const float* xs, int64_t M, in
 
 // Without VNNI the packed layout is read one byte at a time (a package built on a VNNI machine
 // never runs here: fxquant.runtime refuses it; this serves tests that force the class)
-[[maybe_unused]] void gemm_int8_int8_packed_scalar(const int8_t* xq, const float* xs, int64_t M,
+[[maybe_unused]] void gemm_int8_int8_packed_scalar(const uint8_t* xu, const float* xs, int64_t M,
                                                    int64_t K, const int8_t* wp, int64_t N,
                                                    const float* scale, float* y) {
   const int64_t K4 = (K + 3) / 4;
@@ -466,8 +469,9 @@ void gemm_int8_int8_vnni_packed(const int8_t* xq, const float* xs, int64_t M, in
   for (int64_t n = 0; n < N; ++n) {
     const int8_t* panel = wp + (n / 16) * K4 * 64 + (n % 16) * 4;
     for (int64_t m = 0; m < M; ++m) {
+      const uint8_t* x = xu + m * K4 * 4;
       int32_t acc = 0;
-      for (int64_t k = 0; k < K; ++k) acc += int32_t(xq[m * K + k]) * panel[(k / 4) * 64 + k % 4];
+      for (int64_t k = 0; k < K; ++k) acc += (int32_t(x[k]) - 128) * panel[(k / 4) * 64 + k % 4];
       y[m * N + n] = float(acc) * xs[m] * scale[n];
     }
   }
@@ -561,6 +565,30 @@ AOTITorchError bytes_linear(Fmt fmt, int32_t w_dtype, AtenTensorHandle x, AtenTe
   return run_linear(M, N, kGemvMaxM[int(fmt)], ret0, gemv, mm);
 }
 
+// y = (xq . w) * xs * scale on the prepacked VNNI panels (prepack_int8_vnni), the activations
+// as xu = xq + 128 in rows of K4 * 4 bytes (unsigned_rows): the shims' body
+AOTITorchError vnni_linear(const uint8_t* xu, const float* xs, int64_t M, int64_t K,
+                           AtenTensorHandle w, AtenTensorHandle comp, AtenTensorHandle scale,
+                           AtenTensorHandle* ret0) {
+  Mat wm, cm, sm;
+  if (!view(w, 2, aoti_torch_dtype_int8(), &wm) || !view(comp, 1, aoti_torch_dtype_int32(), &cm) ||
+      !view(scale, 1, aoti_torch_dtype_float32(), &sm))
+    return AOTI_TORCH_FAILURE;
+  const int64_t N = sm.rows, panels = (N + 15) / 16;
+  if (wm.rows != panels || wm.cols != (K + 3) / 4 * 64 || cm.rows != panels * 16)
+    return AOTI_TORCH_FAILURE;
+  float* y = nullptr;
+  if (AOTITorchError e = new_output(M, N, ret0, &y)) return e;
+  if (M == 0 || N == 0) return AOTI_TORCH_SUCCESS;
+#if defined(FXQ_VNNI512)
+  gemm_int8_int8_vnni_packed(xu, xs, M, K, wm.as<__m512i>(), cm.as<__m512i>(), N, sm.as<float>(),
+                             y);
+#else
+  gemm_int8_int8_packed_scalar(xu, xs, M, K, wm.as<int8_t>(), N, sm.as<float>(), y);
+#endif
+  return AOTI_TORCH_SUCCESS;
+}
+
 }  // namespace
 }  // namespace fxq
 
@@ -632,25 +660,30 @@ AOTITorchError aoti_torch_cpu_native_int8_scaled_vnni_linear(AtenTensorHandle xq
                                                              AtenTensorHandle comp,
                                                              AtenTensorHandle scale,
                                                              AtenTensorHandle* ret0) {
-  Mat xm, xsm, wm, cm, sm;
+  Mat xm, xsm;
   if (!view(xq, 2, aoti_torch_dtype_int8(), &xm) || !view(xs, 1, aoti_torch_dtype_float32(), &xsm) ||
-      !view(w, 2, aoti_torch_dtype_int8(), &wm) || !view(comp, 1, aoti_torch_dtype_int32(), &cm) ||
-      !view(scale, 1, aoti_torch_dtype_float32(), &sm) || xsm.rows != xm.rows)
+      xsm.rows != xm.rows)
     return AOTI_TORCH_FAILURE;
-  const int64_t M = xm.rows, K = xm.cols, N = sm.rows, panels = (N + 15) / 16;
-  if (wm.rows != panels || wm.cols != (K + 3) / 4 * 64 || cm.rows != panels * 16)
-    return AOTI_TORCH_FAILURE;
-  float* y = nullptr;
-  if (AOTITorchError e = new_output(M, N, ret0, &y)) return e;
-  if (M == 0 || N == 0) return AOTI_TORCH_SUCCESS;
-#if defined(FXQ_VNNI512)
-  gemm_int8_int8_vnni_packed(xm.as<int8_t>(), xsm.as<float>(), M, K, wm.as<__m512i>(),
-                             cm.as<__m512i>(), N, sm.as<float>(), y);
-#else
-  gemm_int8_int8_packed_scalar(xm.as<int8_t>(), xsm.as<float>(), M, K, wm.as<int8_t>(), N,
-                               sm.as<float>(), y);
-#endif
-  return AOTI_TORCH_SUCCESS;
+  const int64_t M = xm.rows, K = xm.cols;
+  const std::unique_ptr<uint8_t[]> xu = unsigned_rows(xm.as<int8_t>(), M, K, (K + 3) / 4 * 4);
+  return vnni_linear(xu.get(), xsm.as<float>(), M, K, w, comp, scale, ret0);
+}
+
+// w8a8 from fp32 activations: the per-token quantization here (quantize_int8_rows), then the
+// packed GEMM as above
+AOTITorchError aoti_torch_cpu_native_int8_dynamic_vnni_linear(AtenTensorHandle x,
+                                                              AtenTensorHandle w,
+                                                              AtenTensorHandle comp,
+                                                              AtenTensorHandle scale,
+                                                              AtenTensorHandle* ret0) {
+  Mat xm;
+  if (!view(x, 2, aoti_torch_dtype_float32(), &xm)) return AOTI_TORCH_FAILURE;
+  const int64_t M = xm.rows, K = xm.cols, ldx = (K + 3) / 4 * 4;
+  // straight into the GEMM's unsigned rows (written whole, so left uninitialised here)
+  std::unique_ptr<uint8_t[]> xu(new uint8_t[M * ldx]);
+  std::vector<float> xs(M);
+  quantize_int8_rows(xm.as<float>(), M, K, xu.get(), ldx, 0x80, xs.data());
+  return vnni_linear(xu.get(), xs.data(), M, K, w, comp, scale, ret0);
 }
 
 }  // extern "C"

@@ -29,6 +29,8 @@
 //             scale, offset [N, K/g] fp32 with w = u * scale + offset (offset = -z * scale)
 //   int4xint8 xq, xs as int8xint8's; w, scale, offset as int4's        y = (xq . w) * xs
 //   fp8 e4m3  w [N, K] float8_e4m3fn, scale [N] fp32                y = (x . w) * scale
+// The `*_dynamic_*` ops take fp32 x for int8xint8 (on the VNNI panels) and int4xint8 and
+// quantize it per token first (quantize_int8_rows: the reference's bytes).
 // Every input is contiguous; the output is a new fp32 [M, N] tensor. K of int4 is a multiple
 // of 32 (the lowering pads); nothing else is assumed about the sizes.
 //
@@ -181,6 +183,70 @@ std::vector<float> dequantize_activation(const int8_t* xq, const float* xs, int6
   for (int64_t m = 0; m < M; ++m)
     for (int64_t k = 0; k < K; ++k) xf[m * K + k] = float(xq[m * K + k]) * xs[m];
   return xf;
+}
+
+namespace {
+constexpr float kQuantEps = 1e-12f;  // fxquant.core.reference.EPS
+constexpr float kInt8Max = 127.0f;
+
+void quantize_int8_row(const float* x, int64_t K, uint8_t* q, int64_t ld, uint8_t flip,
+                       float* xs) {
+  float amax = 0.0f;
+  int64_t k = 0;
+#if defined(FXQ_AVX512BW)
+  __m512 vmax = _mm512_setzero_ps();
+  for (; k + 16 <= K; k += 16) vmax = _mm512_max_ps(vmax, _mm512_abs_ps(_mm512_loadu_ps(x + k)));
+  amax = _mm512_reduce_max_ps(vmax);
+#elif defined(FXQ_AVX2)
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  __m256 vmax = _mm256_setzero_ps();
+  for (; k + 8 <= K; k += 8)
+    vmax = _mm256_max_ps(vmax, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + k)));
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, vmax);
+  for (float v : lanes) amax = std::max(amax, v);
+#endif
+  for (int64_t j = k; j < K; ++j) amax = std::max(amax, std::fabs(x[j]));
+  const float s = std::max(amax, kQuantEps) / kInt8Max;
+  *xs = s;
+  k = 0;
+#if defined(FXQ_AVX512BW)
+  const __m512 vs = _mm512_set1_ps(s), hi = _mm512_set1_ps(kInt8Max);
+  const __m512 lo = _mm512_set1_ps(-kInt8Max);
+  const __m128i vflip = _mm_set1_epi8(char(flip));
+  for (; k + 16 <= K; k += 16) {
+    // division, not a reciprocal's product: the reference divides (the same fp32 result)
+    __m512 v = _mm512_div_ps(_mm512_loadu_ps(x + k), vs);
+    v = _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    v = _mm512_min_ps(_mm512_max_ps(v, lo), hi);
+    const __m128i b = _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(v));
+    _mm_storeu_si128((__m128i*)(q + k), _mm_xor_si128(b, vflip));
+  }
+#elif defined(FXQ_AVX2)
+  const __m256 vs = _mm256_set1_ps(s), hi = _mm256_set1_ps(kInt8Max);
+  const __m256 lo = _mm256_set1_ps(-kInt8Max);
+  const __m128i vflip = _mm_set1_epi8(char(flip));
+  for (; k + 8 <= K; k += 8) {
+    __m256 v = _mm256_div_ps(_mm256_loadu_ps(x + k), vs);
+    v = _mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m256i i32 = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(v, lo), hi));
+    const __m128i i16 =
+        _mm_packs_epi32(_mm256_castsi256_si128(i32), _mm256_extracti128_si256(i32, 1));
+    _mm_storel_epi64((__m128i*)(q + k), _mm_xor_si128(_mm_packs_epi16(i16, i16), vflip));
+  }
+#endif
+  for (; k < K; ++k) {  // nearbyint rounds half to even in the default rounding mode
+    const float v = std::nearbyint(x[k] / s);
+    q[k] = uint8_t(int8_t(std::min(std::max(v, -kInt8Max), kInt8Max))) ^ flip;
+  }
+  std::memset(q + K, flip, ld - K);
+}
+}  // namespace
+
+void quantize_int8_rows(const float* x, int64_t M, int64_t K, uint8_t* out, int64_t ld,
+                        uint8_t flip, float* xs) {
+#pragma omp parallel for schedule(static) if (M * K > 65536)
+  for (int64_t m = 0; m < M; ++m) quantize_int8_row(x + m * K, K, out + m * ld, ld, flip, xs + m);
 }
 
 }  // namespace fxq

@@ -23,6 +23,9 @@
 #include <immintrin.h>
 #define FXQ_AVX2 1
 #endif
+#if defined(FXQ_AVX2) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#define FXQ_AVX512BW 1  // AVX-512 with byte / word lanes and 128- / 256-bit forms
+#endif
 #if defined(FXQ_AVX2) && defined(__AVX512VNNI__) && defined(__AVX512BW__)
 #define FXQ_VNNI512 1  // int8 x int8 dot products in one instruction (vpdpbusd)
 #endif
@@ -281,6 +284,16 @@ AOTITorchError gemm_chunked(Fmt fmt, const float* x, int64_t M, int64_t K, const
 
 // The dequantized activation xq * xs [M, K] fp32, for the large-M path of int8 activations.
 std::vector<float> dequantize_activation(const int8_t* xq, const float* xs, int64_t M, int64_t K);
+
+// The reference's per-token int8 quantization (fxquant.core.reference.quantize_int8_per_token)
+// in its own fp32 operations, so the bytes are the same: s = max(amax(|x|), 1e-12) / 127,
+// q = clamp(round half to even(x / s), -127, 127), xs [M] = s. Row m's bytes go to
+// out + m * ld as q ^ flip, columns K..ld padded with q = 0 (the VNNI GEMM reads q + 128 in
+// whole quads: flip 0x80). The dynamic ops quantize here, in one pass over a row that stays in
+// L1, where Inductor's fused quantization evaluated a producer's pointwise math (GELU's erf)
+// twice: once for the amax, once for x / s.
+void quantize_int8_rows(const float* x, int64_t M, int64_t K, uint8_t* out, int64_t ld,
+                        uint8_t flip, float* xs);
 
 }  // namespace fxq
 

@@ -23,6 +23,9 @@ AOTITorchError aoti_torch_cpu_native_int8_scaled_linear(AtenTensorHandle, AtenTe
 AOTITorchError aoti_torch_cpu_native_int8_scaled_vnni_linear(AtenTensorHandle, AtenTensorHandle,
                                                              AtenTensorHandle, AtenTensorHandle,
                                                              AtenTensorHandle, AtenTensorHandle*);
+AOTITorchError aoti_torch_cpu_native_int8_dynamic_vnni_linear(AtenTensorHandle, AtenTensorHandle,
+                                                              AtenTensorHandle, AtenTensorHandle,
+                                                              AtenTensorHandle*);
 AOTITorchError aoti_torch_cpu_native_int4_weight_only_linear(AtenTensorHandle, AtenTensorHandle,
                                                              AtenTensorHandle, AtenTensorHandle,
                                                              int64_t, AtenTensorHandle*);
@@ -33,6 +36,9 @@ AOTITorchError aoti_torch_cpu_native_int8_int4_linear(AtenTensorHandle, AtenTens
                                                       AtenTensorHandle, AtenTensorHandle,
                                                       AtenTensorHandle, int64_t,
                                                       AtenTensorHandle*);
+AOTITorchError aoti_torch_cpu_native_int8_dynamic_int4_linear(AtenTensorHandle, AtenTensorHandle,
+                                                              AtenTensorHandle, AtenTensorHandle,
+                                                              int64_t, AtenTensorHandle*);
 AOTITorchError aoti_torch_cpu_native_float8_to_bfloat16(AtenTensorHandle, AtenTensorHandle*);
 AOTITorchError aoti_torch_cpu_native_int4_to_bfloat16(AtenTensorHandle, AtenTensorHandle,
                                                       AtenTensorHandle, int64_t,
@@ -89,6 +95,13 @@ Tensor int8_scaled_vnni(Tensor xq, Tensor xs, Tensor w, Tensor comp, Tensor scal
   return checked(err, out, "native_int8_scaled_vnni_linear");
 }
 
+Tensor int8_dynamic_vnni(Tensor x, Tensor w, Tensor comp, Tensor scale) {
+  AtenTensorHandle out = nullptr;
+  auto err = aoti_torch_cpu_native_int8_dynamic_vnni_linear(x.get(), w.get(), comp.get(),
+                                                            scale.get(), &out);
+  return checked(err, out, "native_int8_dynamic_vnni_linear");
+}
+
 Tensor int4_weight_only(Tensor x, Tensor w, Tensor scale, Tensor offset, int64_t group_size) {
   AtenTensorHandle out = nullptr;
   auto err = aoti_torch_cpu_native_int4_weight_only_linear(x.get(), w.get(), scale.get(),
@@ -109,6 +122,13 @@ Tensor int8_int4(Tensor xq, Tensor xs, Tensor w, Tensor scale, Tensor offset,
   auto err = aoti_torch_cpu_native_int8_int4_linear(xq.get(), xs.get(), w.get(), scale.get(),
                                                     offset.get(), group_size, &out);
   return checked(err, out, "native_int8_int4_linear");
+}
+
+Tensor int8_dynamic_int4(Tensor x, Tensor w, Tensor scale, Tensor offset, int64_t group_size) {
+  AtenTensorHandle out = nullptr;
+  auto err = aoti_torch_cpu_native_int8_dynamic_int4_linear(x.get(), w.get(), scale.get(),
+                                                            offset.get(), group_size, &out);
+  return checked(err, out, "native_int8_dynamic_int4_linear");
 }
 
 Tensor float8_to_bfloat16(Tensor w) {
@@ -133,9 +153,11 @@ STABLE_TORCH_LIBRARY_IMPL(fxquant, CPU, m) {
   m.impl("native_float8_bf16dot_linear", TORCH_BOX(&float8_bf16dot));
   m.impl("native_int8_scaled_linear", TORCH_BOX(&int8_scaled));
   m.impl("native_int8_scaled_vnni_linear", TORCH_BOX(&int8_scaled_vnni));
+  m.impl("native_int8_dynamic_vnni_linear", TORCH_BOX(&int8_dynamic_vnni));
   m.impl("native_int4_weight_only_linear", TORCH_BOX(&int4_weight_only));
   m.impl("native_int4_bf16dot_linear", TORCH_BOX(&int4_bf16dot));
   m.impl("native_int8_int4_linear", TORCH_BOX(&int8_int4));
+  m.impl("native_int8_dynamic_int4_linear", TORCH_BOX(&int8_dynamic_int4));
   m.impl("native_float8_to_bfloat16", TORCH_BOX(&float8_to_bfloat16));
   m.impl("native_int4_to_bfloat16", TORCH_BOX(&int4_to_bfloat16));
 }

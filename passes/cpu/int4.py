@@ -187,18 +187,19 @@ def _int4_rows_bf16_dot(x2, weight, scale, offset, group_size):
 def _int4_rows_int8_act(x2, weight, scale, offset, group_size):
     if group_size not in W4A8_GROUPS:  # the W4A8 kernel's groups; the weight-only one takes more
         return _int4_rows_native(x2, weight, scale, offset, group_size)
+    return _int8_int4_rows_native(x2, weight, scale, offset, group_size)
+
+
+# W4A8's candidates take the fp32 rows: the native one quantizes them per token inside the
+# kernel (the reference's bytes), where a quantization in the graph had Inductor evaluate the
+# producer's pointwise math twice (a GELU's erf: once for the amax, once for x / scale)
+def _int8_int4_rows_native(x2, weight, scale, offset, group_size):
+    return fxq.native_int8_dynamic_int4_linear(x2, weight, scale, offset, group_size)
+
+
+def _int8_int4_rows_bf16(x2, weight, scale, offset, group_size):
     xq, xs = ref.quantize_int8_per_token(x2)
-    return _int8_int4_rows_native(
-        xq.contiguous(), xs.reshape(-1).contiguous(), weight, scale, offset, group_size
-    )
-
-
-def _int8_int4_rows_native(xq, xs, weight, scale, offset, group_size):
-    return fxq.native_int8_int4_linear(xq, xs, weight, scale, offset, group_size)
-
-
-def _int8_int4_rows_bf16(xq, xs, weight, scale, offset, group_size):
-    return _int4_rows_bf16(xq, weight, scale, offset, group_size) * xs.reshape(-1, 1)
+    return _int4_rows_bf16(xq, weight, scale, offset, group_size) * xs
 
 
 dispatches("native_int4_weight_only_linear", "int4_weight_only_linear")
@@ -226,9 +227,8 @@ def _cpu_native_int4(x, weight, scale, offset, bias, group_size, out_features):
 @device_op(NATIVE, "cpu_native_int8_int4_linear", schema=_NATIVE_SCHEMA, fake=_int4_fake)
 def _cpu_native_int8_int4(x, weight, scale, offset, bias, group_size, out_features):
     # zero columns leave each token's amax (so its scale) and every sum as they were
-    x2 = native.pad_columns(rows(x), 2 * weight.shape[1])
-    xq, xs = ref.quantize_int8_per_token(x2)
-    args = (xq.contiguous(), xs.reshape(-1).contiguous(), weight, scale, offset, group_size)
+    x2 = native.pad_columns(rows(x), 2 * weight.shape[1]).contiguous()
+    args = (x2, weight, scale, offset, group_size)
     y = by_m("native_int8_int4_linear", x2.shape[0], _INT8_INT4_ROWS, *args)
     return finish(y, x, out_features, bias)
 
