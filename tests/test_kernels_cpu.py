@@ -261,6 +261,24 @@ def test_dynamic_ops_quantize_as_the_reference(m, k):
     assert not got.isnan().any()
 
 
+@pytest.mark.parametrize(("m", "k"), [(0, 8), (1, 1), (2, 7), (5, 64), (17, 100), (130, 600)])
+@pytest.mark.parametrize("ub", [float("inf"), 0.5])
+def test_float8_dynamic_ops_quantize_as_the_reference(m, k, ub):
+    # fp8 per-row activations quantized inside the op: the reference's e4m3 values and scales
+    # (a scale cap included), then the e4m3 GEMM and each row times its scale, bit for bit the
+    # weight-only op's on the reference's quantized x; subnormal e4m3 values from the 1e-30 rows
+    g = torch.Generator().manual_seed(m * 1000 + k + 5)
+    x = _activations(m, k, g)
+    xq, xs = ref.quantize_fp8_per_token(x, scale_ub=None if ub == float("inf") else ub)
+    wq, ws = ref.quantize_fp8_per_channel(torch.randn(37, k, generator=g))
+    xq = xq.float()
+    got = fxq.native_float8_dynamic_linear(x, wq, ws, ub)
+    assert torch.equal(got, fxq.native_float8_weight_only_linear(xq, wq, ws) * xs)
+    got = fxq.native_float8_dynamic_bf16dot_linear(x, wq, ws, ub)
+    assert torch.equal(got, fxq.native_float8_bf16dot_linear(xq, wq, ws) * xs)
+    assert not got.isnan().any()
+
+
 def test_prepack_int8_vnni_layout():
     w = torch.arange(-60, 60, dtype=torch.int8).reshape(20, 6)  # 2 panels (one of 4 rows), K4 2
     panels, comp = native.prepack_int8_vnni(w)
@@ -501,6 +519,8 @@ def test_opcheck():
     cases.append((fxq.native_int8_scaled_vnni_linear, (xq, xs.reshape(-1), *vnni, s)))
     cases.append((fxq.native_int8_dynamic_vnni_linear, (x, *vnni, s)))
     cases.append((fxq.native_int8_dynamic_int4_linear, (x, kw, ks, ko, 32)))
+    cases.append((fxq.native_float8_dynamic_linear, (x, f8, fs, 2.0)))
+    cases.append((fxq.native_float8_dynamic_bf16dot_linear, (x, f8, fs, float("inf"))))
     cases.append((fxq.native_float8_to_bfloat16, (f8,)))
     cases.append((fxq.native_int8_bf16dot_linear, (x, q, s)))
     cases.append((fxq.native_float8_bf16dot_linear, (x, f8, fs)))

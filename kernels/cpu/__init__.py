@@ -88,6 +88,22 @@ NATIVE_OPS = {
         "AOTITorchError aoti_torch_cpu_native_float8_bf16dot_linear(AtenTensorHandle x, "
         "AtenTensorHandle weight, AtenTensorHandle scale, AtenTensorHandle* ret0)",
     ),
+    # fp8 with dynamic per-row activations: x quantized per token onto the e4m3 grid inside the
+    # op (the reference's quantize_fp8_per_token values), each output row times its scale
+    "native_float8_dynamic_linear": (
+        "native_float8_dynamic_linear(Tensor x, Tensor weight, Tensor scale, float scale_ub) "
+        "-> Tensor",
+        "AOTITorchError aoti_torch_cpu_native_float8_dynamic_linear(AtenTensorHandle x, "
+        "AtenTensorHandle weight, AtenTensorHandle scale, double scale_ub, "
+        "AtenTensorHandle* ret0)",
+    ),
+    "native_float8_dynamic_bf16dot_linear": (
+        "native_float8_dynamic_bf16dot_linear(Tensor x, Tensor weight, Tensor scale, "
+        "float scale_ub) -> Tensor",
+        "AOTITorchError aoti_torch_cpu_native_float8_dynamic_bf16dot_linear(AtenTensorHandle x, "
+        "AtenTensorHandle weight, AtenTensorHandle scale, double scale_ub, "
+        "AtenTensorHandle* ret0)",
+    ),
     "native_int8_scaled_linear": (
         "native_int8_scaled_linear(Tensor xq, Tensor xs, Tensor weight, Tensor scale) -> Tensor",
         "AOTITorchError aoti_torch_cpu_native_int8_scaled_linear(AtenTensorHandle xq, "
@@ -176,6 +192,12 @@ torch.library.register_fake("fxquant::native_int8_bf16dot_linear", lib=_lib)(
 )
 torch.library.register_fake("fxquant::native_float8_bf16dot_linear", lib=_lib)(
     lambda x, weight, scale: _out(x, weight)
+)
+torch.library.register_fake("fxquant::native_float8_dynamic_linear", lib=_lib)(
+    lambda x, weight, scale, scale_ub: _out(x, weight)
+)
+torch.library.register_fake("fxquant::native_float8_dynamic_bf16dot_linear", lib=_lib)(
+    lambda x, weight, scale, scale_ub: _out(x, weight)
 )
 torch.library.register_fake("fxquant::native_int8_scaled_linear", lib=_lib)(
     lambda xq, xs, weight, scale: _out(xq, weight)

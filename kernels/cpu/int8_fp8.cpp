@@ -526,15 +526,20 @@ struct ByteWeight {
 // ---- Shims' shared body: int8 and fp8 weights, fp32 activations ---------------------------
 
 // bf16_x: the bf16-dot ops (x rounded to bf16, fp32 sums), else fp32 x as it is
-AOTITorchError bytes_linear(Fmt fmt, int32_t w_dtype, AtenTensorHandle x, AtenTensorHandle w,
-                            AtenTensorHandle scale, AtenTensorHandle* ret0, bool bf16_x = false) {
-  Mat xm, wm, sm;
-  if (!view(x, 2, aoti_torch_dtype_float32(), &xm) || !view(w, 2, w_dtype, &wm) ||
-      !view(scale, 1, aoti_torch_dtype_float32(), &sm) || wm.cols != xm.cols ||
-      sm.rows != wm.rows)
-    return AOTI_TORCH_FAILURE;
-  const int64_t M = xm.rows, K = xm.cols, N = wm.rows;
-  const float* xp = xm.as<float>();
+// y[m, :] *= row_scale[m] (nothing without row scales)
+void scale_rows(float* y, int64_t M, int64_t N, const float* row_scale) {
+  if (row_scale == nullptr) return;
+#pragma omp parallel for schedule(static) if (M * N > 65536)
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = 0; n < N; ++n) y[m * N + n] *= row_scale[m];
+}
+
+// y = (x . w) * scale [* row_scale] for fp32 rows x [M, K]: the byte formats' shims' body
+AOTITorchError bytes_rows(Fmt fmt, const float* xp, int64_t M, int64_t K, const Mat& wm,
+                          const Mat& sm, AtenTensorHandle* ret0, bool bf16_x,
+                          const float* row_scale = nullptr) {
+  if (wm.cols != K || sm.rows != wm.rows) return AOTI_TORCH_FAILURE;
+  const int64_t N = wm.rows;
   const uint8_t* wp = wm.as<uint8_t>();
   const float* sp = sm.as<float>();
   std::vector<float> rounded;
@@ -549,6 +554,7 @@ AOTITorchError bytes_linear(Fmt fmt, int32_t w_dtype, AtenTensorHandle x, AtenTe
       gemm_bf16(xp, M, K, ByteWeight<Fmt::kInt8>{wp, K}, N, sp, y);
     else
       gemm_bf16(xp, M, K, ByteWeight<Fmt::kFp8>{wp, K}, N, sp, y);
+    scale_rows(y, M, N, row_scale);
     return AOTI_TORCH_SUCCESS;
 #else
     rounded = bf16_rounded(xp, M, K);
@@ -560,9 +566,39 @@ AOTITorchError bytes_linear(Fmt fmt, int32_t w_dtype, AtenTensorHandle x, AtenTe
       gemv_bytes<Fmt::kInt8>(xp, M, K, wp, N, sp, y);
     else
       gemv_bytes<Fmt::kFp8>(xp, M, K, wp, N, sp, y);
+    scale_rows(y, M, N, row_scale);
   };
-  auto mm = [&](float* y) { return gemm_chunked(fmt, xp, M, K, wp, N, sp, nullptr, 0, y); };
+  auto mm = [&](float* y) {
+    const AOTITorchError e = gemm_chunked(fmt, xp, M, K, wp, N, sp, nullptr, 0, y);
+    scale_rows(y, M, N, row_scale);
+    return e;
+  };
   return run_linear(M, N, kGemvMaxM[int(fmt)], ret0, gemv, mm);
+}
+
+AOTITorchError bytes_linear(Fmt fmt, int32_t w_dtype, AtenTensorHandle x, AtenTensorHandle w,
+                            AtenTensorHandle scale, AtenTensorHandle* ret0, bool bf16_x = false) {
+  Mat xm, wm, sm;
+  if (!view(x, 2, aoti_torch_dtype_float32(), &xm) || !view(w, 2, w_dtype, &wm) ||
+      !view(scale, 1, aoti_torch_dtype_float32(), &sm))
+    return AOTI_TORCH_FAILURE;
+  return bytes_rows(fmt, xm.as<float>(), xm.rows, xm.cols, wm, sm, ret0, bf16_x);
+}
+
+// fp8 with dynamic per-row activations: x quantized per token onto the e4m3 grid here
+// (quantize_fp8_rows), the e4m3 GEMM on those values, each row times its scale
+AOTITorchError float8_dynamic_linear(AtenTensorHandle x, AtenTensorHandle w,
+                                     AtenTensorHandle scale, double scale_ub,
+                                     AtenTensorHandle* ret0, bool bf16_x) {
+  Mat xm, wm, sm;
+  if (!view(x, 2, aoti_torch_dtype_float32(), &xm) ||
+      !view(w, 2, aoti_torch_dtype_float8_e4m3fn(), &wm) ||
+      !view(scale, 1, aoti_torch_dtype_float32(), &sm))
+    return AOTI_TORCH_FAILURE;
+  const int64_t M = xm.rows, K = xm.cols;
+  std::vector<float> xq(M * K), xs(M);
+  quantize_fp8_rows(xm.as<float>(), M, K, float(scale_ub), xq.data(), xs.data());
+  return bytes_rows(Fmt::kFp8, xq.data(), M, K, wm, sm, ret0, bf16_x, xs.data());
 }
 
 // y = (xq . w) * xs * scale on the prepacked VNNI panels (prepack_int8_vnni), the activations
@@ -623,6 +659,20 @@ AOTITorchError aoti_torch_cpu_native_float8_bf16dot_linear(AtenTensorHandle x,
                                                            AtenTensorHandle scale,
                                                            AtenTensorHandle* ret0) {
   return bytes_linear(Fmt::kFp8, aoti_torch_dtype_float8_e4m3fn(), x, w, scale, ret0, true);
+}
+
+AOTITorchError aoti_torch_cpu_native_float8_dynamic_linear(AtenTensorHandle x, AtenTensorHandle w,
+                                                          AtenTensorHandle scale, double scale_ub,
+                                                          AtenTensorHandle* ret0) {
+  return float8_dynamic_linear(x, w, scale, scale_ub, ret0, false);
+}
+
+AOTITorchError aoti_torch_cpu_native_float8_dynamic_bf16dot_linear(AtenTensorHandle x,
+                                                                  AtenTensorHandle w,
+                                                                  AtenTensorHandle scale,
+                                                                  double scale_ub,
+                                                                  AtenTensorHandle* ret0) {
+  return float8_dynamic_linear(x, w, scale, scale_ub, ret0, true);
 }
 
 AOTITorchError aoti_torch_cpu_native_int8_scaled_linear(AtenTensorHandle xq, AtenTensorHandle xs,

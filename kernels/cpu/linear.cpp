@@ -29,8 +29,9 @@
 //             scale, offset [N, K/g] fp32 with w = u * scale + offset (offset = -z * scale)
 //   int4xint8 xq, xs as int8xint8's; w, scale, offset as int4's        y = (xq . w) * xs
 //   fp8 e4m3  w [N, K] float8_e4m3fn, scale [N] fp32                y = (x . w) * scale
-// The `*_dynamic_*` ops take fp32 x for int8xint8 (on the VNNI panels) and int4xint8 and
-// quantize it per token first (quantize_int8_rows: the reference's bytes).
+// The `*_dynamic_*` ops take fp32 x for int8xint8 (on the VNNI panels), int4xint8 and fp8 and
+// quantize it per token first (quantize_int8_rows, quantize_fp8_rows: the reference's bytes and
+// e4m3 values; fp8's y rows then times their scales).
 // Every input is contiguous; the output is a new fp32 [M, N] tensor. K of int4 is a multiple
 // of 32 (the lowering pads); nothing else is assumed about the sizes.
 //
@@ -188,9 +189,10 @@ std::vector<float> dequantize_activation(const int8_t* xq, const float* xs, int6
 namespace {
 constexpr float kQuantEps = 1e-12f;  // fxquant.core.reference.EPS
 constexpr float kInt8Max = 127.0f;
+constexpr float kFp8Max = 448.0f;  // e4m3's largest finite value
 
-void quantize_int8_row(const float* x, int64_t K, uint8_t* q, int64_t ld, uint8_t flip,
-                       float* xs) {
+// |x|'s maximum over a row (the quantizers' amax)
+float row_amax(const float* x, int64_t K) {
   float amax = 0.0f;
   int64_t k = 0;
 #if defined(FXQ_AVX512BW)
@@ -206,10 +208,15 @@ void quantize_int8_row(const float* x, int64_t K, uint8_t* q, int64_t ld, uint8_
   _mm256_store_ps(lanes, vmax);
   for (float v : lanes) amax = std::max(amax, v);
 #endif
-  for (int64_t j = k; j < K; ++j) amax = std::max(amax, std::fabs(x[j]));
-  const float s = std::max(amax, kQuantEps) / kInt8Max;
+  for (; k < K; ++k) amax = std::max(amax, std::fabs(x[k]));
+  return amax;
+}
+
+void quantize_int8_row(const float* x, int64_t K, uint8_t* q, int64_t ld, uint8_t flip,
+                       float* xs) {
+  const float s = std::max(row_amax(x, K), kQuantEps) / kInt8Max;
   *xs = s;
-  k = 0;
+  int64_t k = 0;
 #if defined(FXQ_AVX512BW)
   const __m512 vs = _mm512_set1_ps(s), hi = _mm512_set1_ps(kInt8Max);
   const __m512 lo = _mm512_set1_ps(-kInt8Max);
@@ -241,12 +248,55 @@ void quantize_int8_row(const float* x, int64_t K, uint8_t* q, int64_t ld, uint8_
   }
   std::memset(q + K, flip, ld - K);
 }
+
+// v (|v| <= 448) -> the nearest e4m3 value, ties to even, as fp32: passes/cpu/float8.py's
+// e4m3_values (fp32 keeps 3 of its 23 mantissa bits, rounding at bit 20; below 2^-6 a fixed
+// step of 2^-9), which is exactly torch's conversion to float8_e4m3fn and back
+inline float e4m3_round(float v) {
+  if (std::fabs(v) < 0.015625f) return std::nearbyint(v * 512.0f) * (1.0f / 512.0f);
+  uint32_t bits;
+  std::memcpy(&bits, &v, 4);
+  bits = (bits + 0x7FFFFu + ((bits >> 20) & 1u)) & 0xFFF00000u;
+  std::memcpy(&v, &bits, 4);
+  return v;
+}
+
+void quantize_fp8_row(const float* x, int64_t K, float ub, float* q, float* xs) {
+  const float s = std::max(std::min(row_amax(x, K), ub), kQuantEps) / kFp8Max;
+  *xs = s;
+  int64_t k = 0;
+#if defined(FXQ_AVX512BW)
+  const __m512 vs = _mm512_set1_ps(s), hi = _mm512_set1_ps(kFp8Max);
+  const __m512 lo = _mm512_set1_ps(-kFp8Max), tiny = _mm512_set1_ps(0.015625f);
+  const __m512i half = _mm512_set1_epi32(0x7FFFF), one = _mm512_set1_epi32(1);
+  const __m512i keep = _mm512_set1_epi32(int32_t(0xFFF00000u));
+  for (; k + 16 <= K; k += 16) {
+    const __m512 d = _mm512_div_ps(_mm512_loadu_ps(x + k), vs);
+    const __m512 v = _mm512_min_ps(_mm512_max_ps(d, lo), hi);
+    const __m512i bits = _mm512_castps_si512(v);
+    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 20), one);
+    const __m512i r = _mm512_and_si512(_mm512_add_epi32(_mm512_add_epi32(bits, half), odd), keep);
+    const __m512 sub = _mm512_mul_ps(
+        _mm512_roundscale_ps(_mm512_mul_ps(v, _mm512_set1_ps(512.0f)),
+                             _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC),
+        _mm512_set1_ps(1.0f / 512.0f));
+    const __mmask16 small = _mm512_cmp_ps_mask(_mm512_abs_ps(v), tiny, _CMP_LT_OQ);
+    _mm512_storeu_ps(q + k, _mm512_mask_blend_ps(small, _mm512_castsi512_ps(r), sub));
+  }
+#endif
+  for (; k < K; ++k) q[k] = e4m3_round(std::min(std::max(x[k] / s, -kFp8Max), kFp8Max));
+}
 }  // namespace
 
 void quantize_int8_rows(const float* x, int64_t M, int64_t K, uint8_t* out, int64_t ld,
                         uint8_t flip, float* xs) {
 #pragma omp parallel for schedule(static) if (M * K > 65536)
   for (int64_t m = 0; m < M; ++m) quantize_int8_row(x + m * K, K, out + m * ld, ld, flip, xs + m);
+}
+
+void quantize_fp8_rows(const float* x, int64_t M, int64_t K, float ub, float* xq, float* xs) {
+#pragma omp parallel for schedule(static) if (M * K > 65536)
+  for (int64_t m = 0; m < M; ++m) quantize_fp8_row(x + m * K, K, ub, xq + m * K, xs + m);
 }
 
 }  // namespace fxq

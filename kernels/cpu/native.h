@@ -295,6 +295,11 @@ std::vector<float> dequantize_activation(const int8_t* xq, const float* xs, int6
 void quantize_int8_rows(const float* x, int64_t M, int64_t K, uint8_t* out, int64_t ld,
                         uint8_t flip, float* xs);
 
+// The reference's per-token fp8 quantization (quantize_fp8_per_token, fp8_scale) onto the e4m3
+// grid, kept as fp32 values (the kernels read them so; exact): s = max(min(amax(|x|), ub),
+// 1e-12) / 448, xq = e4m3(clamp(x / s, -448, 448)) rounded half to even, xs [M] = s.
+void quantize_fp8_rows(const float* x, int64_t M, int64_t K, float ub, float* xq, float* xs);
+
 }  // namespace fxq
 
 #pragma GCC visibility pop

@@ -17,6 +17,13 @@ AOTITorchError aoti_torch_cpu_native_int8_bf16dot_linear(AtenTensorHandle, AtenT
                                                          AtenTensorHandle, AtenTensorHandle*);
 AOTITorchError aoti_torch_cpu_native_float8_bf16dot_linear(AtenTensorHandle, AtenTensorHandle,
                                                            AtenTensorHandle, AtenTensorHandle*);
+AOTITorchError aoti_torch_cpu_native_float8_dynamic_linear(AtenTensorHandle, AtenTensorHandle,
+                                                          AtenTensorHandle, double,
+                                                          AtenTensorHandle*);
+AOTITorchError aoti_torch_cpu_native_float8_dynamic_bf16dot_linear(AtenTensorHandle,
+                                                                  AtenTensorHandle,
+                                                                  AtenTensorHandle, double,
+                                                                  AtenTensorHandle*);
 AOTITorchError aoti_torch_cpu_native_int8_scaled_linear(AtenTensorHandle, AtenTensorHandle,
                                                         AtenTensorHandle, AtenTensorHandle,
                                                         AtenTensorHandle*);
@@ -79,6 +86,20 @@ Tensor float8_bf16dot(Tensor x, Tensor w, Tensor scale) {
   AtenTensorHandle out = nullptr;
   auto err = aoti_torch_cpu_native_float8_bf16dot_linear(x.get(), w.get(), scale.get(), &out);
   return checked(err, out, "native_float8_bf16dot_linear");
+}
+
+Tensor float8_dynamic(Tensor x, Tensor w, Tensor scale, double scale_ub) {
+  AtenTensorHandle out = nullptr;
+  auto err =
+      aoti_torch_cpu_native_float8_dynamic_linear(x.get(), w.get(), scale.get(), scale_ub, &out);
+  return checked(err, out, "native_float8_dynamic_linear");
+}
+
+Tensor float8_dynamic_bf16dot(Tensor x, Tensor w, Tensor scale, double scale_ub) {
+  AtenTensorHandle out = nullptr;
+  auto err = aoti_torch_cpu_native_float8_dynamic_bf16dot_linear(x.get(), w.get(), scale.get(),
+                                                                 scale_ub, &out);
+  return checked(err, out, "native_float8_dynamic_bf16dot_linear");
 }
 
 Tensor int8_scaled(Tensor xq, Tensor xs, Tensor w, Tensor scale) {
@@ -151,6 +172,8 @@ STABLE_TORCH_LIBRARY_IMPL(fxquant, CPU, m) {
   m.impl("native_float8_weight_only_linear", TORCH_BOX(&float8_weight_only));
   m.impl("native_int8_bf16dot_linear", TORCH_BOX(&int8_bf16dot));
   m.impl("native_float8_bf16dot_linear", TORCH_BOX(&float8_bf16dot));
+  m.impl("native_float8_dynamic_linear", TORCH_BOX(&float8_dynamic));
+  m.impl("native_float8_dynamic_bf16dot_linear", TORCH_BOX(&float8_dynamic_bf16dot));
   m.impl("native_int8_scaled_linear", TORCH_BOX(&int8_scaled));
   m.impl("native_int8_scaled_vnni_linear", TORCH_BOX(&int8_scaled_vnni));
   m.impl("native_int8_dynamic_vnni_linear", TORCH_BOX(&int8_dynamic_vnni));
