@@ -15,7 +15,8 @@ slower than fp32. The CUDA lowering is where fp8 pays.
 only, dynamic, static and scaled linears are short aten compositions around the e4m3 kernel,
 which decodes the weight itself. Activations are quantized here in aten ops exactly as the
 reference does, onto the e4m3 grid in fp32 arithmetic (``e4m3_values``: the kernel takes them as
-fp32 values, which upcast from e4m3 exactly); the bias and the caller's dtype go in the
+fp32 values, which upcast from e4m3 exactly), but for per-row dynamic ones, which the native
+kernels quantize themselves to the same values; the bias and the caller's dtype go in the
 epilogue, which Inductor fuses.
 """
 

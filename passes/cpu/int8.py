@@ -22,8 +22,9 @@ of ``_weight_int8pack_mm`` does not realize a computed scale argument and fails 
 **Native kernels** (``"cpu-native"``, ``fxquant.kernels.cpu``): each op is a short aten
 composition around one ``fxquant::native_*`` op on the rewrite's own weights ([N, K] int8,
 per-channel fp32 scales), so no prepack: activations flattened to fp32 rows (w8a8's quantized
-here in aten ops exactly as the reference does), the GEMM in the kernel, the bias and the
-caller's dtype in the epilogue, which Inductor fuses. One exception: on AVX-512 VNNI machines
+here in aten ops exactly as the reference does; on the VNNI panels below, inside the kernel,
+to the same bytes), the GEMM in the kernel, the bias and the caller's dtype in the epilogue,
+which Inductor fuses. One exception: on AVX-512 VNNI machines
 whose table runs w8a8's native GEMM at every M, the prepack stores w8a8's weight once in that
 GEMM's 16-column panels (``fxquant.kernels.cpu.prepack_int8_vnni``), which it otherwise packs
 on every call; one layout serves every M, decode included.
@@ -283,7 +284,7 @@ def _vnni_scaled_fake(xq, xs, weight, comp, scale, bias, out_dtype):
 def _cpu_native_int8_dynamic_vnni(x, weight, comp, scale, bias):
     # quantized per token inside the kernel (the reference's bytes): in the graph, Inductor fused
     # the quantization into the producer's loops and evaluated its pointwise math twice, once
-    # for the amax and once for x / scale (the stack's GELU: 0.5 ms of a 13 ms step at M = 128)
+    # for the amax and once for x / scale (the benchmark stack's GELU erf)
     y = fxq.native_int8_dynamic_vnni_linear(rows(x), weight, comp, scale)
     return finish(y, x, scale.shape[0], bias)
 
