@@ -251,6 +251,9 @@ def test_dynamic_ops_quantize_as_the_reference(m, k):
     vnni = native.prepack_int8_vnni(w)
     got = fxq.native_int8_dynamic_vnni_linear(x, *vnni, s)
     assert torch.equal(got, fxq.native_int8_scaled_vnni_linear(xq, xs, *vnni, s))
+    assert torch.equal(
+        fxq.native_int8_dynamic_linear(x, w, s), fxq.native_int8_scaled_linear(xq, xs, w, s)
+    )
     # W4A8: K padded to whole 32-column blocks with zeros, as the lowering pads (the amax holds)
     pad = -k % 32
     w4 = torch.randn(37, k + pad, generator=g)
@@ -519,6 +522,7 @@ def test_opcheck():
     cases.append((fxq.native_int8_scaled_vnni_linear, (xq, xs.reshape(-1), *vnni, s)))
     cases.append((fxq.native_int8_dynamic_vnni_linear, (x, *vnni, s)))
     cases.append((fxq.native_int8_dynamic_int4_linear, (x, kw, ks, ko, 32)))
+    cases.append((fxq.native_int8_dynamic_linear, (x, q, s)))
     cases.append((fxq.native_float8_dynamic_linear, (x, f8, fs, 2.0)))
     cases.append((fxq.native_float8_dynamic_bf16dot_linear, (x, f8, fs, float("inf"))))
     cases.append((fxq.native_float8_to_bfloat16, (f8,)))

@@ -110,6 +110,13 @@ NATIVE_OPS = {
         "AtenTensorHandle xs, AtenTensorHandle weight, AtenTensorHandle scale, "
         "AtenTensorHandle* ret0)",
     ),
+    # the same from fp32 activations, quantized per token inside the op (the reference's
+    # quantize_int8_per_token, the same bytes)
+    "native_int8_dynamic_linear": (
+        "native_int8_dynamic_linear(Tensor x, Tensor weight, Tensor scale) -> Tensor",
+        "AOTITorchError aoti_torch_cpu_native_int8_dynamic_linear(AtenTensorHandle x, "
+        "AtenTensorHandle weight, AtenTensorHandle scale, AtenTensorHandle* ret0)",
+    ),
     # w8a8 on a weight packed once for the AVX-512 VNNI GEMM (prepack_int8_vnni)
     "native_int8_scaled_vnni_linear": (
         "native_int8_scaled_vnni_linear(Tensor xq, Tensor xs, Tensor weight, Tensor comp, "
@@ -118,8 +125,7 @@ NATIVE_OPS = {
         "AtenTensorHandle xs, AtenTensorHandle weight, AtenTensorHandle comp, "
         "AtenTensorHandle scale, AtenTensorHandle* ret0)",
     ),
-    # the same from fp32 activations, quantized per token inside the op (the reference's
-    # quantize_int8_per_token, the same bytes)
+    # the same from fp32 activations (as native_int8_dynamic_linear)
     "native_int8_dynamic_vnni_linear": (
         "native_int8_dynamic_vnni_linear(Tensor x, Tensor weight, Tensor comp, Tensor scale) "
         "-> Tensor",
@@ -201,6 +207,9 @@ torch.library.register_fake("fxquant::native_float8_dynamic_bf16dot_linear", lib
 )
 torch.library.register_fake("fxquant::native_int8_scaled_linear", lib=_lib)(
     lambda xq, xs, weight, scale: _out(xq, weight)
+)
+torch.library.register_fake("fxquant::native_int8_dynamic_linear", lib=_lib)(
+    lambda x, weight, scale: _out(x, weight)
 )
 torch.library.register_fake("fxquant::native_int8_scaled_vnni_linear", lib=_lib)(
     lambda xq, xs, weight, comp, scale: xq.new_empty(

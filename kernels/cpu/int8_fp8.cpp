@@ -601,6 +601,32 @@ AOTITorchError float8_dynamic_linear(AtenTensorHandle x, AtenTensorHandle w,
   return bytes_rows(Fmt::kFp8, xq.data(), M, K, wm, sm, ret0, bf16_x, xs.data());
 }
 
+// y = (xq . w) * xs * scale on the stored [N, K] int8 weight: the w8a8 shims' body
+AOTITorchError int8_scaled_rows(const int8_t* xp, const float* xsp, int64_t M, int64_t K,
+                                AtenTensorHandle w, AtenTensorHandle scale,
+                                AtenTensorHandle* ret0) {
+  Mat wm, sm;
+  if (!view(w, 2, aoti_torch_dtype_int8(), &wm) || !view(scale, 1, aoti_torch_dtype_float32(), &sm) ||
+      wm.cols != K || sm.rows != wm.rows)
+    return AOTI_TORCH_FAILURE;
+  const int64_t N = wm.rows;
+  const float* sp = sm.as<float>();
+  auto gemv = [&](float* y) { gemv_int8_int8(xp, xsp, M, K, wm.as<int8_t>(), N, sp, y); };
+  auto mm = [&](float* y) {
+#if defined(FXQ_VNNI512)
+    gemm_int8_int8_vnni(xp, xsp, M, K, wm.as<int8_t>(), N, sp, y);
+    return AOTI_TORCH_SUCCESS;
+#elif defined(FXQ_AVX2)
+    gemm_int8_int8(xp, xsp, M, K, wm.as<int8_t>(), N, sp, y);
+    return AOTI_TORCH_SUCCESS;
+#else
+    const std::vector<float> xf = dequantize_activation(xp, xsp, M, K);
+    return gemm_chunked(Fmt::kInt8, xf.data(), M, K, wm.as<uint8_t>(), N, sp, nullptr, 0, y);
+#endif
+  };
+  return run_linear(M, N, kGemvMaxMInt8Int8, ret0, gemv, mm);
+}
+
 // y = (xq . w) * xs * scale on the prepacked VNNI panels (prepack_int8_vnni), the activations
 // as xu = xq + 128 in rows of K4 * 4 bytes (unsigned_rows): the shims' body
 AOTITorchError vnni_linear(const uint8_t* xu, const float* xs, int64_t M, int64_t K,
@@ -679,29 +705,25 @@ AOTITorchError aoti_torch_cpu_native_int8_scaled_linear(AtenTensorHandle xq, Ate
                                                         AtenTensorHandle w,
                                                         AtenTensorHandle scale,
                                                         AtenTensorHandle* ret0) {
-  Mat xm, xsm, wm, sm;
+  Mat xm, xsm;
   if (!view(xq, 2, aoti_torch_dtype_int8(), &xm) || !view(xs, 1, aoti_torch_dtype_float32(), &xsm) ||
-      !view(w, 2, aoti_torch_dtype_int8(), &wm) || !view(scale, 1, aoti_torch_dtype_float32(), &sm) ||
-      wm.cols != xm.cols || sm.rows != wm.rows || xsm.rows != xm.rows)
+      xsm.rows != xm.rows)
     return AOTI_TORCH_FAILURE;
-  const int64_t M = xm.rows, K = xm.cols, N = wm.rows;
-  const int8_t* xp = xm.as<int8_t>();
-  const float* xsp = xsm.as<float>();
-  const float* sp = sm.as<float>();
-  auto gemv = [&](float* y) { gemv_int8_int8(xp, xsp, M, K, wm.as<int8_t>(), N, sp, y); };
-  auto mm = [&](float* y) {
-#if defined(FXQ_VNNI512)
-    gemm_int8_int8_vnni(xp, xsp, M, K, wm.as<int8_t>(), N, sp, y);
-    return AOTI_TORCH_SUCCESS;
-#elif defined(FXQ_AVX2)
-    gemm_int8_int8(xp, xsp, M, K, wm.as<int8_t>(), N, sp, y);
-    return AOTI_TORCH_SUCCESS;
-#else
-    const std::vector<float> xf = dequantize_activation(xp, xsp, M, K);
-    return gemm_chunked(Fmt::kInt8, xf.data(), M, K, wm.as<uint8_t>(), N, sp, nullptr, 0, y);
-#endif
-  };
-  return run_linear(M, N, kGemvMaxMInt8Int8, ret0, gemv, mm);
+  return int8_scaled_rows(xm.as<int8_t>(), xsm.as<float>(), xm.rows, xm.cols, w, scale, ret0);
+}
+
+// w8a8 from fp32 activations: the per-token quantization here (quantize_int8_rows), then the
+// int8 x int8 kernels as above
+AOTITorchError aoti_torch_cpu_native_int8_dynamic_linear(AtenTensorHandle x, AtenTensorHandle w,
+                                                         AtenTensorHandle scale,
+                                                         AtenTensorHandle* ret0) {
+  Mat xm;
+  if (!view(x, 2, aoti_torch_dtype_float32(), &xm)) return AOTI_TORCH_FAILURE;
+  const int64_t M = xm.rows, K = xm.cols;
+  std::unique_ptr<int8_t[]> xq(new int8_t[M * K]);  // every byte written by the quantizer
+  std::vector<float> xs(M);
+  quantize_int8_rows(xm.as<float>(), M, K, (uint8_t*)xq.get(), K, 0, xs.data());
+  return int8_scaled_rows(xq.get(), xs.data(), M, K, w, scale, ret0);
 }
 
 AOTITorchError aoti_torch_cpu_native_int8_scaled_vnni_linear(AtenTensorHandle xq,

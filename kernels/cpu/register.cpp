@@ -27,6 +27,8 @@ AOTITorchError aoti_torch_cpu_native_float8_dynamic_bf16dot_linear(AtenTensorHan
 AOTITorchError aoti_torch_cpu_native_int8_scaled_linear(AtenTensorHandle, AtenTensorHandle,
                                                         AtenTensorHandle, AtenTensorHandle,
                                                         AtenTensorHandle*);
+AOTITorchError aoti_torch_cpu_native_int8_dynamic_linear(AtenTensorHandle, AtenTensorHandle,
+                                                         AtenTensorHandle, AtenTensorHandle*);
 AOTITorchError aoti_torch_cpu_native_int8_scaled_vnni_linear(AtenTensorHandle, AtenTensorHandle,
                                                              AtenTensorHandle, AtenTensorHandle,
                                                              AtenTensorHandle, AtenTensorHandle*);
@@ -109,6 +111,12 @@ Tensor int8_scaled(Tensor xq, Tensor xs, Tensor w, Tensor scale) {
   return checked(err, out, "native_int8_scaled_linear");
 }
 
+Tensor int8_dynamic(Tensor x, Tensor w, Tensor scale) {
+  AtenTensorHandle out = nullptr;
+  auto err = aoti_torch_cpu_native_int8_dynamic_linear(x.get(), w.get(), scale.get(), &out);
+  return checked(err, out, "native_int8_dynamic_linear");
+}
+
 Tensor int8_scaled_vnni(Tensor xq, Tensor xs, Tensor w, Tensor comp, Tensor scale) {
   AtenTensorHandle out = nullptr;
   auto err = aoti_torch_cpu_native_int8_scaled_vnni_linear(xq.get(), xs.get(), w.get(), comp.get(),
@@ -175,6 +183,7 @@ STABLE_TORCH_LIBRARY_IMPL(fxquant, CPU, m) {
   m.impl("native_float8_dynamic_linear", TORCH_BOX(&float8_dynamic));
   m.impl("native_float8_dynamic_bf16dot_linear", TORCH_BOX(&float8_dynamic_bf16dot));
   m.impl("native_int8_scaled_linear", TORCH_BOX(&int8_scaled));
+  m.impl("native_int8_dynamic_linear", TORCH_BOX(&int8_dynamic));
   m.impl("native_int8_scaled_vnni_linear", TORCH_BOX(&int8_scaled_vnni));
   m.impl("native_int8_dynamic_vnni_linear", TORCH_BOX(&int8_dynamic_vnni));
   m.impl("native_int4_weight_only_linear", TORCH_BOX(&int4_weight_only));

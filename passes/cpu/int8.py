@@ -22,9 +22,9 @@ of ``_weight_int8pack_mm`` does not realize a computed scale argument and fails 
 **Native kernels** (``"cpu-native"``, ``fxquant.kernels.cpu``): each op is a short aten
 composition around one ``fxquant::native_*`` op on the rewrite's own weights ([N, K] int8,
 per-channel fp32 scales), so no prepack: activations flattened to fp32 rows (w8a8's quantized
-here in aten ops exactly as the reference does; on the VNNI panels below, inside the kernel,
-to the same bytes), the GEMM in the kernel, the bias and the caller's dtype in the epilogue,
-which Inductor fuses. One exception: on AVX-512 VNNI machines
+per token inside the kernel, to the reference's bytes; for ``_int_mm`` here in aten ops, as the
+reference does), the GEMM in the kernel, the bias and the caller's dtype in the epilogue, which
+Inductor fuses. One exception: on AVX-512 VNNI machines
 whose table runs w8a8's native GEMM at every M, the prepack stores w8a8's weight once in that
 GEMM's 16-column panels (``fxquant.kernels.cpu.prepack_int8_vnni``), which it otherwise packs
 on every call; one layout serves every M, decode included.
@@ -229,10 +229,25 @@ def _native_int8_weight_only(x, weight, scale, bias):
     return finish(y, x, weight.shape[0], bias)
 
 
+# w8a8 from fp32 rows, per candidate: the native kernel quantizes x per token itself (the
+# reference's bytes), where a quantization in the graph had Inductor evaluate the producer's
+# pointwise math twice (once for the amax, once for x / scale); _int_mm takes it quantized here
+def _int8_dynamic_rows_native(x2: Tensor, weight: Tensor, scale: Tensor) -> Tensor:
+    return fxq.native_int8_dynamic_linear(x2, weight, row_scales(scale, weight.shape[0]))
+
+
+def _int8_dynamic_rows_int_mm(x2: Tensor, weight: Tensor, scale: Tensor) -> Tensor:
+    return _int8_scaled_rows_int_mm(*ref.quantize_int8_per_token(x2), weight, scale)
+
+
+_INT8_DYNAMIC_ROWS = {"native": _int8_dynamic_rows_native, "int_mm": _int8_dynamic_rows_int_mm}
+
+
 @lowering(NATIVE, "int8_dynamic_linear")
 def _native_int8_dynamic(x, weight, scale, bias):
-    xq, xs = ref.quantize_int8_per_token(x.reshape(-1, x.shape[-1]))
-    return finish(_native_int8_scaled_rows(xq, xs, weight, scale), x, weight.shape[0], bias)
+    x2 = rows(x)
+    y = by_m("native_int8_scaled_linear", x2.shape[0], _INT8_DYNAMIC_ROWS, x2, weight, scale)
+    return finish(y, x, weight.shape[0], bias)
 
 
 @lowering(NATIVE, "int8_scaled_linear")
