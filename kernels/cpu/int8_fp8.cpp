@@ -606,8 +606,8 @@ AOTITorchError int8_scaled_rows(const int8_t* xp, const float* xsp, int64_t M, i
                                 AtenTensorHandle w, AtenTensorHandle scale,
                                 AtenTensorHandle* ret0) {
   Mat wm, sm;
-  if (!view(w, 2, aoti_torch_dtype_int8(), &wm) || !view(scale, 1, aoti_torch_dtype_float32(), &sm) ||
-      wm.cols != K || sm.rows != wm.rows)
+  if (!view(w, 2, aoti_torch_dtype_int8(), &wm) ||
+      !view(scale, 1, aoti_torch_dtype_float32(), &sm) || wm.cols != K || sm.rows != wm.rows)
     return AOTI_TORCH_FAILURE;
   const int64_t N = wm.rows;
   const float* sp = sm.as<float>();
