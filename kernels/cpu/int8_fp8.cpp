@@ -525,7 +525,6 @@ struct ByteWeight {
 
 // ---- Shims' shared body: int8 and fp8 weights, fp32 activations ---------------------------
 
-// bf16_x: the bf16-dot ops (x rounded to bf16, fp32 sums), else fp32 x as it is
 // y[m, :] *= row_scale[m] (nothing without row scales)
 void scale_rows(float* y, int64_t M, int64_t N, const float* row_scale) {
   if (row_scale == nullptr) return;
@@ -534,7 +533,8 @@ void scale_rows(float* y, int64_t M, int64_t N, const float* row_scale) {
     for (int64_t n = 0; n < N; ++n) y[m * N + n] *= row_scale[m];
 }
 
-// y = (x . w) * scale [* row_scale] for fp32 rows x [M, K]: the byte formats' shims' body
+// y = (x . w) * scale [* row_scale] for fp32 rows x [M, K]: the byte formats' shims' body.
+// bf16_x: the bf16-dot ops (x rounded to bf16, fp32 sums), else fp32 x as it is
 AOTITorchError bytes_rows(Fmt fmt, const float* xp, int64_t M, int64_t K, const Mat& wm,
                           const Mat& sm, AtenTensorHandle* ret0, bool bf16_x,
                           const float* row_scale = nullptr) {
@@ -596,9 +596,10 @@ AOTITorchError float8_dynamic_linear(AtenTensorHandle x, AtenTensorHandle w,
       !view(scale, 1, aoti_torch_dtype_float32(), &sm))
     return AOTI_TORCH_FAILURE;
   const int64_t M = xm.rows, K = xm.cols;
-  std::vector<float> xq(M * K), xs(M);
-  quantize_fp8_rows(xm.as<float>(), M, K, float(scale_ub), xq.data(), xs.data());
-  return bytes_rows(Fmt::kFp8, xq.data(), M, K, wm, sm, ret0, bf16_x, xs.data());
+  std::unique_ptr<float[]> xq(new float[M * K]);  // every value written by the quantizer
+  std::vector<float> xs(M);
+  quantize_fp8_rows(xm.as<float>(), M, K, float(scale_ub), xq.get(), xs.data());
+  return bytes_rows(Fmt::kFp8, xq.get(), M, K, wm, sm, ret0, bf16_x, xs.data());
 }
 
 // y = (xq . w) * xs * scale on the stored [N, K] int8 weight: the w8a8 shims' body
