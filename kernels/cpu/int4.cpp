@@ -727,13 +727,10 @@ AOTITorchError aoti_torch_cpu_native_int8_dynamic_int4_linear(AtenTensorHandle x
                                                               AtenTensorHandle offset,
                                                               int64_t group_size,
                                                               AtenTensorHandle* ret0) {
-  Mat xm;
-  if (!view(x, 2, aoti_torch_dtype_float32(), &xm)) return AOTI_TORCH_FAILURE;
-  const int64_t M = xm.rows, K = xm.cols;
-  std::unique_ptr<int8_t[]> xq(new int8_t[M * K]);  // every byte written by the quantizer
-  std::vector<float> xs(M);
-  quantize_int8_rows(xm.as<float>(), M, K, (uint8_t*)xq.get(), K, 0, xs.data());
-  return int8_int4_linear(xq.get(), xs.data(), M, K, w, scale, offset, group_size, ret0);
+  Int8Rows xq;
+  if (!int8_rows(x, 1, 0, &xq)) return AOTI_TORCH_FAILURE;
+  return int8_int4_linear(xq.as_int8(), xq.scale.data(), xq.rows, xq.cols, w, scale, offset,
+                          group_size, ret0);
 }
 
 }  // extern "C"

@@ -718,13 +718,9 @@ AOTITorchError aoti_torch_cpu_native_int8_scaled_linear(AtenTensorHandle xq, Ate
 AOTITorchError aoti_torch_cpu_native_int8_dynamic_linear(AtenTensorHandle x, AtenTensorHandle w,
                                                          AtenTensorHandle scale,
                                                          AtenTensorHandle* ret0) {
-  Mat xm;
-  if (!view(x, 2, aoti_torch_dtype_float32(), &xm)) return AOTI_TORCH_FAILURE;
-  const int64_t M = xm.rows, K = xm.cols;
-  std::unique_ptr<int8_t[]> xq(new int8_t[M * K]);  // every byte written by the quantizer
-  std::vector<float> xs(M);
-  quantize_int8_rows(xm.as<float>(), M, K, (uint8_t*)xq.get(), K, 0, xs.data());
-  return int8_scaled_rows(xq.get(), xs.data(), M, K, w, scale, ret0);
+  Int8Rows xq;
+  if (!int8_rows(x, 1, 0, &xq)) return AOTI_TORCH_FAILURE;
+  return int8_scaled_rows(xq.as_int8(), xq.scale.data(), xq.rows, xq.cols, w, scale, ret0);
 }
 
 AOTITorchError aoti_torch_cpu_native_int8_scaled_vnni_linear(AtenTensorHandle xq,
@@ -749,14 +745,9 @@ AOTITorchError aoti_torch_cpu_native_int8_dynamic_vnni_linear(AtenTensorHandle x
                                                               AtenTensorHandle comp,
                                                               AtenTensorHandle scale,
                                                               AtenTensorHandle* ret0) {
-  Mat xm;
-  if (!view(x, 2, aoti_torch_dtype_float32(), &xm)) return AOTI_TORCH_FAILURE;
-  const int64_t M = xm.rows, K = xm.cols, ldx = (K + 3) / 4 * 4;
-  // straight into the GEMM's unsigned rows (written whole, so left uninitialised here)
-  std::unique_ptr<uint8_t[]> xu(new uint8_t[M * ldx]);
-  std::vector<float> xs(M);
-  quantize_int8_rows(xm.as<float>(), M, K, xu.get(), ldx, 0x80, xs.data());
-  return vnni_linear(xu.get(), xs.data(), M, K, w, comp, scale, ret0);
+  Int8Rows xu;  // straight into the GEMM's unsigned rows: whole quads, q + 128
+  if (!int8_rows(x, 4, 0x80, &xu)) return AOTI_TORCH_FAILURE;
+  return vnni_linear(xu.q.get(), xu.scale.data(), xu.rows, xu.cols, w, comp, scale, ret0);
 }
 
 }  // extern "C"

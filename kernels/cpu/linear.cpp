@@ -294,6 +294,19 @@ void quantize_int8_rows(const float* x, int64_t M, int64_t K, uint8_t* out, int6
   for (int64_t m = 0; m < M; ++m) quantize_int8_row(x + m * K, K, out + m * ld, ld, flip, xs + m);
 }
 
+bool int8_rows(AtenTensorHandle x, int64_t align, uint8_t flip, Int8Rows* out) {
+  Mat xm;
+  if (!view(x, 2, aoti_torch_dtype_float32(), &xm)) return false;
+  out->rows = xm.rows;
+  out->cols = xm.cols;
+  out->ld = (xm.cols + align - 1) / align * align;
+  out->q.reset(new uint8_t[out->rows * out->ld]);
+  out->scale.resize(out->rows);
+  quantize_int8_rows(xm.as<float>(), out->rows, out->cols, out->q.get(), out->ld, flip,
+                     out->scale.data());
+  return true;
+}
+
 void quantize_fp8_rows(const float* x, int64_t M, int64_t K, float ub, float* xq, float* xs) {
 #pragma omp parallel for schedule(static) if (M * K > 65536)
   for (int64_t m = 0; m < M; ++m) quantize_fp8_row(x + m * K, K, ub, xq + m * K, xs + m);

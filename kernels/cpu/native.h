@@ -295,6 +295,17 @@ std::vector<float> dequantize_activation(const int8_t* xq, const float* xs, int6
 void quantize_int8_rows(const float* x, int64_t M, int64_t K, uint8_t* out, int64_t ld,
                         uint8_t flip, float* xs);
 
+// What the dynamic int8-activation shims run first: fp32 x [rows, cols] (a tensor handle)
+// quantized by quantize_int8_rows into rows of ld = cols rounded up to `align` bytes (q ^ flip),
+// and the rows' scales. The buffer is left uninitialised: the quantizer writes every byte.
+struct Int8Rows {
+  int64_t rows = 0, cols = 0, ld = 0;
+  std::unique_ptr<uint8_t[]> q;
+  std::vector<float> scale;
+  const int8_t* as_int8() const { return (const int8_t*)q.get(); }
+};
+bool int8_rows(AtenTensorHandle x, int64_t align, uint8_t flip, Int8Rows* out);
+
 // The reference's per-token fp8 quantization (quantize_fp8_per_token, fp8_scale) onto the e4m3
 // grid, kept as fp32 values (the kernels read them so; exact): s = max(min(amax(|x|), ub),
 // 1e-12) / 448, xq = e4m3(clamp(x / s, -448, 448)) rounded half to even, xs [M] = s.
