@@ -499,6 +499,52 @@ def test_prepack_int4_needs_whole_blocks():
         native.prepack_int4(p, s, z, group_size=16)
 
 
+def _attention_reference(q, k, v, mask, scale):
+    """transformers' eager attention on packed rows; a row with no visible position → zeros"""
+    scores = (q @ k.transpose(-1, -2) * scale).masked_fill(~mask, float("-inf"))
+    return torch.softmax(scores, dim=-1).nan_to_num(0.0) @ v
+
+
+@pytest.mark.parametrize(
+    ("b", "h", "r", "length", "d"),
+    [(1, 3, 3, 200, 64), (2, 2, 6, 37, 40), (1, 1, 1, 1, 8), (1, 3, 5, 700, 128), (2, 1, 4, 9, 17)],
+)
+def test_gqa_decode_attention_matches_the_reference(b, h, r, length, d):
+    """Decode attention (kernels/cpu/attention.cpp) on cache slices read in place: strided
+    key/value rows, masks shared or per batch row, rows with no visible position, split keys
+    (long caches), head dims off the vector width, query rows past one block of four."""
+    g = torch.Generator().manual_seed(length)
+    q = torch.randn(b, h, r, d, generator=g)
+    cache_k, cache_v = (torch.randn(b, h, length + 5, d, generator=g) for _ in range(2))
+    k, v = cache_k[:, :, :length], cache_v[:, :, :length]  # the first positions, not contiguous
+    for rows in (1, b):
+        mask = torch.rand(rows, 1, r, length, generator=g) > 0.4
+        mask[..., 0] = True
+        if r > 1:
+            mask[-1, 0, 1] = False  # nothing visible: zeros, not NaN
+            mask[0, 0, 0, : length // 2] = False  # a split with nothing visible for one row
+        got = fxq.native_gqa_decode_attention(q, k, v, mask, d**-0.5)
+        want = _attention_reference(q, k, v, mask, d**-0.5)
+        assert got.shape == (b, h, r, d) and got.is_contiguous()
+        torch.testing.assert_close(got, want, atol=2e-6, rtol=1e-5)
+
+
+def test_gqa_decode_attention_refuses_inputs_outside_its_contract():
+    q, k = torch.randn(1, 2, 3, 16), torch.randn(1, 2, 10, 16)
+    mask = torch.ones(1, 1, 3, 10, dtype=torch.bool)
+    bad = [
+        (q, k, k, mask.float()),  # an additive mask: the loops in fxquant.llm take those
+        (q.double(), k.double(), k.double(), mask),
+        (q, k, k[:, :, :9], mask),
+        (q.transpose(2, 3).contiguous().transpose(2, 3), k, k, mask),  # q not packed
+        (q, k.transpose(2, 3), k, mask),  # key rows not contiguous
+        (q, k, k, mask[..., :9]),
+    ]
+    for args in bad:
+        with pytest.raises(RuntimeError, match="native_gqa_decode_attention"):
+            fxq.native_gqa_decode_attention(*args, 0.25)
+
+
 def test_opcheck():
     g = torch.Generator().manual_seed(0)
     w, x = torch.randn(20, 64, generator=g), torch.randn(3, 64, generator=g)
@@ -529,6 +575,9 @@ def test_opcheck():
     cases.append((fxq.native_int8_bf16dot_linear, (x, q, s)))
     cases.append((fxq.native_float8_bf16dot_linear, (x, f8, fs)))
     cases.append((fxq.native_int4_bf16dot_linear, (x, kw, ks, ko, 32)))
+    mask = torch.rand(1, 1, 3, 12, generator=g) > 0.3
+    kv = torch.randn(2, 2, 14, 32, generator=g)[:, :, :12]
+    cases.append((fxq.native_gqa_decode_attention, (torch.randn(2, 2, 3, 32), kv, kv, mask, 0.2)))
     x3 = torch.randn(2, 3, 64, generator=g)
     cases.append((fxq.cpu_native_int4_linear, (x3, kw, ks, ko, torch.randn(20), 32, 20)))
     cases.append((fxq.cpu_native_int8_int4_linear, (x3, kw, ks, ko, torch.randn(20), 32, 20)))

@@ -150,6 +150,35 @@ def test_grouped_query_heads_read_the_cache_without_repeating_it():
     assert not repeats, repeats
 
 
+@pytest.mark.parametrize("native", [True, False])
+def test_decode_attention_equals_the_uncached_model(native, monkeypatch):
+    """Calls of up to two tokens (decode) attend in the native kernel where it is built, else
+    in Inductor's own loops, never in bmm; a prompt's prefill keeps bmm. Both paths (one
+    torch.cond on T per layer in the program) give the uncached model's logits."""
+    import fxquant.kernels.cpu as native_kernels
+    import fxquant.llm as llm
+
+    if native and not native_kernels.available():
+        pytest.skip(f"native kernels unavailable: {native_kernels.unavailable_reason()}")
+    if not native:
+        monkeypatch.setattr(llm, "_native_decode", lambda *args: False)
+    model = _model()
+    ep = export_llm(model, max_cache_len=32, logits="all")
+    conds = [n for n in ep.graph.nodes if n.target is torch.ops.higher_order.cond]
+    assert len(conds) == _COMMON["num_hidden_layers"]
+    decode = {n.target for n in getattr(ep.graph_module, conds[0].args[1].target).graph.nodes}
+    prompt = {n.target for n in getattr(ep.graph_module, conds[0].args[2].target).graph.nodes}
+    kernel = torch.ops.fxquant.native_gqa_decode_attention.default
+    products = {torch.ops.aten.matmul.default, torch.ops.aten.bmm.default}
+    assert (kernel in decode) == native and not products & decode and products & prompt
+    ids = torch.randint(0, VOCAB, (1, 14))
+    want = model(ids, use_cache=False).logits
+    m = ep.module()
+    torch.testing.assert_close(_cached_logits(m, ids, split=9), want, atol=1e-5, rtol=1e-5)
+    # a two-token call takes the decode branch too (the same math at any T)
+    torch.testing.assert_close(m(ids[:, :2], torch.arange(2)), want[:, :2], atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("arch", ["llama", "qwen3", "gpt2"])
 def test_cache_shapes_without_get_head_shapes(arch, monkeypatch):
     # transformers releases before get_head_shapes (the lent H200's image) size the cache from

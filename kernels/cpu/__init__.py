@@ -16,7 +16,8 @@ lowering keeps its aten compositions (slower, same numerics).
 The sources: ``linear.cpp`` (the large-M path and the shims' checks, shared by every format;
 its header says why C++ and not an aten composition: memory bandwidth at M = 1, measured by
 ``benchmarks/native_kernels.py``), ``int8_fp8.cpp`` (byte weights), ``int4.cpp`` (int4 weights),
-``decode.cpp`` (fp8 and int4 weights to bf16, for the large-M bf16 GEMMs), ``native.h`` (what
+``decode.cpp`` (fp8 and int4 weights to bf16, for the large-M bf16 GEMMs), ``attention.cpp``
+(decode attention over an LLM's KV cache, for ``fxquant.export_llm``), ``native.h`` (what
 they share), ``bf16_dot.h`` (the AVX-512 BF16 GEMMs the byte and int4 formats share),
 ``register.cpp`` (the in-process op registrations).
 """
@@ -58,7 +59,7 @@ __all__ = [
 _HERE = Path(__file__).resolve().parent
 # compiled into the static archive (the kernels and their C shims); register.cpp is added for
 # the in-process library only
-_KERNEL_SOURCES = ("linear.cpp", "int8_fp8.cpp", "int4.cpp", "decode.cpp")
+_KERNEL_SOURCES = ("linear.cpp", "int8_fp8.cpp", "int4.cpp", "decode.cpp", "attention.cpp")
 # every file the build reads
 _SOURCES = (*_KERNEL_SOURCES, "native.h", "bf16_dot.h", "register.cpp")
 _ARCHIVE = "libfxquant_native.a"
@@ -176,6 +177,14 @@ NATIVE_OPS = {
         "AtenTensorHandle scale, AtenTensorHandle offset, int64_t group_size, "
         "AtenTensorHandle* ret0)",
     ),
+    # decode attention over the KV cache (attention.cpp; fxquant.llm's exported program)
+    "native_gqa_decode_attention": (
+        "native_gqa_decode_attention(Tensor q, Tensor key, Tensor value, Tensor mask, "
+        "float scale) -> Tensor",
+        "AOTITorchError aoti_torch_cpu_native_gqa_decode_attention(AtenTensorHandle q, "
+        "AtenTensorHandle key, AtenTensorHandle value, AtenTensorHandle mask, double scale, "
+        "AtenTensorHandle* ret0)",
+    ),
 }
 
 _lib = torch.library.Library("fxquant", "FRAGMENT")
@@ -238,6 +247,10 @@ torch.library.register_fake("fxquant::native_int4_to_bfloat16", lib=_lib)(
     lambda weight, scale, offset, group_size: weight.new_empty(
         (weight.shape[0], 2 * weight.shape[1]), dtype=torch.bfloat16
     )
+)
+
+torch.library.register_fake("fxquant::native_gqa_decode_attention", lib=_lib)(
+    lambda q, key, value, mask, scale: q.new_empty(q.shape, dtype=torch.float32)
 )
 
 

@@ -1,6 +1,6 @@
-// The in-process face of the native kernels (linear.cpp, int8_fp8.cpp, int4.cpp, decode.cpp):
-// CPU kernels for the `fxquant::native_*` ops, registered through torch's stable ABI when
-// `fxquant.kernels.cpu` loads the shared library (eager calls, torch.compile's Inductor wrapper).
+// The in-process face of the native kernels (linear.cpp, int8_fp8.cpp, int4.cpp, decode.cpp,
+// attention.cpp): CPU kernels for the `fxquant::native_*` ops, registered through torch's
+// stable ABI when `fxquant.kernels.cpu` loads the shared library (eager calls, torch.compile's Inductor wrapper).
 // The schemas and fake kernels live in Python (fxquant/kernels/cpu/__init__.py); AOTInductor
 // packages call the C shims directly instead.
 
@@ -52,6 +52,9 @@ AOTITorchError aoti_torch_cpu_native_float8_to_bfloat16(AtenTensorHandle, AtenTe
 AOTITorchError aoti_torch_cpu_native_int4_to_bfloat16(AtenTensorHandle, AtenTensorHandle,
                                                       AtenTensorHandle, int64_t,
                                                       AtenTensorHandle*);
+AOTITorchError aoti_torch_cpu_native_gqa_decode_attention(AtenTensorHandle, AtenTensorHandle,
+                                                          AtenTensorHandle, AtenTensorHandle,
+                                                          double, AtenTensorHandle*);
 }
 
 namespace {
@@ -173,6 +176,13 @@ Tensor int4_to_bfloat16(Tensor w, Tensor scale, Tensor offset, int64_t group_siz
   return checked(err, out, "native_int4_to_bfloat16");
 }
 
+Tensor gqa_decode_attention(Tensor q, Tensor key, Tensor value, Tensor mask, double scale) {
+  AtenTensorHandle out = nullptr;
+  auto err = aoti_torch_cpu_native_gqa_decode_attention(q.get(), key.get(), value.get(),
+                                                        mask.get(), scale, &out);
+  return checked(err, out, "native_gqa_decode_attention");
+}
+
 }  // namespace
 
 STABLE_TORCH_LIBRARY_IMPL(fxquant, CPU, m) {
@@ -192,4 +202,5 @@ STABLE_TORCH_LIBRARY_IMPL(fxquant, CPU, m) {
   m.impl("native_int8_dynamic_int4_linear", TORCH_BOX(&int8_dynamic_int4));
   m.impl("native_float8_to_bfloat16", TORCH_BOX(&float8_to_bfloat16));
   m.impl("native_int4_to_bfloat16", TORCH_BOX(&int4_to_bfloat16));
+  m.impl("native_gqa_decode_attention", TORCH_BOX(&gqa_decode_attention));
 }
