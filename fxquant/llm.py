@@ -43,7 +43,6 @@ from typing import Any
 import torch
 from torch import nn
 from torch.export import Dim, ExportedProgram
-from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 __all__ = [
     "INFO_KEY",
@@ -57,8 +56,6 @@ __all__ = [
 INFO_KEY = "fxquant_llm"  # node.meta["custom"][INFO_KEY], the JSON of llm_info
 # transformers' attention-implementation name the export traces with (registered on first use)
 ATTENTION = "fxquant_packed_gqa"
-# query tokens up to which the CPU attention multiplies and reduces in Inductor's loops (decode)
-DECODE_MAX_T = 2
 
 
 class LLMExportError(RuntimeError):
@@ -194,15 +191,17 @@ def _packed_gqa_attention(
     With H query heads sharing Hkv key/value heads (SmolLM2: 9 and 3), transformers' ``sdpa``
     under export repeats each key/value head H/Hkv times: a copy of the visible cache per layer
     and step. Here the G = H/Hkv query heads of a group become G * T query rows of its one
-    key/value head (the mask repeats along those rows), so the cache is read as it is. A
-    prompt's attention is two batched matmuls and a softmax (fp32, as transformers' eager
-    attention), which Inductor lowers to MKL's bmm and one fused kernel; on CPU a call of at
-    most two tokens (decode) takes :func:`_grouped_attention`'s decode path instead, chosen by a
-    ``torch.cond`` on T in the program. Measured on SmolLM2 decode (AVX2, 2 cores), the bmm form:
-    45 µs a layer against 72 for transformers' ``sdpa`` (repeat + CPU flash attention), whose
-    kernel splits its work by head and query block, few at M = 1. The same scores and softmax
-    up to fp32 rounding. Anything else (no mask, no groups, dropout, a
-    position bias, softcapping) goes to transformers' own ``sdpa`` unchanged.
+    key/value head (the mask repeats along those rows), so the cache is read as it is. On CPU,
+    where fxquant's native kernels are built, that is one op, ``fxquant::native_gqa_attention``
+    (kernels/cpu/attention.cpp): at decode (G rows a head) its own loops read each cached row
+    once, the positions split between the cores, where MKL's bmm spent ~12 µs a call on 3 x
+    ~200 x 64 (60 calls a SmolLM2 token, ~11 % of a w8a8 step); a prompt goes through MKL's bmm
+    inside the op. Elsewhere two batched matmuls and a softmax (fp32, as transformers' eager
+    attention), which Inductor lowers to MKL's bmm and one fused kernel. Measured on SmolLM2
+    decode (AVX2, 2 cores), that bmm form: 45 µs a layer against 72 for transformers' ``sdpa``
+    (repeat + CPU flash attention), whose kernel splits its work by head and query block, few at
+    M = 1. The same scores and softmax up to fp32 rounding. Anything else (no mask, no groups,
+    dropout, a position bias, softcapping) goes to transformers' own ``sdpa`` unchanged.
     """
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
@@ -225,65 +224,27 @@ def _packed_gqa_attention(
     hk = key.shape[1]
     # head hk * G + g, row t → head hk, row g * T + t (contiguous first: a plain view, no guards)
     q = query.contiguous().view(b, hk, groups * t, d)
-    # row g * T + t is row t (repeat, not expand + reshape: a view of the mask's unbacked
-    # width that torch.cond's operands cannot take in Inductor)
-    mask = attention_mask.repeat(1, 1, groups, 1)
+    mb, lm = attention_mask.shape[0], attention_mask.shape[-1]
+    mask = attention_mask[:, :, None].expand(mb, 1, groups, t, lm).reshape(mb, 1, groups * t, lm)
     scale = scaling if scaling is not None else d**-0.5
-    native = query.device.type == "cpu" and _native_decode(q, key, value, mask)  # not traced
-    # decode (T = 1) by the native kernel or Inductor's loops, a prompt by bmm. The bound is
-    # 2, not 1: export takes a dynamic T to be >= 2 when it simplifies (T == 1 would fold to
-    # False); the decode paths are the same math at any T, so T = 2 taking them is only a
-    # speed choice.
-    if query.device.type != "cpu" or statically_known_true(t > DECODE_MAX_T):
-        out = _grouped_attention(q, key, value, mask, scale=scale, decode=False, native=False)
-    elif statically_known_true(t <= DECODE_MAX_T):
-        out = _grouped_attention(q, key, value, mask, scale=scale, decode=True, native=native)
-    else:  # T dynamic: the exported program, which serves prompts and decode
-        out = torch.cond(
-            t <= DECODE_MAX_T,
-            lambda *a: _grouped_attention(*a, scale=scale, decode=True, native=native),
-            lambda *a: _grouped_attention(*a, scale=scale, decode=False, native=False),
-            (q, key, value, mask),
-        )
+    if query.device.type == "cpu" and _native_attention(q, key, value, mask):
+        out = torch.ops.fxquant.native_gqa_attention(q, key, value, mask, scale)
+    else:
+        scores = torch.matmul(q, key.transpose(-1, -2)) * scale
+        bool_mask = mask.dtype == torch.bool
+        scores = scores.masked_fill(~mask, float("-inf")) if bool_mask else scores + mask
+        # softmax in fp32 whatever the model's dtype, as transformers' eager attention does
+        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)
+        out = torch.matmul(probs, value)
     # back to [B, T, H, D]: the G row blocks stacked as heads (splitting the G * T rows with a
     # view guards on T, which export refuses)
     out = torch.stack([out[:, :, g * t : (g + 1) * t] for g in range(groups)], dim=2)
     return out.view(b, h, t, value.shape[-1]).transpose(1, 2).contiguous(), None
 
 
-def _grouped_attention(q, key, value, mask, *, scale: float, decode: bool, native: bool):
-    """softmax(q kᵀ · scale + mask) v for packed query rows q [B, Hkv, R, D] of one key/value
-    head each.
-
-    ``decode`` (a call of at most ``DECODE_MAX_T`` tokens, R = G · T rows): not MKL's bmm,
-    whose per-call cost is most of the work at so few rows (SmolLM2 decode on 2 cores: 3 x ~200
-    x 64 a head, ~12 µs a bmm call, 60 calls a token, ~11 % of a w8a8 step). ``native``: the
-    CPU kernel ``fxquant::native_gqa_decode_attention`` (kernels/cpu/attention.cpp: each cached
-    row read once, the positions split between the cores); else both products as
-    multiply-and-reduce loops Inductor writes itself, the softmax's division after the value
-    sum (once per output, not once per cached position inside that loop, where it was the
-    loop's cost). Either is the same sums up to fp32 order; a prompt keeps bmm.
-    """
-    if decode and native:
-        return torch.ops.fxquant.native_gqa_decode_attention(q, key, value, mask, scale)
-    if decode:
-        scores = (q.unsqueeze(-2) * key.unsqueeze(-3)).sum(-1) * scale
-    else:
-        scores = torch.matmul(q, key.transpose(-1, -2)) * scale
-    bool_mask = mask.dtype == torch.bool
-    scores = scores.masked_fill(~mask, float("-inf")) if bool_mask else scores + mask
-    # softmax in fp32 whatever the model's dtype, as transformers' eager attention does
-    scores = scores.float()
-    if decode:
-        e = torch.exp(scores - scores.amax(-1, keepdim=True))
-        out = (e.unsqueeze(-1) * value.unsqueeze(-3).float()).sum(-2)
-        return (out / e.sum(-1, keepdim=True)).to(value.dtype)
-    return torch.matmul(torch.softmax(scores, dim=-1).to(value.dtype), value)
-
-
-def _native_decode(q, key, value, mask) -> bool:
-    """Whether the native CPU kernel (``fxquant::native_gqa_decode_attention``) can take this
-    decode attention: fp32 tensors, a boolean mask, and the kernels built on this machine."""
+def _native_attention(q, key, value, mask) -> bool:
+    """Whether the native CPU kernel (``fxquant::native_gqa_attention``) can take this
+    attention: fp32 tensors, a boolean mask, and the kernels built on this machine."""
     if mask.dtype != torch.bool or any(t.dtype != torch.float32 for t in (q, key, value)):
         return False
     from fxquant.kernels import cpu as native

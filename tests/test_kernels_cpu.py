@@ -507,12 +507,21 @@ def _attention_reference(q, k, v, mask, scale):
 
 @pytest.mark.parametrize(
     ("b", "h", "r", "length", "d"),
-    [(1, 3, 3, 200, 64), (2, 2, 6, 37, 40), (1, 1, 1, 1, 8), (1, 3, 5, 700, 128), (2, 1, 4, 9, 17)],
+    [
+        (1, 3, 3, 200, 64),
+        (2, 2, 6, 37, 40),
+        (1, 1, 1, 1, 8),
+        (1, 3, 5, 700, 128),
+        (2, 1, 4, 9, 17),
+        (1, 3, 17, 40, 64),  # past the loops' 16 rows: MKL's bmm
+        (2, 2, 96, 70, 24),
+    ],
 )
-def test_gqa_decode_attention_matches_the_reference(b, h, r, length, d):
-    """Decode attention (kernels/cpu/attention.cpp) on cache slices read in place: strided
-    key/value rows, masks shared or per batch row, rows with no visible position, split keys
-    (long caches), head dims off the vector width, query rows past one block of four."""
+def test_gqa_attention_matches_the_reference(b, h, r, length, d):
+    """Packed grouped-query attention (kernels/cpu/attention.cpp) on cache slices read in place:
+    strided key/value rows, masks shared or per batch row, rows with no visible position, split
+    keys (long caches), head dims off the vector width, query rows past one block of four, and
+    prompts (more than 16 rows a head: the bmm path)."""
     g = torch.Generator().manual_seed(length)
     q = torch.randn(b, h, r, d, generator=g)
     cache_k, cache_v = (torch.randn(b, h, length + 5, d, generator=g) for _ in range(2))
@@ -523,13 +532,27 @@ def test_gqa_decode_attention_matches_the_reference(b, h, r, length, d):
         if r > 1:
             mask[-1, 0, 1] = False  # nothing visible: zeros, not NaN
             mask[0, 0, 0, : length // 2] = False  # a split with nothing visible for one row
-        got = fxq.native_gqa_decode_attention(q, k, v, mask, d**-0.5)
+        got = fxq.native_gqa_attention(q, k, v, mask, d**-0.5)
         want = _attention_reference(q, k, v, mask, d**-0.5)
         assert got.shape == (b, h, r, d) and got.is_contiguous()
         torch.testing.assert_close(got, want, atol=2e-6, rtol=1e-5)
 
 
-def test_gqa_decode_attention_refuses_inputs_outside_its_contract():
+def test_gqa_attention_without_the_library_is_the_same_math(monkeypatch):
+    """The op's fallback (a saved program run where the library cannot load, or off CPU)."""
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(1, 2, 3, 16, generator=g), *torch.randn(2, 1, 2, 9, 16, generator=g))
+    mask = torch.rand(1, 1, 3, 9, generator=g) > 0.5
+    mask[0, 0, 0] = False
+    from fxquant.core import ops
+
+    monkeypatch.setattr(native, "load", lambda: False)
+    got = ops._gqa_attention_anywhere(q, k, v, mask, 0.25)
+    torch.testing.assert_close(got, _attention_reference(q, k, v, mask, 0.25))
+    assert not got[0, :, 0].any()  # nothing visible: zeros, as the kernel
+
+
+def test_gqa_attention_refuses_inputs_outside_its_contract():
     q, k = torch.randn(1, 2, 3, 16), torch.randn(1, 2, 10, 16)
     mask = torch.ones(1, 1, 3, 10, dtype=torch.bool)
     bad = [
@@ -541,8 +564,8 @@ def test_gqa_decode_attention_refuses_inputs_outside_its_contract():
         (q, k, k, mask[..., :9]),
     ]
     for args in bad:
-        with pytest.raises(RuntimeError, match="native_gqa_decode_attention"):
-            fxq.native_gqa_decode_attention(*args, 0.25)
+        with pytest.raises(RuntimeError, match="native_gqa_attention"):
+            fxq.native_gqa_attention(*args, 0.25)
 
 
 def test_opcheck():
@@ -577,7 +600,9 @@ def test_opcheck():
     cases.append((fxq.native_int4_bf16dot_linear, (x, kw, ks, ko, 32)))
     mask = torch.rand(1, 1, 3, 12, generator=g) > 0.3
     kv = torch.randn(2, 2, 14, 32, generator=g)[:, :, :12]
-    cases.append((fxq.native_gqa_decode_attention, (torch.randn(2, 2, 3, 32), kv, kv, mask, 0.2)))
+    cases.append((fxq.native_gqa_attention, (torch.randn(2, 2, 3, 32), kv, kv, mask, 0.2)))
+    prompt = torch.rand(1, 1, 20, 12, generator=g) > 0.3  # 20 rows a head: the bmm path
+    cases.append((fxq.native_gqa_attention, (torch.randn(2, 2, 20, 32), kv, kv, prompt, 0.2)))
     x3 = torch.randn(2, 3, 64, generator=g)
     cases.append((fxq.cpu_native_int4_linear, (x3, kw, ks, ko, torch.randn(20), 32, 20)))
     cases.append((fxq.cpu_native_int8_int4_linear, (x3, kw, ks, ko, torch.randn(20), 32, 20)))

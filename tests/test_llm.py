@@ -151,32 +151,55 @@ def test_grouped_query_heads_read_the_cache_without_repeating_it():
 
 
 @pytest.mark.parametrize("native", [True, False])
-def test_decode_attention_equals_the_uncached_model(native, monkeypatch):
-    """Calls of up to two tokens (decode) attend in the native kernel where it is built, else
-    in Inductor's own loops, never in bmm; a prompt's prefill keeps bmm. Both paths (one
-    torch.cond on T per layer in the program) give the uncached model's logits."""
+def test_native_attention_equals_the_uncached_model(native, monkeypatch):
+    """Where the native kernels are built the program's attention is one op per layer
+    (fxquant::native_gqa_attention: its own loops at decode, MKL's bmm for a prompt); else two
+    matmuls and a softmax. Both give the uncached model's logits, prompt and decode steps."""
     import fxquant.kernels.cpu as native_kernels
     import fxquant.llm as llm
 
     if native and not native_kernels.available():
         pytest.skip(f"native kernels unavailable: {native_kernels.unavailable_reason()}")
     if not native:
-        monkeypatch.setattr(llm, "_native_decode", lambda *args: False)
+        monkeypatch.setattr(llm, "_native_attention", lambda *args: False)
     model = _model()
     ep = export_llm(model, max_cache_len=32, logits="all")
-    conds = [n for n in ep.graph.nodes if n.target is torch.ops.higher_order.cond]
-    assert len(conds) == _COMMON["num_hidden_layers"]
-    decode = {n.target for n in getattr(ep.graph_module, conds[0].args[1].target).graph.nodes}
-    prompt = {n.target for n in getattr(ep.graph_module, conds[0].args[2].target).graph.nodes}
-    kernel = torch.ops.fxquant.native_gqa_decode_attention.default
-    products = {torch.ops.aten.matmul.default, torch.ops.aten.bmm.default}
-    assert (kernel in decode) == native and not products & decode and products & prompt
+    targets = [n.target for n in ep.graph.nodes if n.op == "call_function"]
+    kernel = torch.ops.fxquant.native_gqa_attention.default
+    products = (torch.ops.aten.matmul.default, torch.ops.aten.bmm.default)
+    layers = _COMMON["num_hidden_layers"]
+    assert targets.count(kernel) == (layers if native else 0)
+    assert sum(t in products for t in targets) == (0 if native else 2 * layers)
     ids = torch.randint(0, VOCAB, (1, 14))
     want = model(ids, use_cache=False).logits
     m = ep.module()
     torch.testing.assert_close(_cached_logits(m, ids, split=9), want, atol=1e-5, rtol=1e-5)
-    # a two-token call takes the decode branch too (the same math at any T)
-    torch.testing.assert_close(m(ids[:, :2], torch.arange(2)), want[:, :2], atol=1e-5, rtol=1e-5)
+    # a prompt long enough for the op's bmm path (more than 16 query rows a head)
+    torch.testing.assert_close(m(ids[:, :12], torch.arange(12)), want[:, :12], atol=1e-5, rtol=1e-5)
+
+
+def test_a_saved_program_runs_in_a_fresh_process(tmp_path):
+    """`import fxquant` declares the decode branch's native op for torch.export.load; its CPU
+    kernel loads on the first call."""
+    model = _model()
+    torch.export.save(export_llm(model, max_cache_len=16, logits="all"), tmp_path / "p.pt2")
+    ids = torch.randint(0, VOCAB, (1, 6))
+    torch.save({"ids": ids, "want": model(ids, use_cache=False).logits}, tmp_path / "io.pt")
+    code = textwrap.dedent(
+        """
+        import sys, torch, fxquant
+        ep = torch.export.load(sys.argv[1] + "/p.pt2")
+        io = torch.load(sys.argv[1] + "/io.pt")
+        m, ids = ep.module(), io["ids"]
+        outs = [m(ids[:, :4], torch.arange(4))]
+        outs += [m(ids[:, i : i + 1], torch.tensor([i])) for i in (4, 5)]
+        torch.testing.assert_close(torch.cat(outs, 1), io["want"], atol=1e-5, rtol=1e-5)
+        """
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3", "gpt2"])

@@ -14,8 +14,10 @@ and the per-device lowerings (``fxquant.core.registry``). One op per scheme, nam
 Written here are the ops no single scheme declares: the fusion pass's (``fxquant.passes.fuse``)
 ``norm_quant`` (a norm that writes its output already quantized, with its scale) and the
 ``*_scaled_linear`` ops that read such an activation (a dynamic-activation linear is exactly
-its activation quantizer followed by its scaled linear), and the experts GEMM of MXFP4
-(``mxfp4_grouped_mm``).
+its activation quantizer followed by its scaled linear), the experts GEMM of MXFP4
+(``mxfp4_grouped_mm``), and the attention ``fxquant.export_llm`` emits on CPU where fxquant's
+native kernels are built (``native_gqa_attention``: its CPU kernel is kernels/cpu/attention.cpp,
+registered when ``fxquant.kernels.cpu`` loads the library).
 """
 
 from __future__ import annotations
@@ -129,3 +131,38 @@ _scaled_linear(
     doc="e4m3 xq [..., K] with 1×b group scales xs [..., ceil(K/b)] · e4m3 W [N, K] with b×b "
     "tile scales.",
 )
+
+
+# Packed grouped-query attention over the KV cache (fxquant.llm). Declared here, with import
+# fxquant, so that a program export_llm made can be loaded (torch.export.load) by a process that
+# never imported fxquant.kernels.cpu; the C shim is in fxquant.kernels.cpu.NATIVE_OPS.
+_attention = torch.library.Library(_LIB, "FRAGMENT")
+_attention.define(
+    "native_gqa_attention(Tensor q, Tensor key, Tensor value, Tensor mask, float scale) -> Tensor"
+)
+torch.library.register_fake(f"{_LIB}::native_gqa_attention", lib=_attention)(
+    lambda q, key, value, mask, scale: q.new_empty(q.shape, dtype=torch.float32)
+)
+
+
+def gqa_attention_reference(q, key, value, mask, scale):
+    """softmax(q kᵀ · scale, masked) v over q [B, Hkv, R, D], key and value [B, Hkv, L, D], mask
+    [Bm, 1, R, L] bool (True = attend); a row with nothing visible gives zeros."""
+    scores = (q @ key.transpose(-1, -2) * scale).masked_fill(~mask, float("-inf"))
+    return torch.softmax(scores, dim=-1).nan_to_num(0.0) @ value
+
+
+def _gqa_attention_anywhere(q, key, value, mask, scale):
+    """The op where this process has no CPU kernel for it yet (a saved program loaded in
+    another process): on CPU the native library is loaded, and its kernel serves this call and
+    every later one; where it cannot load, or on another device, the reference math."""
+    name = f"{_LIB}::native_gqa_attention"
+    if q.device.type == "cpu":
+        from fxquant.kernels import cpu as native
+
+        if native.load() and torch._C._dispatch_has_kernel_for_dispatch_key(name, "CPU"):
+            return torch.ops.fxquant.native_gqa_attention(q, key, value, mask, scale)
+    return gqa_attention_reference(q, key, value, mask, scale)
+
+
+_attention.impl("native_gqa_attention", _gqa_attention_anywhere, "CompositeExplicitAutograd")

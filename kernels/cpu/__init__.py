@@ -17,7 +17,7 @@ The sources: ``linear.cpp`` (the large-M path and the shims' checks, shared by e
 its header says why C++ and not an aten composition: memory bandwidth at M = 1, measured by
 ``benchmarks/native_kernels.py``), ``int8_fp8.cpp`` (byte weights), ``int4.cpp`` (int4 weights),
 ``decode.cpp`` (fp8 and int4 weights to bf16, for the large-M bf16 GEMMs), ``attention.cpp``
-(decode attention over an LLM's KV cache, for ``fxquant.export_llm``), ``native.h`` (what
+(attention over an LLM's KV cache, for ``fxquant.export_llm``), ``native.h`` (what
 they share), ``bf16_dot.h`` (the AVX-512 BF16 GEMMs the byte and int4 formats share),
 ``register.cpp`` (the in-process op registrations).
 """
@@ -177,11 +177,12 @@ NATIVE_OPS = {
         "AtenTensorHandle scale, AtenTensorHandle offset, int64_t group_size, "
         "AtenTensorHandle* ret0)",
     ),
-    # decode attention over the KV cache (attention.cpp; fxquant.llm's exported program)
-    "native_gqa_decode_attention": (
-        "native_gqa_decode_attention(Tensor q, Tensor key, Tensor value, Tensor mask, "
+    # grouped-query attention over the KV cache (attention.cpp): fxquant.export_llm's program
+    # calls it on CPU, so its schema, fake and fallback live in fxquant.core.ops
+    "native_gqa_attention": (
+        "native_gqa_attention(Tensor q, Tensor key, Tensor value, Tensor mask, "
         "float scale) -> Tensor",
-        "AOTITorchError aoti_torch_cpu_native_gqa_decode_attention(AtenTensorHandle q, "
+        "AOTITorchError aoti_torch_cpu_native_gqa_attention(AtenTensorHandle q, "
         "AtenTensorHandle key, AtenTensorHandle value, AtenTensorHandle mask, double scale, "
         "AtenTensorHandle* ret0)",
     ),
@@ -189,7 +190,8 @@ NATIVE_OPS = {
 
 _lib = torch.library.Library("fxquant", "FRAGMENT")
 for _name, (_schema, _) in NATIVE_OPS.items():
-    _lib.define(_schema)
+    if _name != "native_gqa_attention":  # declared by fxquant.core.ops: export_llm emits it
+        _lib.define(_schema)
 
 
 def _out(x: Tensor, weight: Tensor) -> Tensor:
@@ -248,11 +250,6 @@ torch.library.register_fake("fxquant::native_int4_to_bfloat16", lib=_lib)(
         (weight.shape[0], 2 * weight.shape[1]), dtype=torch.bfloat16
     )
 )
-
-torch.library.register_fake("fxquant::native_gqa_decode_attention", lib=_lib)(
-    lambda q, key, value, mask, scale: q.new_empty(q.shape, dtype=torch.float32)
-)
-
 
 # --------------------------------------------------------------------------------------------
 # Weight layouts (computed once, at lowering time)

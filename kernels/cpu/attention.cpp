@@ -1,20 +1,23 @@
-// Decode attention over a KV cache: softmax(q kᵀ · scale, masked) v for a few query rows per
-// key/value head, the `fxquant::native_gqa_decode_attention` op.
+// Grouped-query attention over a KV cache: softmax(q kᵀ · scale, masked) v for the packed query
+// rows of each key/value head, the `fxquant::native_gqa_attention` op.
 //
 // Where this sits: inside the program fxquant.export_llm traces on CPU (fxquant/llm.py's packed
-// grouped-query attention, the branch taken when a call brings at most two tokens, i.e. decode).
+// grouped-query attention: the G query heads of a group are G x T rows of its key/value head).
 // AOTInductor calls the C shim below, linked into the package like the linears' kernels.
 //
 // Why it exists: at decode each head multiplies G query rows (SmolLM2: 3) by a few hundred
-// cached keys and values. MKL's bmm spends ~12 µs a call on that (60 calls a token on SmolLM2,
-// ~11 % of a w8a8 decode step, 2 cores), and Inductor's own loops for the same sums walk each
-// value row once per 16 output columns and query row, a latency-bound strided walk. Here each
-// key and value row is read once, in order, for all of a head's query rows, and the positions
-// are split between the threads (as flash-decoding splits them), so each core reads an equal
-// share of the cache, which comes from memory (the weights evict it between steps).
-// On SmolLM2's w8a8 + lm_head package, one process, old and new package alternated: decode
-// steps 1.10x faster with Inductor's loops than with bmm, 1.20x with this kernel (Zen 4, two
-// cores, positions 128-228; a one-off A/B, the benchmark is benchmarks/llm_decode.py).
+// cached keys and values. MKL's bmm spent ~12 µs a call on that (60 calls a token on SmolLM2,
+// ~11 % of a w8a8 decode step, 2 cores). Up to 16 rows a head (decode) the loops here read
+// each key and value row once, in order, for all of a head's rows, and split the positions
+// between the threads (as flash-decoding splits them), so each core reads an equal share of
+// the cache, which comes from memory (the weights evict it between steps). Past 16 rows (a
+// prompt) the products go through ATen's bmm (MKL) on views of the cache, the softmax here.
+// One op for both, not a torch.cond on T in the program choosing this or bmm: that measured a
+// smaller decode gain (1.14x) and cost a 128-token prefill ~10 %.
+// On SmolLM2's w8a8 + lm_head package, one process, old and new package alternated (Zen 4, two
+// cores; one-off A/Bs, the benchmark is benchmarks/llm_decode.py): decode steps (positions
+// 128-228) 1.20x faster than with bmm and Inductor's softmax; a 128-token prefill ~5 % slower
+// (0.90-0.96 over three runs).
 //
 // Layouts: q [B, Hkv, R, D] fp32 packed; key and value [B, Hkv, L, D] fp32 with the last dim
 // contiguous and any other strides (a slice of the static cache, read in place); mask
@@ -253,6 +256,77 @@ void partial_attention(const float* q, const float* k, int64_t ks, const float* 
   }
 }
 
+// Above this many query rows a head (a prompt's prefill: G x T rows) multiplies through ATen's
+// bmm (MKL), whose per-call cost is then small against the work; at or below it (decode: G
+// rows a head) the loops above.
+constexpr int64_t kLoopMaxRows = 16;
+
+AOTITorchError blob3(const float* data, int64_t n0, int64_t n1, int64_t n2, int64_t s0,
+                     int64_t s1, int64_t s2, AtenTensorHandle* out) {
+  const int64_t sizes[3] = {n0, n1, n2}, strides[3] = {s0, s1, s2};
+  return aoti_torch_create_tensor_from_blob((void*)data, 3, sizes, strides, 0,
+                                            aoti_torch_dtype_float32(),
+                                            aoti_torch_device_type_cpu(), 0, out);
+}
+
+// The scores of a prompt: up to 32 MiB from one buffer per thread kept between calls (a fresh
+// one per call was a page fault per 4 KiB, ~1.5 % of a SmolLM2 prefill), larger ones (a long
+// prompt's: 150 MB for SmolLM2 at 2048 tokens) in `once`, freed after the call
+constexpr int64_t kKeptScores = 8 << 20;
+float* scores_buffer(int64_t n, std::unique_ptr<float[]>* once) {
+  if (n > kKeptScores) {
+    once->reset(new float[n]);  // uninitialised: the bmm writes all of it
+    return once->get();
+  }
+  thread_local std::unique_ptr<float[]> buf;
+  thread_local int64_t size = 0;
+  if (n > size) {
+    buf.reset(new float[n]);
+    size = n;
+  }
+  return buf.get();
+}
+
+struct Owned {  // an AtenTensorHandle deleted at scope exit
+  AtenTensorHandle h = nullptr;
+  ~Owned() {
+    if (h) aoti_torch_delete_tensor_object(h);
+  }
+};
+
+// softmax(row · scale, masked) in place over one scores row of L positions (zeros where every
+// position is masked)
+void softmax_row(float* s, const bool* m, int64_t L, float scale) {
+  for (int64_t l = 0; l < L; ++l) s[l] = m[l] ? s[l] * scale : -INFINITY;
+  const float mx = lane_max(s, L);
+  if (mx == -INFINITY) {
+    std::fill(s, s + L, 0.0f);
+    return;
+  }
+  for (int64_t l = 0; l < L; ++l) s[l] = exp_nonpositive(s[l] - mx);
+  const float inv = 1.0f / lane_sum(s, L);
+  for (int64_t l = 0; l < L; ++l) s[l] *= inv;
+}
+
+// One batch row's H heads of R query rows each: scores = q kᵀ and out = softmax(scores) v by
+// ATen's bmm on views of the cache as it lies (k [H, L, D] with strides ks0, ks, 1), the
+// softmax here. `scores` holds H x R x L floats.
+AOTITorchError bmm_attention(const float* q, const float* k, int64_t ks0, int64_t ks,
+                             const float* v, int64_t vs0, int64_t vs, const bool* mask,
+                             int64_t ms, int64_t H, int64_t R, int64_t L, int64_t D, float scale,
+                             float* out, float* scores) {
+  Owned qt, kt, st, vt, ot;
+  if (AOTITorchError e = blob3(q, H, R, D, R * D, D, 1, &qt.h)) return e;
+  if (AOTITorchError e = blob3(k, H, D, L, ks0, 1, ks, &kt.h)) return e;  // kᵀ
+  if (AOTITorchError e = blob3(scores, H, R, L, R * L, L, 1, &st.h)) return e;
+  if (AOTITorchError e = aoti_torch_cpu_bmm_out(st.h, qt.h, kt.h)) return e;
+#pragma omp parallel for schedule(static) if (H * R * L > 16384)
+  for (int64_t i = 0; i < H * R; ++i) softmax_row(scores + i * L, mask + (i % R) * ms, L, scale);
+  if (AOTITorchError e = blob3(v, H, L, D, vs0, vs, 1, &vt.h)) return e;
+  if (AOTITorchError e = blob3(out, H, R, D, R * D, D, 1, &ot.h)) return e;
+  return aoti_torch_cpu_bmm_out(ot.h, st.h, vt.h);
+}
+
 }  // namespace
 }  // namespace fxq
 
@@ -262,7 +336,7 @@ using namespace fxq;
 
 extern "C" {
 
-AOTITorchError aoti_torch_cpu_native_gqa_decode_attention(AtenTensorHandle q, AtenTensorHandle key,
+AOTITorchError aoti_torch_cpu_native_gqa_attention(AtenTensorHandle q, AtenTensorHandle key,
                                            AtenTensorHandle value, AtenTensorHandle mask,
                                            double scale, AtenTensorHandle* ret0) {
   const int32_t f32 = aoti_torch_dtype_float32();
@@ -293,6 +367,19 @@ AOTITorchError aoti_torch_cpu_native_gqa_decode_attention(AtenTensorHandle q, At
   const float* kd = (const float*)kt.data;
   const float* vd = (const float*)vt.data;
   const bool* md = (const bool*)mt.data;
+  if (R > kLoopMaxRows) {  // a prompt: ATen's bmm, one batch row at a time
+    std::unique_ptr<float[]> once;
+    float* scores = scores_buffer(H * R * L, &once);
+    for (int64_t b = 0; b < B; ++b) {
+      const bool* mb = md + (mt.size[0] == 1 ? 0 : b) * mt.stride[0];
+      if (AOTITorchError e = bmm_attention(
+              qd + b * H * R * D, kd + b * kt.stride[0], kt.stride[1], kt.stride[2],
+              vd + b * vt.stride[0], vt.stride[1], vt.stride[2], mb, mt.stride[2], H, R, L, D,
+              float(scale), out + b * H * R * D, scores))
+        return e;
+    }
+    return AOTI_TORCH_SUCCESS;
+  }
   // Work units: (head, split of the positions), as flash-decoding splits its keys: reading
   // the cache from memory is most of the time, and every thread gets an equal share of each
   // head's positions. One head per thread (SmolLM2's 3 heads 2 : 1 on two cores) measured the

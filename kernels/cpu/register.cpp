@@ -52,7 +52,7 @@ AOTITorchError aoti_torch_cpu_native_float8_to_bfloat16(AtenTensorHandle, AtenTe
 AOTITorchError aoti_torch_cpu_native_int4_to_bfloat16(AtenTensorHandle, AtenTensorHandle,
                                                       AtenTensorHandle, int64_t,
                                                       AtenTensorHandle*);
-AOTITorchError aoti_torch_cpu_native_gqa_decode_attention(AtenTensorHandle, AtenTensorHandle,
+AOTITorchError aoti_torch_cpu_native_gqa_attention(AtenTensorHandle, AtenTensorHandle,
                                                           AtenTensorHandle, AtenTensorHandle,
                                                           double, AtenTensorHandle*);
 }
@@ -176,11 +176,11 @@ Tensor int4_to_bfloat16(Tensor w, Tensor scale, Tensor offset, int64_t group_siz
   return checked(err, out, "native_int4_to_bfloat16");
 }
 
-Tensor gqa_decode_attention(Tensor q, Tensor key, Tensor value, Tensor mask, double scale) {
+Tensor gqa_attention(Tensor q, Tensor key, Tensor value, Tensor mask, double scale) {
   AtenTensorHandle out = nullptr;
-  auto err = aoti_torch_cpu_native_gqa_decode_attention(q.get(), key.get(), value.get(),
+  auto err = aoti_torch_cpu_native_gqa_attention(q.get(), key.get(), value.get(),
                                                         mask.get(), scale, &out);
-  return checked(err, out, "native_gqa_decode_attention");
+  return checked(err, out, "native_gqa_attention");
 }
 
 }  // namespace
@@ -202,5 +202,5 @@ STABLE_TORCH_LIBRARY_IMPL(fxquant, CPU, m) {
   m.impl("native_int8_dynamic_int4_linear", TORCH_BOX(&int8_dynamic_int4));
   m.impl("native_float8_to_bfloat16", TORCH_BOX(&float8_to_bfloat16));
   m.impl("native_int4_to_bfloat16", TORCH_BOX(&int4_to_bfloat16));
-  m.impl("native_gqa_decode_attention", TORCH_BOX(&gqa_decode_attention));
+  m.impl("native_gqa_attention", TORCH_BOX(&gqa_attention));
 }
