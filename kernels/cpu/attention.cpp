@@ -337,8 +337,8 @@ using namespace fxq;
 extern "C" {
 
 AOTITorchError aoti_torch_cpu_native_gqa_attention(AtenTensorHandle q, AtenTensorHandle key,
-                                           AtenTensorHandle value, AtenTensorHandle mask,
-                                           double scale, AtenTensorHandle* ret0) {
+                                                   AtenTensorHandle value, AtenTensorHandle mask,
+                                                   double scale, AtenTensorHandle* ret0) {
   const int32_t f32 = aoti_torch_dtype_float32();
   Strided4 qt, kt, vt, mt;
   if (!strided4(q, f32, &qt) || !strided4(key, f32, &kt) || !strided4(value, f32, &vt) ||

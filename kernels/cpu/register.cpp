@@ -1,6 +1,7 @@
 // The in-process face of the native kernels (linear.cpp, int8_fp8.cpp, int4.cpp, decode.cpp,
 // attention.cpp): CPU kernels for the `fxquant::native_*` ops, registered through torch's
-// stable ABI when `fxquant.kernels.cpu` loads the shared library (eager calls, torch.compile's Inductor wrapper).
+// stable ABI when `fxquant.kernels.cpu` loads the shared library (eager calls, torch.compile's
+// Inductor wrapper).
 // The schemas and fake kernels live in Python (fxquant/kernels/cpu/__init__.py); AOTInductor
 // packages call the C shims directly instead.
 
@@ -53,8 +54,8 @@ AOTITorchError aoti_torch_cpu_native_int4_to_bfloat16(AtenTensorHandle, AtenTens
                                                       AtenTensorHandle, int64_t,
                                                       AtenTensorHandle*);
 AOTITorchError aoti_torch_cpu_native_gqa_attention(AtenTensorHandle, AtenTensorHandle,
-                                                          AtenTensorHandle, AtenTensorHandle,
-                                                          double, AtenTensorHandle*);
+                                                   AtenTensorHandle, AtenTensorHandle, double,
+                                                   AtenTensorHandle*);
 }
 
 namespace {
@@ -178,8 +179,8 @@ Tensor int4_to_bfloat16(Tensor w, Tensor scale, Tensor offset, int64_t group_siz
 
 Tensor gqa_attention(Tensor q, Tensor key, Tensor value, Tensor mask, double scale) {
   AtenTensorHandle out = nullptr;
-  auto err = aoti_torch_cpu_native_gqa_attention(q.get(), key.get(), value.get(),
-                                                        mask.get(), scale, &out);
+  auto err = aoti_torch_cpu_native_gqa_attention(q.get(), key.get(), value.get(), mask.get(),
+                                                 scale, &out);
   return checked(err, out, "native_gqa_attention");
 }
 
