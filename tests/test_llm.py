@@ -179,8 +179,8 @@ def test_native_attention_equals_the_uncached_model(native, monkeypatch):
 
 
 def test_a_saved_program_runs_in_a_fresh_process(tmp_path):
-    """`import fxquant` declares the decode branch's native op for torch.export.load; its CPU
-    kernel loads on the first call."""
+    """`import fxquant` declares the attention op for torch.export.load; without the native
+    library loaded it runs the reference math."""
     model = _model()
     torch.export.save(export_llm(model, max_cache_len=16, logits="all"), tmp_path / "p.pt2")
     ids = torch.randint(0, VOCAB, (1, 6))

@@ -147,22 +147,12 @@ torch.library.register_fake(f"{_LIB}::native_gqa_attention", lib=_attention)(
 
 def gqa_attention_reference(q, key, value, mask, scale):
     """softmax(q kᵀ · scale, masked) v over q [B, Hkv, R, D], key and value [B, Hkv, L, D], mask
-    [Bm, 1, R, L] bool (True = attend); a row with nothing visible gives zeros."""
+    [Bm, 1, R, L] bool (True = attend); a row with nothing visible gives zeros. The op's kernel
+    wherever the native library has not registered its CPU one: a saved program run in a
+    process that has not loaded the library (any fxquant build or compile loads it), or on
+    another device."""
     scores = (q @ key.transpose(-1, -2) * scale).masked_fill(~mask, float("-inf"))
     return torch.softmax(scores, dim=-1).nan_to_num(0.0) @ value
 
 
-def _gqa_attention_anywhere(q, key, value, mask, scale):
-    """The op where this process has no CPU kernel for it yet (a saved program loaded in
-    another process): on CPU the native library is loaded, and its kernel serves this call and
-    every later one; where it cannot load, or on another device, the reference math."""
-    name = f"{_LIB}::native_gqa_attention"
-    if q.device.type == "cpu":
-        from fxquant.kernels import cpu as native
-
-        if native.load() and torch._C._dispatch_has_kernel_for_dispatch_key(name, "CPU"):
-            return torch.ops.fxquant.native_gqa_attention(q, key, value, mask, scale)
-    return gqa_attention_reference(q, key, value, mask, scale)
-
-
-_attention.impl("native_gqa_attention", _gqa_attention_anywhere, "CompositeExplicitAutograd")
+_attention.impl("native_gqa_attention", gqa_attention_reference, "CompositeExplicitAutograd")
