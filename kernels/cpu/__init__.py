@@ -66,7 +66,8 @@ _ARCHIVE = "libfxquant_native.a"
 _SHARED = "libfxquant_native.so"
 INT4_BLOCK = 32  # nibble interleave block of the int4 kernel layout (int4.cpp)
 
-# op name → its C shim declaration (what AOTInductor calls; the name is aoti_torch_cpu_<op>)
+# op name → (its schema, None where fxquant.core.ops declares it; its C shim declaration: what
+# AOTInductor calls, named aoti_torch_cpu_<op>)
 NATIVE_OPS = {
     "native_int8_weight_only_linear": (
         "native_int8_weight_only_linear(Tensor x, Tensor weight, Tensor scale) -> Tensor",
@@ -178,10 +179,9 @@ NATIVE_OPS = {
         "AtenTensorHandle* ret0)",
     ),
     # grouped-query attention over the KV cache (attention.cpp): fxquant.export_llm's program
-    # calls it on CPU, so its schema, fake and fallback live in fxquant.core.ops
+    # calls it on CPU, so its schema (None here), fake and fallback live in fxquant.core.ops
     "native_gqa_attention": (
-        "native_gqa_attention(Tensor q, Tensor key, Tensor value, Tensor mask, "
-        "float scale) -> Tensor",
+        None,
         "AOTITorchError aoti_torch_cpu_native_gqa_attention(AtenTensorHandle q, "
         "AtenTensorHandle key, AtenTensorHandle value, AtenTensorHandle mask, double scale, "
         "AtenTensorHandle* ret0)",
@@ -190,7 +190,7 @@ NATIVE_OPS = {
 
 _lib = torch.library.Library("fxquant", "FRAGMENT")
 for _name, (_schema, _) in NATIVE_OPS.items():
-    if _name != "native_gqa_attention":  # declared by fxquant.core.ops: export_llm emits it
+    if _schema is not None:
         _lib.define(_schema)
 
 

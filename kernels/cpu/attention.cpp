@@ -122,6 +122,19 @@ inline float lane_sum(const float* x, int64_t n) {
   return total;
 }
 
+// s[l] = exp(s[l] · scale - max) where m[l], else 0, in place over a scores row of L positions;
+// returns the max (-inf, and s all zeros, where every position is masked). Both softmaxes'
+// first step: the loops' per split, the prompt path's per row.
+float masked_exp(float* s, const bool* m, int64_t L, float scale) {
+  for (int64_t l = 0; l < L; ++l) s[l] = m[l] ? s[l] * scale : -INFINITY;
+  const float mx = lane_max(s, L);
+  if (mx == -INFINITY)
+    std::fill(s, s + L, 0.0f);
+  else
+    for (int64_t l = 0; l < L; ++l) s[l] = exp_nonpositive(s[l] - mx);
+  return mx;
+}
+
 struct Strided4 {  // a 4-D tensor's data, sizes and strides (elements)
   const void* data = nullptr;
   int64_t size[4] = {0, 0, 0, 0}, stride[4] = {0, 0, 0, 0};
@@ -143,12 +156,12 @@ bool strided4(AtenTensorHandle t, int32_t dtype, Strided4* out) {
   return true;
 }
 
-// o[r] [D] = inv[r] * sum_l p[r][l] v[l] for RB query rows at once (p's rows ldp apart, v's
+// o[r] [D] = sum_l p[r][l] v[l] for RB query rows at once (p's rows ldp apart, v's
 // vs apart): each value row is loaded once for all RB rows, and the RB x 4 sums stay in
 // registers (one row at a time, four chains of multiply-adds: each waited on the last)
 template <int RB>
 void weighted_rows(const float* p, int64_t ldp, const float* v, int64_t vs, int64_t L, int64_t D,
-                   const float* inv, float* o) {
+                   float* o) {
   int64_t d0 = 0;
 #if defined(FXQ_AVX512BW)
   for (; d0 < D; d0 += 64) {
@@ -177,9 +190,7 @@ void weighted_rows(const float* p, int64_t ldp, const float* v, int64_t vs, int6
 #pragma GCC unroll 4
     for (int r = 0; r < RB; ++r)
 #pragma GCC unroll 4
-      for (int i = 0; i < 4; ++i)
-        _mm512_mask_storeu_ps(o + r * D + d0 + 16 * i, m[i],
-                              _mm512_mul_ps(acc[r][i], _mm512_set1_ps(inv[r])));
+      for (int i = 0; i < 4; ++i) _mm512_mask_storeu_ps(o + r * D + d0 + 16 * i, m[i], acc[r][i]);
   }
 #elif defined(FXQ_AVX2)
   for (; d0 + 16 <= D; d0 += 16) {  // 16 columns: RB x 2 sums, of 16 registers
@@ -198,9 +209,8 @@ void weighted_rows(const float* p, int64_t ldp, const float* v, int64_t vs, int6
     }
 #pragma GCC unroll 4
     for (int r = 0; r < RB; ++r) {
-      const __m256 vi = _mm256_set1_ps(inv[r]);
-      _mm256_storeu_ps(o + r * D + d0, _mm256_mul_ps(acc[r][0], vi));
-      _mm256_storeu_ps(o + r * D + d0 + 8, _mm256_mul_ps(acc[r][1], vi));
+      _mm256_storeu_ps(o + r * D + d0, acc[r][0]);
+      _mm256_storeu_ps(o + r * D + d0 + 8, acc[r][1]);
     }
   }
 #endif
@@ -208,7 +218,7 @@ void weighted_rows(const float* p, int64_t ldp, const float* v, int64_t vs, int6
     for (int r = 0; r < RB; ++r) {
       float acc = 0.0f;
       for (int64_t l = 0; l < L; ++l) acc += p[r * ldp + l] * v[l * vs + d0];
-      o[r * D + d0] = acc * inv[r];
+      o[r * D + d0] = acc;
     }
 }
 
@@ -230,29 +240,21 @@ void partial_attention(const float* q, const float* k, int64_t ks, const float* 
     for (int64_t r = 0; r < R; ++r) {
       float dots[4];
       dot4(q + r * D, rows, D, dots);
-      for (int j = 0; j < 4 && l + j < L; ++j) scores[r * L + l + j] = dots[j] * scale;
+      for (int j = 0; j < 4 && l + j < L; ++j) scores[r * L + l + j] = dots[j];
     }
   }
   for (int64_t r = 0; r < R; ++r) {
-    float* s = scores + r * L;
-    const bool* mr = mask + r * ms;
-    for (int64_t l = 0; l < L; ++l) s[l] = mr[l] ? s[l] : -INFINITY;
-    mx[r] = lane_max(s, L);
-    if (mx[r] == -INFINITY)
-      std::fill(s, s + L, 0.0f);
-    else
-      for (int64_t l = 0; l < L; ++l) s[l] = exp_nonpositive(s[l] - mx[r]);
-    total[r] = lane_sum(s, L);
+    mx[r] = masked_exp(scores + r * L, mask + r * ms, L, scale);
+    total[r] = lane_sum(scores + r * L, L);
   }
-  const float ones[kRowBlock] = {1.0f, 1.0f, 1.0f, 1.0f};
   for (int64_t r0 = 0; r0 < R; r0 += kRowBlock) {
     const int64_t rb = std::min<int64_t>(kRowBlock, R - r0);
     const float* p = scores + r0 * L;
     float* out = o + r0 * D;
-    if (rb == 4) weighted_rows<4>(p, L, v, vs, L, D, ones, out);
-    if (rb == 3) weighted_rows<3>(p, L, v, vs, L, D, ones, out);
-    if (rb == 2) weighted_rows<2>(p, L, v, vs, L, D, ones, out);
-    if (rb == 1) weighted_rows<1>(p, L, v, vs, L, D, ones, out);
+    if (rb == 4) weighted_rows<4>(p, L, v, vs, L, D, out);
+    if (rb == 3) weighted_rows<3>(p, L, v, vs, L, D, out);
+    if (rb == 2) weighted_rows<2>(p, L, v, vs, L, D, out);
+    if (rb == 1) weighted_rows<1>(p, L, v, vs, L, D, out);
   }
 }
 
@@ -297,13 +299,7 @@ struct Owned {  // an AtenTensorHandle deleted at scope exit
 // softmax(row · scale, masked) in place over one scores row of L positions (zeros where every
 // position is masked)
 void softmax_row(float* s, const bool* m, int64_t L, float scale) {
-  for (int64_t l = 0; l < L; ++l) s[l] = m[l] ? s[l] * scale : -INFINITY;
-  const float mx = lane_max(s, L);
-  if (mx == -INFINITY) {
-    std::fill(s, s + L, 0.0f);
-    return;
-  }
-  for (int64_t l = 0; l < L; ++l) s[l] = exp_nonpositive(s[l] - mx);
+  if (masked_exp(s, m, L, scale) == -INFINITY) return;
   const float inv = 1.0f / lane_sum(s, L);
   for (int64_t l = 0; l < L; ++l) s[l] *= inv;
 }
