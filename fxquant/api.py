@@ -25,6 +25,8 @@ from fxquant import runtime
 from fxquant.core.config import QuantConfig, Scheme
 from fxquant.core.scheme import QuantizedWeight
 from fxquant.llm import decode_bytes, llm_info
+from fxquant.passes.cpu.parallel import key_config as sized_regions_key
+from fxquant.passes.cpu.parallel import sized_regions
 from fxquant.passes.float8_regions import inference_config, uses_float8_training
 from fxquant.passes.lower import (
     _device_type,
@@ -165,13 +167,22 @@ def aot_compile(
             ),
         }
     link = contextlib.nullcontext()
+    regions = contextlib.nullcontext()
+    if cpu:
+        # kernels of dynamic size open their OpenMP regions by the size they run at
+        # (fxquant.passes.cpu.parallel): an LLM's decode step runs its small kernels serial
+        regions = sized_regions()
+        configs["aot_inductor.metadata"] = {
+            **configs.get("aot_inductor.metadata", {}),
+            **sized_regions_key()["aot_inductor.metadata"],
+        }
     if cpu and native_cpu():
         # the native kernels' C shims, linked statically into the package (fxquant.kernels.cpu)
         import fxquant.kernels.cpu as native
 
         configs = {**native.aoti_options(), **configs}
         link = native.link_path()
-    with atomic_path(package_path, keep_name=True) as tmp, link, decompose:
+    with atomic_path(package_path, keep_name=True) as tmp, link, decompose, regions:
         torch._inductor.aoti_compile_and_package(
             lowered, package_path=str(tmp), inductor_configs=configs
         )

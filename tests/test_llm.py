@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -309,7 +310,10 @@ def llm_package(tmp_path_factory):
     cfg = fxquant.QuantConfig(scheme=fxquant.Int8WeightOnly(), modules_to_not_convert=())
     ep = fxquant.quantize(export_llm(model, max_cache_len=40), cfg)
     path = tmp_path_factory.mktemp("pkg") / "tiny.pt2"
-    assert fxquant.aot_compile(ep, path, load=False) is None  # written, not loaded
+    # two threads as on a user's machine (a test worker has one, and Inductor writes no OpenMP
+    # region for one): test_the_package_kernels_run_serial_at_decode_sizes reads them
+    configs = {"cpp.threads": 2}
+    assert fxquant.aot_compile(ep, path, load=False, inductor_configs=configs) is None
     prompt = CharTokenizer().encode("The capital of")
     ids, m = list(prompt), ep.module()
     logits = m(torch.tensor([ids]), torch.arange(len(ids)))
@@ -335,6 +339,20 @@ def test_package_greedy_tokens_equal_the_program_and_rerun_from_position_0(llm_p
         assert stream.token_ids == greedy and text == CharTokenizer().decode(greedy)
         assert stream.stats.new_tokens == 12 and stream.stats.stop_reason == "max_new_tokens"
         assert len(stream.stats.decode_s) == 11 and stream.stats.prefill_s > 0
+
+
+@pytest.mark.slow
+def test_the_package_kernels_run_serial_at_decode_sizes(llm_package):
+    # fxquant.passes.cpu.parallel: each OpenMP region of Inductor's kernels (all of dynamic size
+    # in T here) is guarded by its work, so a decode step's small kernels wake no thread
+    from fxquant.passes.cpu.parallel import MIN_PARALLEL_WORK
+
+    path, _, _ = llm_package
+    with zipfile.ZipFile(path) as z:
+        source = "".join(z.read(n).decode() for n in z.namelist() if n.endswith(".kernel.cpp"))
+    regions = source.count("#pragma omp parallel")
+    guards = re.findall(rf">= {MIN_PARALLEL_WORK}\)\s*\{{\s*#pragma omp parallel", source)
+    assert regions > 0 and len(guards) == regions
 
 
 @pytest.mark.slow
