@@ -1,5 +1,5 @@
 """OpenMP regions that open by the size they run at, not the size they were traced at: a scope
-around an AOTInductor CPU compile (``fxquant.aot_compile``) and the backend's Inductor compile.
+around the Inductor code generation of a CPU package (``fxquant.aot_compile``).
 
 Where it sits: between fxquant's lowering and Inductor's C++ code generation. Inductor decides
 once, at trace time, whether a kernel's loops run in an OpenMP region (``decide_parallel_depth``:
@@ -7,9 +7,11 @@ the product of the loop sizes at their size hints, against ``cpp.min_chunk_size`
 With a dynamic dimension that hint is the example's: ``fxquant.export_llm`` traces 8 tokens, so
 every norm, rotary and activation kernel of an LLM program opens a region for both threads, and
 its decode step (1 token) pays, for each of ~120 kernels of a few hundred elements, a wake-up
-and three or four barriers while one thread does all the work. A decode step of SmolLM2-135M
-w8a8 measured 1.21x faster with those kernels serial (5.8 vs 7.1 ms, one process, interleaved;
-AMD EPYC Zen 4, 2 cores); all-serial cost its 128-token prefill 6 %.
+and three or four barriers while one thread does all the work. On SmolLM2-135M w8a8+lm_head
+(AMD EPYC Zen 4, 2 cores; packages built with and without this scope, one process, interleaved)
+a decode step measured 5.61 ms against 6.32 (1.13x) and the 128-token prefill 75.4 ms against
+75.2; every kernel serial instead (a large ``cpp.min_chunk_size``) measured 5.51 ms a step but
+cost the prefill 6-11 %.
 
 So inside :func:`sized_regions` a region that Inductor opens over loops of dynamic size is
 written twice, chosen by the size it runs at::
@@ -24,16 +26,18 @@ written twice, chosen by the size it runs at::
 The second copy's ``omp for`` / ``omp single`` are orphaned constructs, which bind to the
 calling thread alone: no team, no wake-up, no barrier. (An OpenMP ``if`` clause says the same
 but still builds a team of one: ~0.9 us a region here, against ~0.02 us for the orphaned copy,
-and a region with both threads ~2.2 us, measured in a C loop on the same machine.) Inductor's
-parallel reductions keep one partial a thread, initialised to the identity, and ``tid`` is 0
-on the calling thread, so both copies compute the same result (the tests compare the programs
-built with and without this scope, bit for bit).
+and a region with both threads 1-2 us, in a C loop on the same machine; ~5 us in the decode
+step.) Inductor's parallel reductions keep one partial a thread, initialised to the identity,
+and ``tid`` is 0 on the calling thread, so both copies compute the same values, up to the
+order in which a parallel reduction adds its partials (as at any other thread count;
+``tests/test_cpu_parallel.py`` compares code compiled with and without this scope: row kernels
+bit for bit).
 
-This reaches into Inductor's code generator (``WorkSharing.parallel`` and
-``CppKernel.codegen_loops_impl``, torch 2.11-2.13): where those are not as expected the scope
-changes nothing and Inductor's code is as it would be without fxquant. The threshold is in the
-Inductor cache key (``cpp.min_chunk_size`` stays Inductor's own; the key gets the clause through
-``key_config``), so a program compiled with and without the clause never share a cache entry.
+This reaches into Inductor's code generator (``WorkSharing.parallel`` / ``close`` /
+``__exit__`` and ``CppKernel.codegen_loops_impl``, torch 2.13): where those are not there the
+scope changes nothing, and a region not of the expected shape is left as Inductor wrote it.
+``key_config`` puts the threshold in Inductor's cache key, so code generated with and without
+the scope never share a cache entry.
 """
 
 from __future__ import annotations
@@ -47,9 +51,11 @@ import sympy
 __all__ = ["MIN_PARALLEL_WORK", "key_config", "sized_regions"]
 
 # Loop iterations (elements, for Inductor's elementwise and row kernels) below which a region
-# runs on one thread. Measured on SmolLM2 w8a8 programs (AMD EPYC Zen 4, 2 cores): a fork and
-# join with 2 threads costs a few microseconds here, as much as ~10k elements of those kernels'
-# work; see benchmarks/README.md ("Decode: OpenMP regions by size").
+# runs on the calling thread. In a SmolLM2 decode step a region of two threads cost ~5 us more
+# than its serial copy (0.7 ms over ~120 kernels), about the time two threads save on ~16-40k
+# elements of vectorised row work. Not swept: prompts of 8, 16 and 24 tokens, whose norm
+# kernels (576 wide) now run serial, prefilled 1.01x, 1.00x and 1.06x as fast as with every
+# region parallel (Zen 4, one process, interleaved).
 MIN_PARALLEL_WORK = 16384
 
 # the patch is process-wide while any scope is open (nested and concurrent scopes share it)
@@ -62,7 +68,7 @@ def key_config() -> dict:
     """The Inductor config entries that key a compile made inside :func:`sized_regions` (merged
     into ``inductor_configs``): Inductor's FX graph cache must not hand a program compiled
     without the clause to one compiled with it."""
-    return {"aot_inductor.metadata": {"fxquant_omp_if_work": str(MIN_PARALLEL_WORK)}}
+    return {"aot_inductor.metadata": {"fxquant_serial_below": str(MIN_PARALLEL_WORK)}}
 
 
 def _codegen():
@@ -140,7 +146,9 @@ def _patch(cpp, cexpr_index) -> tuple:
         parallel(self, threads)
         work = getattr(self, "_fxq_work", None)
         if opening:
-            self._fxq_region = (_last_pragma(self.code._lines), [work])
+            lines = getattr(self.code, "_lines", None)
+            start = None if lines is None else _last_pragma(lines)
+            self._fxq_region = (start, [work])
         elif getattr(self, "_fxq_region", None) is not None:
             # a later kernel in the same region
             self._fxq_region[1].append(work)
