@@ -24,6 +24,8 @@ from typing import Any
 import torch
 
 from fxquant.core.config import Float8Recipe, QuantConfig
+from fxquant.passes.cpu.parallel import key_config as sized_regions_key
+from fxquant.passes.cpu.parallel import sized_regions
 from fxquant.passes.float8_regions import (
     copy_graph_module,
     float8_regions,
@@ -137,10 +139,21 @@ def fxquant_backend(
     gm = editor.finish()
     decompositions = dict(select_decomp_table())
     decompositions.update(lowerings(device))
+    regions = contextlib.nullcontext()
+    if device == "cpu":
+        # a graph of dynamic batch (mark_dynamic / mark_unbacked) is traced at one size and run
+        # at others: its kernels open their OpenMP regions by the size they run at, as in
+        # aot_compile (fxquant.passes.cpu.parallel)
+        regions = sized_regions()
+        key = sized_regions_key()["aot_inductor.metadata"]
+        inductor_config["aot_inductor.metadata"] = {
+            **inductor_config.get("aot_inductor.metadata", {}),
+            **key,
+        }
     # Inference semantics: the quantized ops have no autograd formula, and the weights they read
     # were frozen at compile time, so the graph is compiled (and runs) without autograd; outputs
     # do not require grad even when the caller's grad mode is on.
-    with torch.no_grad():
+    with torch.no_grad(), regions:
         compiled = compile_fx(
             gm,
             example_inputs,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -81,3 +82,28 @@ def test_recompile_limit_is_reported_and_watch_says_the_call_ran_in_float():
     assert not past_limit.quantized
     assert torch.equal(y, model(x))  # the float model's output exactly: it ran eagerly
     assert backend.recompile_limit_hit[0] == "recompile_limit"
+
+
+def test_a_graph_of_unbacked_batch_runs_its_small_kernels_serial():
+    # fxquant.passes.cpu.parallel in the backend: traced at an unknown batch (hint 8192), its
+    # OpenMP regions open only from MIN_PARALLEL_WORK iterations, so M = 1 wakes no thread
+    from torch._inductor.utils import run_and_get_code
+
+    from fxquant.passes.cpu.parallel import MIN_PARALLEL_WORK
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = Mixed().eval()
+    options = {"config": "w8a8", "inductor_config": {"cpp.threads": 2, "fx_graph_cache": False}}
+    compiled = torch.compile(model, backend="fxquant", options=options)
+    x = torch.randn(3, 64)
+    torch._dynamo.decorators.mark_unbacked(x, 0)
+    _, code = run_and_get_code(compiled, x)
+    code = "".join(code)
+    guards = re.findall(rf">= {MIN_PARALLEL_WORK}\)+\s*\{{\s*#pragma omp parallel", code)
+    assert len(guards) == code.count("#pragma omp parallel") > 0
+    for m in (1, 300):  # the serial copies, then the parallel ones, in the same graph
+        x = torch.randn(m, 64)
+        with torch.no_grad():
+            want = fxquant.quantize(model, "w8a8", example_inputs=(x,)).module()(x)
+        assert fxquant.core.reference.sqnr(want, compiled(x)) > 30

@@ -1,5 +1,7 @@
 """OpenMP regions that open by the size they run at, not the size they were traced at: a scope
-around the Inductor code generation of a CPU package (``fxquant.aot_compile``).
+around Inductor's code generation for the CPU, in ``fxquant.aot_compile`` and in the backend's
+inference compile (``torch.compile(backend="fxquant")``, where a batch dimension marked dynamic
+or unbacked is traced at one size and run at others).
 
 Where it sits: between fxquant's lowering and Inductor's C++ code generation. Inductor decides
 once, at trace time, whether a kernel's loops run in an OpenMP region (``decide_parallel_depth``:
