@@ -25,7 +25,7 @@ from fxquant import runtime
 from fxquant.core.config import QuantConfig, Scheme
 from fxquant.core.scheme import QuantizedWeight
 from fxquant.llm import decode_bytes, llm_info
-from fxquant.passes.cpu.parallel import key_config as sized_regions_key
+from fxquant.passes.cpu.parallel import keyed as sized_regions_keyed
 from fxquant.passes.cpu.parallel import sized_regions
 from fxquant.passes.float8_regions import inference_config, uses_float8_training
 from fxquant.passes.lower import (
@@ -172,10 +172,7 @@ def aot_compile(
         # kernels of dynamic size open their OpenMP regions by the size they run at
         # (fxquant.passes.cpu.parallel): an LLM's decode step runs its small kernels serial
         regions = sized_regions()
-        configs["aot_inductor.metadata"] = {
-            **configs.get("aot_inductor.metadata", {}),
-            **sized_regions_key()["aot_inductor.metadata"],
-        }
+        configs = sized_regions_keyed(configs)
     if cpu and native_cpu():
         # the native kernels' C shims, linked statically into the package (fxquant.kernels.cpu)
         import fxquant.kernels.cpu as native

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from fxquant.core.config import Float8Recipe, QuantConfig
-from fxquant.passes.cpu.parallel import key_config as sized_regions_key
+from fxquant.passes.cpu.parallel import keyed as sized_regions_keyed
 from fxquant.passes.cpu.parallel import sized_regions
 from fxquant.passes.float8_regions import (
     copy_graph_module,
@@ -145,11 +145,7 @@ def fxquant_backend(
         # at others: its kernels open their OpenMP regions by the size they run at, as in
         # aot_compile (fxquant.passes.cpu.parallel)
         regions = sized_regions()
-        key = sized_regions_key()["aot_inductor.metadata"]
-        inductor_config["aot_inductor.metadata"] = {
-            **inductor_config.get("aot_inductor.metadata", {}),
-            **key,
-        }
+        inductor_config = sized_regions_keyed(inductor_config)
     # Inference semantics: the quantized ops have no autograd formula, and the weights they read
     # were frozen at compile time, so the graph is compiled (and runs) without autograd; outputs
     # do not require grad even when the caller's grad mode is on.

@@ -85,3 +85,14 @@ def test_the_scope_restores_inductor_and_nests():
     with pytest.raises(RuntimeError, match="boom"), parallel.sized_regions():
         raise RuntimeError("boom")
     assert cpp.WorkSharing.parallel is before[1]
+
+
+def test_the_threshold_keys_the_inductor_cache_without_touching_the_callers_configs():
+    configs = {"aot_inductor.metadata": {"mine": "1"}, "cpp.threads": 2}
+    got = parallel.keyed(configs)
+    assert configs == {"aot_inductor.metadata": {"mine": "1"}, "cpp.threads": 2}
+    assert got["cpp.threads"] == 2
+    assert got["aot_inductor.metadata"] == {
+        "mine": "1",
+        "fxquant_serial_below": str(parallel.MIN_PARALLEL_WORK),
+    }

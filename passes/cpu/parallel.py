@@ -38,7 +38,7 @@ bit for bit).
 This reaches into Inductor's code generator (``WorkSharing.parallel`` / ``close`` /
 ``__exit__`` and ``CppKernel.codegen_loops_impl``, torch 2.13): where those are not there the
 scope changes nothing, and a region not of the expected shape is left as Inductor wrote it.
-``key_config`` puts the threshold in Inductor's cache key, so code generated with and without
+``keyed`` puts the threshold in Inductor's cache key, so code generated with and without
 the scope never share a cache entry.
 """
 
@@ -50,7 +50,7 @@ from collections.abc import Iterator
 
 import sympy
 
-__all__ = ["MIN_PARALLEL_WORK", "key_config", "sized_regions"]
+__all__ = ["MIN_PARALLEL_WORK", "keyed", "sized_regions"]
 
 # Loop iterations (elements, for Inductor's elementwise and row kernels) below which a region
 # runs on the calling thread. In a SmolLM2 decode step a region of two threads cost ~5 us more
@@ -66,11 +66,13 @@ _depth = 0
 _saved: list = []
 
 
-def key_config() -> dict:
-    """The Inductor config entries that key a compile made inside :func:`sized_regions` (merged
-    into ``inductor_configs``): Inductor's FX graph cache must not hand a program compiled
-    without the clause to one compiled with it."""
-    return {"aot_inductor.metadata": {"fxquant_serial_below": str(MIN_PARALLEL_WORK)}}
+def keyed(configs: dict) -> dict:
+    """``configs`` (Inductor config patches) with this scope's threshold in
+    ``aot_inductor.metadata``, which Inductor's cache key reads: code generated with and without
+    the scope never share a cache entry (and a package's metadata records the threshold)."""
+    meta = configs.get("aot_inductor.metadata", {})
+    meta = {**meta, "fxquant_serial_below": str(MIN_PARALLEL_WORK)}
+    return {**configs, "aot_inductor.metadata": meta}
 
 
 def _codegen():
