@@ -263,38 +263,25 @@ void partial_attention(const float* q, const float* k, int64_t ks, const float* 
 // rows a head) the loops above.
 constexpr int64_t kLoopMaxRows = 16;
 
+// a [n0, n1, n2] view of fp32 data
 AOTITorchError blob3(const float* data, int64_t n0, int64_t n1, int64_t n2, int64_t s0,
                      int64_t s1, int64_t s2, AtenTensorHandle* out) {
   const int64_t sizes[3] = {n0, n1, n2}, strides[3] = {s0, s1, s2};
-  return aoti_torch_create_tensor_from_blob((void*)data, 3, sizes, strides, 0,
-                                            aoti_torch_dtype_float32(),
-                                            aoti_torch_device_type_cpu(), 0, out);
+  return float_blob(data, 3, sizes, strides, out);
 }
 
 // The scores of a prompt: up to 32 MiB from one buffer per thread kept between calls (a fresh
 // one per call was a page fault per 4 KiB, ~1.5 % of a SmolLM2 prefill), larger ones (a long
 // prompt's: 150 MB for SmolLM2 at 2048 tokens) in `once`, freed after the call
 constexpr int64_t kKeptScores = 8 << 20;
+struct ScoresTag {};
 float* scores_buffer(int64_t n, std::unique_ptr<float[]>* once) {
   if (n > kKeptScores) {
     once->reset(new float[n]);  // uninitialised: the bmm writes all of it
     return once->get();
   }
-  thread_local std::unique_ptr<float[]> buf;
-  thread_local int64_t size = 0;
-  if (n > size) {
-    buf.reset(new float[n]);
-    size = n;
-  }
-  return buf.get();
+  return thread_buffer<ScoresTag>(n);
 }
-
-struct Owned {  // an AtenTensorHandle deleted at scope exit
-  AtenTensorHandle h = nullptr;
-  ~Owned() {
-    if (h) aoti_torch_delete_tensor_object(h);
-  }
-};
 
 // softmax(row · scale, masked) in place over one scores row of L positions (zeros where every
 // position is masked)

@@ -79,37 +79,18 @@ void dequant_rows(Fmt fmt, const uint8_t* w, int64_t K, const float* scale, cons
   }
 }
 
-AOTITorchError blob(void* data, int64_t rows, int64_t cols, int64_t row_stride,
+// a [rows, cols] view of fp32 data
+AOTITorchError blob(const float* data, int64_t rows, int64_t cols, int64_t row_stride,
                     int64_t col_stride, AtenTensorHandle* out) {
   const int64_t sizes[2] = {rows, cols}, strides[2] = {row_stride, col_stride};
-  return aoti_torch_create_tensor_from_blob(data, 2, sizes, strides, 0,
-                                            aoti_torch_dtype_float32(),
-                                            aoti_torch_device_type_cpu(), 0, out);
+  return float_blob(data, 2, sizes, strides, out);
 }
 
-struct Handles {  // owns up to four AtenTensorHandle references
-  AtenTensorHandle hs[4] = {nullptr, nullptr, nullptr, nullptr};
-  int n = 0;
-  AtenTensorHandle* add() { return &hs[n++]; }
-  ~Handles() {
-    for (AtenTensorHandle h : hs)
-      if (h) aoti_torch_delete_tensor_object(h);
-  }
-};
-
-// The dequantized chunk, one buffer per thread kept between calls: a fresh std::vector of
-// 2 MiB per call is an mmap, a page fault per 4 KiB and a memset every time. With this and the
+// The dequantized chunk comes from thread_buffer<ChunkTag> (native.h): a fresh std::vector of
+// 2 MiB per call is an mmap, a page fault per 4 KiB and a memset every time. With that and the
 // equal chunks below, SmolLM2's q/k/v and down_proj shapes at M = 128 went from a median 0.80
 // to 0.88 of fp32 sgemm's speed (five paired runs, AVX2 EPYC; a one-off hand measurement).
-float* chunk_buffer(int64_t n) {
-  thread_local std::unique_ptr<float[]> buf;
-  thread_local int64_t size = 0;
-  if (n > size) {
-    buf.reset(new float[n]);  // uninitialized: dequant_rows writes all of it
-    size = n;
-  }
-  return buf.get();
-}
+struct ChunkTag {};
 
 }  // namespace
 
@@ -124,21 +105,18 @@ AOTITorchError gemm_chunked(Fmt fmt, const float* x, int64_t M, int64_t K, const
   const int64_t cap = std::max<int64_t>(16, kChunkBytes / (4 * std::max<int64_t>(K, 1)));
   const int64_t chunks = (N + cap - 1) / cap;
   const int64_t nc_max = std::min(N, ((N + chunks - 1) / chunks + 15) / 16 * 16);
-  float* wbuf = chunk_buffer(nc_max * K);
-  Handles h;
-  AtenTensorHandle* xt = h.add();
-  if (AOTITorchError e = blob((void*)x, M, K, K, 1, xt)) return e;
+  float* wbuf = thread_buffer<ChunkTag>(nc_max * K);  // dequant_rows writes all of it
+  Owned xt;
+  if (AOTITorchError e = blob(x, M, K, K, 1, &xt.h)) return e;
   for (int64_t n0 = 0; n0 < N; n0 += nc_max) {
     const int64_t nc = std::min(nc_max, N - n0);
     dequant_rows(fmt, w, K, scale, offset, group, n0, nc, wbuf);
     if (bf16_weight)
       for (int64_t i = 0; i < nc * K; ++i) wbuf[i] = bf16_round(wbuf[i]);
-    Handles chunk;
-    AtenTensorHandle* wt = chunk.add();  // the chunk as a [K, nc] (transposed) view
-    AtenTensorHandle* yt = chunk.add();  // y[:, n0 : n0 + nc], row stride N
-    if (AOTITorchError e = blob(wbuf, K, nc, 1, K, wt)) return e;
-    if (AOTITorchError e = blob(y + n0, M, nc, N, 1, yt)) return e;
-    if (AOTITorchError e = aoti_torch_cpu_mm_out(*yt, *xt, *wt)) return e;
+    Owned wt, yt;  // the chunk as a [K, nc] (transposed) view; y[:, n0 : n0 + nc], row stride N
+    if (AOTITorchError e = blob(wbuf, K, nc, 1, K, &wt.h)) return e;
+    if (AOTITorchError e = blob(y + n0, M, nc, N, 1, &yt.h)) return e;
+    if (AOTITorchError e = aoti_torch_cpu_mm_out(yt.h, xt.h, wt.h)) return e;
   }
   return AOTI_TORCH_SUCCESS;
 }

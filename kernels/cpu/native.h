@@ -77,6 +77,40 @@ inline void prefetch_row_ahead(const void* w, int64_t n, int64_t N, int64_t row_
   for (int64_t b = 0; b < row_bytes; b += 64) __builtin_prefetch(p + b, 0, 3);
 }
 
+// ---- ATen calls from the kernels (linear.cpp's chunked mm, attention.cpp's prompt bmm) -----
+
+// An fp32 CPU tensor over `data` (not owned) with the given sizes and strides (elements)
+inline AOTITorchError float_blob(const float* data, int64_t ndim, const int64_t* sizes,
+                                 const int64_t* strides, AtenTensorHandle* out) {
+  return aoti_torch_create_tensor_from_blob((void*)data, ndim, sizes, strides, 0,
+                                            aoti_torch_dtype_float32(),
+                                            aoti_torch_device_type_cpu(), 0, out);
+}
+
+struct Owned {  // an AtenTensorHandle deleted at scope exit
+  AtenTensorHandle h = nullptr;
+  Owned() = default;
+  Owned(const Owned&) = delete;
+  Owned& operator=(const Owned&) = delete;
+  ~Owned() {
+    if (h) aoti_torch_delete_tensor_object(h);
+  }
+};
+
+// n floats, uninitialised, from one buffer per thread and per Tag (each caller its own), kept
+// between calls and grown as needed: a fresh allocation per call is an mmap and a page fault
+// per 4 KiB every time
+template <class Tag>
+float* thread_buffer(int64_t n) {
+  thread_local std::unique_ptr<float[]> buf;
+  thread_local int64_t size = 0;
+  if (n > size) {
+    buf.reset(new float[n]);
+    size = n;
+  }
+  return buf.get();
+}
+
 // ---- scalar decoders (reference for the vector paths, and the non-AVX2 build) -------------
 
 inline float fp8_e4m3_to_float(uint8_t b) {
