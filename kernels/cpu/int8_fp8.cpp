@@ -642,8 +642,10 @@ AOTITorchError int8_scaled_rows(const int8_t* xp, const float* xsp, int64_t M, i
     gemm_int8_int8(xp, xsp, M, K, wm.as<int8_t>(), N, sp, y);
     return AOTI_TORCH_SUCCESS;
 #else
-    const std::vector<float> xf = dequantize_activation(xp, xsp, M, K);
-    return gemm_chunked(Fmt::kInt8, xf.data(), M, K, wm.as<uint8_t>(), N, sp, nullptr, 0, y);
+    // without AVX2 (other ISAs, builds that force the class) every M takes the GEMV's exact
+    // int32 dot products: slower than a panel GEMM, but the sums stay the reference's
+    gemv(y);
+    return AOTI_TORCH_SUCCESS;
 #endif
   };
   return run_linear(M, N, kGemvMaxMInt8Int8, ret0, gemv, mm);
