@@ -92,8 +92,9 @@ class Report:
     def cpu_kernels(self, machine: str | None = None) -> list[dict]:
         """Which CPU kernel each quantized layer gets on ``machine`` (a CPU class of
         ``fxquant.passes.cpu.dispatch``; default: this one), by M, from the dispatch table the
-        lowering reads: one record per scheme, ``{"scheme", "layers", "kernel"}``. Fused layers
-        run the same GEMM as their scheme's unfused op."""
+        lowering reads: one record per scheme, ``{"scheme", "layers", "kernel"}``, and one for
+        the fp32 linears kept in float where the native kernels serve. Fused layers run the
+        same GEMM as their scheme's unfused op."""
         from fxquant.passes import cpu
         from fxquant.passes.cpu.dispatch import kernel_plan
 
@@ -110,6 +111,12 @@ class Report:
                 )
                 out[name] = {"scheme": name, "layers": [], "kernel": kernel}
             out[name]["layers"].append(r.name)
+        # the layers kept in fp32 (passes/cpu/float32.py rewrites those of a linear's layout)
+        kept = [r.name for r in self.skipped if r.kind == "linear" and r.dtype == "float32"]
+        if kept and native:
+            from fxquant.passes.cpu.float32 import KERNEL
+
+            out["float32"] = {"scheme": "float32 (kept in float)", "layers": kept, "kernel": KERNEL}
         return list(out.values())
 
     def cpu_kernels_table(self, machine: str | None = None) -> str:

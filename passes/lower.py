@@ -18,8 +18,9 @@ On CPU the implementations are registered by op name, one module per scheme fami
 (``passes/cpu/``: ``int8``, ``int4``, ``float8``, ``mx``, ``bnb``, ``lowbit``, ``norm``), each
 with the measurements and kernel preconditions that shaped it: aten compositions (``"cpu"``)
 and, where fxquant's native kernels build (``fxquant.kernels.cpu``), compositions around them
-(``"cpu-native"``, which override the aten ones and bring their own prepack rules and sibling
-fusion, ``passes/cpu/siblings.py``). The native kernels pick their own path by M (a GEMV for
+(``"cpu-native"``, which override the aten ones and bring their own prepack rules, sibling
+fusion, ``passes/cpu/siblings.py``, and a native kernel for the linears left in fp32,
+``passes/cpu/float32.py``). The native kernels pick their own path by M (a GEMV for
 decode, dequantize-a-chunk + MKL for prefill), so one CPU graph serves every M with no
 ``torch.cond``.
 
@@ -44,6 +45,7 @@ from fxquant.core.registry import lowering_table
 from fxquant.core.scheme import named_args
 from fxquant.passes import cpu
 from fxquant.passes.cpu.common import NATIVE
+from fxquant.passes.cpu.float32 import lower_float32_linears
 from fxquant.passes.cpu.prepack import prepack_table, unique_name
 from fxquant.passes.cpu.siblings import fuse_siblings
 from fxquant.passes.plan import node_value
@@ -128,6 +130,9 @@ def prepack(editor, *, device: str | torch.device = "cpu") -> int:
             editor.release(old)
         counters[f"prepack.{target._opname}"] += 1
         done += 1
+    if native:
+        # the linears the config left in fp32: the native fp32 kernel (passes/cpu/float32.py)
+        done += lower_float32_linears(editor)
     return done
 
 

@@ -617,7 +617,7 @@ def test_opcheck():
 
 @pytest.mark.slow
 def test_aoti_package_calls_the_shims_without_fxquant(tmp_path, monkeypatch):
-    """A program with every native op (int8, w8a8, fp8, int4, W4A8), packaged by
+    """A program with every native op (int8, w8a8, fp8, int4, W4A8, fp32), packaged by
     fxquant.aot_compile, then run in a fresh process where importing fxquant would fail. The
     native kernels at every M (the large-M candidates of the dispatch table are
     tests/test_cpu_dispatch.py's)."""
@@ -630,9 +630,11 @@ def test_aoti_package_calls_the_shims_without_fxquant(tmp_path, monkeypatch):
             super().__init__()
             self.a, self.b = torch.nn.Linear(64, 48), torch.nn.Linear(48, 40)
             self.c, self.d = torch.nn.Linear(40, 64, bias=False), torch.nn.Linear(64, 33)
+            self.e = torch.nn.Linear(33, 20)  # left in fp32: the native fp32 kernel
 
         def forward(self, x):
-            return self.d(torch.relu(self.c(torch.relu(self.b(torch.relu(self.a(x)))))))
+            x = self.c(torch.relu(self.b(torch.relu(self.a(x)))))
+            return self.e(torch.relu(self.d(torch.relu(x))))
 
     torch.manual_seed(0)
     model = Four().eval()
@@ -644,7 +646,7 @@ def test_aoti_package_calls_the_shims_without_fxquant(tmp_path, monkeypatch):
             "d": fxquant.Int4WeightOnly(group_size=32),
             "a": fxquant.Int8DynamicActivationInt4(group_size=32),
         },
-        modules_to_not_convert=(),
+        modules_to_not_convert=("e",),
     )
     x = torch.randn(5, 64)
     qep = fxquant.quantize(

@@ -16,10 +16,11 @@ lowering keeps its aten compositions (slower, same numerics).
 The sources: ``linear.cpp`` (the large-M path and the shims' checks, shared by every format;
 its header says why C++ and not an aten composition: memory bandwidth at M = 1, measured by
 ``benchmarks/native_kernels.py``), ``int8_fp8.cpp`` (byte weights), ``int4.cpp`` (int4 weights),
-``decode.cpp`` (fp8 and int4 weights to bf16, for the large-M bf16 GEMMs), ``attention.cpp``
-(attention over an LLM's KV cache, for ``fxquant.export_llm``), ``native.h`` (what
-they share), ``bf16_dot.h`` (the AVX-512 BF16 GEMMs the byte and int4 formats share),
-``register.cpp`` (the in-process op registrations).
+``float32.cpp`` (the fp32 linears a config leaves in float), ``decode.cpp`` (fp8 and int4
+weights to bf16, for the large-M bf16 GEMMs), ``attention.cpp`` (attention over an LLM's KV
+cache, for ``fxquant.export_llm``), ``native.h`` (what they share), ``bf16_dot.h`` (the
+AVX-512 BF16 GEMMs the byte and int4 formats share), ``register.cpp`` (the in-process op
+registrations).
 """
 
 from __future__ import annotations
@@ -59,7 +60,14 @@ __all__ = [
 _HERE = Path(__file__).resolve().parent
 # compiled into the static archive (the kernels and their C shims); register.cpp is added for
 # the in-process library only
-_KERNEL_SOURCES = ("linear.cpp", "int8_fp8.cpp", "int4.cpp", "decode.cpp", "attention.cpp")
+_KERNEL_SOURCES = (
+    "linear.cpp",
+    "int8_fp8.cpp",
+    "int4.cpp",
+    "float32.cpp",
+    "decode.cpp",
+    "attention.cpp",
+)
 # every file the build reads
 _SOURCES = (*_KERNEL_SOURCES, "native.h", "bf16_dot.h", "register.cpp")
 _ARCHIVE = "libfxquant_native.a"
@@ -165,6 +173,12 @@ NATIVE_OPS = {
         "AtenTensorHandle weight, AtenTensorHandle scale, AtenTensorHandle offset, "
         "int64_t group_size, AtenTensorHandle* ret0)",
     ),
+    # the fp32 linear a config leaves in float (float32.cpp): a GEMV at small M, MKL above
+    "native_float32_linear": (
+        "native_float32_linear(Tensor x, Tensor weight) -> Tensor",
+        "AOTITorchError aoti_torch_cpu_native_float32_linear(AtenTensorHandle x, "
+        "AtenTensorHandle weight, AtenTensorHandle* ret0)",
+    ),
     # weight decoders for the large-M bf16 GEMMs of the CPU dispatch (decode.cpp)
     "native_float8_to_bfloat16": (
         "native_float8_to_bfloat16(Tensor weight) -> Tensor",
@@ -241,6 +255,9 @@ torch.library.register_fake("fxquant::native_int8_int4_linear", lib=_lib)(
 )
 torch.library.register_fake("fxquant::native_int8_dynamic_int4_linear", lib=_lib)(
     lambda x, weight, scale, offset, group_size: _out(x, weight)
+)
+torch.library.register_fake("fxquant::native_float32_linear", lib=_lib)(
+    lambda x, weight: _out(x, weight)
 )
 torch.library.register_fake("fxquant::native_float8_to_bfloat16", lib=_lib)(
     lambda weight: weight.new_empty(weight.shape, dtype=torch.bfloat16)

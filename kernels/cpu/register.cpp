@@ -1,7 +1,7 @@
-// The in-process face of the native kernels (linear.cpp, int8_fp8.cpp, int4.cpp, decode.cpp,
-// attention.cpp): CPU kernels for the `fxquant::native_*` ops, registered through torch's
-// stable ABI when `fxquant.kernels.cpu` loads the shared library (eager calls, torch.compile's
-// Inductor wrapper).
+// The in-process face of the native kernels (linear.cpp, int8_fp8.cpp, int4.cpp, float32.cpp,
+// decode.cpp, attention.cpp): CPU kernels for the `fxquant::native_*` ops, registered through
+// torch's stable ABI when `fxquant.kernels.cpu` loads the shared library (eager calls,
+// torch.compile's Inductor wrapper).
 // The schemas and fake kernels live in Python (fxquant/kernels/cpu/__init__.py); AOTInductor
 // packages call the C shims directly instead.
 
@@ -49,6 +49,8 @@ AOTITorchError aoti_torch_cpu_native_int8_int4_linear(AtenTensorHandle, AtenTens
 AOTITorchError aoti_torch_cpu_native_int8_dynamic_int4_linear(AtenTensorHandle, AtenTensorHandle,
                                                               AtenTensorHandle, AtenTensorHandle,
                                                               int64_t, AtenTensorHandle*);
+AOTITorchError aoti_torch_cpu_native_float32_linear(AtenTensorHandle, AtenTensorHandle,
+                                                    AtenTensorHandle*);
 AOTITorchError aoti_torch_cpu_native_float8_to_bfloat16(AtenTensorHandle, AtenTensorHandle*);
 AOTITorchError aoti_torch_cpu_native_int4_to_bfloat16(AtenTensorHandle, AtenTensorHandle,
                                                       AtenTensorHandle, int64_t,
@@ -177,6 +179,12 @@ Tensor int4_to_bfloat16(Tensor w, Tensor scale, Tensor offset, int64_t group_siz
   return checked(err, out, "native_int4_to_bfloat16");
 }
 
+Tensor float32_linear(Tensor x, Tensor w) {
+  AtenTensorHandle out = nullptr;
+  auto err = aoti_torch_cpu_native_float32_linear(x.get(), w.get(), &out);
+  return checked(err, out, "native_float32_linear");
+}
+
 Tensor gqa_attention(Tensor q, Tensor key, Tensor value, Tensor mask, double scale) {
   AtenTensorHandle out = nullptr;
   auto err = aoti_torch_cpu_native_gqa_attention(q.get(), key.get(), value.get(), mask.get(),
@@ -201,6 +209,7 @@ STABLE_TORCH_LIBRARY_IMPL(fxquant, CPU, m) {
   m.impl("native_int4_bf16dot_linear", TORCH_BOX(&int4_bf16dot));
   m.impl("native_int8_int4_linear", TORCH_BOX(&int8_int4));
   m.impl("native_int8_dynamic_int4_linear", TORCH_BOX(&int8_dynamic_int4));
+  m.impl("native_float32_linear", TORCH_BOX(&float32_linear));
   m.impl("native_float8_to_bfloat16", TORCH_BOX(&float8_to_bfloat16));
   m.impl("native_int4_to_bfloat16", TORCH_BOX(&int4_to_bfloat16));
   m.impl("native_gqa_attention", TORCH_BOX(&gqa_attention));

@@ -1,0 +1,80 @@
+"""The CPU lowering of the linears a config leaves in fp32 (an LLM's tied ``lm_head`` under
+``int8wo``, layers skipped for their shape, a float model packaged as it is): on a stored fp32
+weight they run fxquant's native fp32 kernel (``kernels/cpu/float32.cpp``) instead of ATen's.
+
+Where it sits: a step of the native CPU prepack (``fxquant.passes.lower.prepack``), after the
+rewrite left these nodes as ``aten.linear`` (or their torch-level spelling in a Dynamo graph).
+Each becomes ``fxquant::cpu_native_float32_linear``, whose composition here flattens x to fp32
+rows, calls ``fxquant::native_float32_linear`` and puts the bias and shape back.
+
+Why: at M = 1 a linear is a read of its weight, and MKL's sgemv does not read at the memory's
+rate on every machine. On the AMD EPYC Zen 4 (2 cores) the 49152 × 576 lm_head of SmolLM2 took
+10.0 ms through ATen at M = 1 (11 GB/s) and 3.2 ms in the native GEMV (35 GB/s), its 576 × 1536
+and 1536 × 576 linears 1.6-2.3× faster; up to 8 rows the native kernel is 1.3-6× ATen's speed,
+above it runs ATen's mm itself (one-off timings by hand, by shape, in one process). The same
+fp32 products: only the order of the sums differs (tests/test_lower_float32.py bounds it).
+Only nodes whose weight is a stored, contiguous fp32 [N, K] constant and whose x is fp32 are
+rewritten; a transposed ``Conv1D`` weight ([K, N], ``addmm``) keeps ATen's GEMM.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.fx as fx
+from torch import Tensor
+
+import fxquant.kernels.cpu as native  # noqa: F401  (defines fxquant::native_float32_linear)
+from fxquant.passes.cpu.common import NATIVE, device_op, finish, rows
+from fxquant.passes.plan import find_sites, node_value
+
+__all__ = ["KERNEL", "lower_float32_linears"]
+
+fxq = torch.ops.fxquant
+
+# what the rewritten linears run, in words (reports), by M: the shim's GEMV limit
+# (kGemvMaxMFloat32 in float32.cpp), then ATen's mm inside the same op
+KERNEL = "fxquant native fp32 kernel up to M = 8, then ATen's fp32 GEMM (MKL)"
+
+
+def _fake(x, weight, bias):
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+@device_op(
+    NATIVE,
+    "cpu_native_float32_linear",
+    schema="(Tensor x, Tensor weight, Tensor? bias) -> Tensor",
+    fake=_fake,
+)
+def _native_float32(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    return finish(fxq.native_float32_linear(rows(x), weight), x, weight.shape[0], bias)
+
+
+def lower_float32_linears(editor) -> int:
+    """Rewrite every fp32 ``linear`` on a stored fp32 weight to the native fp32 device op.
+    Returns the nodes rewritten."""
+    from fxquant.passes.rewrite import counters
+
+    done = 0
+    for site in find_sites(editor.graph, editor.weight_of):
+        node, weight = site.node, site.weight
+        if site.kind != "linear" or not _eligible(site.x, weight):
+            continue
+        editor.swap(
+            node, fxq.cpu_native_float32_linear.default, (site.x, site.weight_node, site.bias)
+        )
+        counters["prepack.cpu_native_float32_linear"] += 1
+        done += 1
+    return done
+
+
+def _eligible(x: fx.Node, weight: Tensor) -> bool:
+    val = node_value(x)
+    return (
+        isinstance(val, Tensor)
+        and val.dtype == torch.float32
+        and weight.dtype == torch.float32
+        and weight.dim() == 2
+        and weight.is_contiguous()
+        and weight.device.type == "cpu"
+    )

@@ -1,0 +1,169 @@
+"""The linears a config leaves in fp32, on CPU: the native fp32 kernel
+(kernels/cpu/float32.cpp) against F.linear, and the lowering that routes them to it
+(passes/cpu/float32.py) in exported programs, AOTInductor packages and the torch.compile
+backend; what it must leave alone (bf16, Conv1D's [K, N] weight, activations as weights)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.export import Dim
+
+import fxquant
+import fxquant.kernels.cpu as native
+from conftest import Mixed
+from fxquant.passes.lower import lower, prepacked
+from fxquant.passes.rewrite import counters
+
+pytestmark = pytest.mark.skipif(
+    not native.available(), reason=f"native CPU kernels unavailable: {native.unavailable_reason()}"
+)
+
+fxq = torch.ops.fxquant
+NATIVE_OP = "fxquant.native_float32_linear.default"
+
+
+@pytest.fixture(autouse=True)
+def _two_threads(monkeypatch):
+    # the GEMV splits N across OpenMP threads: two, even where a pytest worker gets one
+    # the quantized body on its native kernel at every M (the fp32 reference's numerics; the
+    # table's bf16 candidates are tests/test_cpu_dispatch.py's)
+    monkeypatch.setenv("FXQUANT_CPU_DISPATCH", "native")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _close(got: torch.Tensor, want: torch.Tensor) -> None:
+    # fp32 sums in another order than MKL's: relative to the output's scale
+    assert got.shape == want.shape and got.dtype == torch.float32
+    if want.numel():
+        tol = 2e-6 * want.abs().max().clamp(min=1.0)
+        assert (got - want).abs().max() <= tol, (got - want).abs().max()
+
+
+# M around the GEMV's blocks of 4 and 2 rows and its limit of 8 (ATen's mm above); K off the
+# vector widths (16 and 32 floats); N of one row and past the threads' split
+@pytest.mark.parametrize("m", [0, 1, 2, 3, 4, 5, 7, 8, 9, 33])
+@pytest.mark.parametrize(("n", "k"), [(1, 1), (5, 17), (37, 100), (130, 576)])
+def test_kernel_is_f_linear(m, n, k):
+    g = torch.Generator().manual_seed(m * 100 + n + k)
+    x, w = torch.randn(m, k, generator=g), torch.randn(n, k, generator=g)
+    _close(fxq.native_float32_linear(x, w), F.linear(x, w))
+
+
+def test_zeros_give_zeros_and_outside_the_contract_raises():
+    for m in (1, 20):
+        assert torch.equal(
+            fxq.native_float32_linear(torch.zeros(m, 40), torch.zeros(9, 40)), torch.zeros(m, 9)
+        )
+    w = torch.randn(8, 64)
+    bad = [
+        (torch.randn(2, 63), w),  # K mismatch
+        (torch.randn(64, 2).t(), w),  # x not contiguous
+        (torch.randn(2, 64), torch.randn(64, 8).t()),  # w not contiguous
+        (torch.randn(2, 64).double(), w),
+        (torch.randn(2, 64), w.bfloat16()),
+    ]
+    for args in bad:
+        with pytest.raises(RuntimeError, match="native_float32_linear: inputs outside"):
+            fxq.native_float32_linear(*args)
+
+
+def test_opcheck():
+    g = torch.Generator().manual_seed(0)
+    w, b = torch.randn(20, 64, generator=g), torch.randn(20, generator=g)
+    for m in (3, 12):
+        torch.library.opcheck(fxq.native_float32_linear, (torch.randn(m, 64, generator=g), w))
+    x3 = torch.randn(2, 3, 64, generator=g)
+    torch.library.opcheck(fxq.cpu_native_float32_linear, (x3, w, b))
+    torch.library.opcheck(fxq.cpu_native_float32_linear, (x3, w, None))
+
+
+class _Head(torch.nn.Module):
+    """A quantized body and an fp32 head the config skips, tied to an embedding as an LLM's
+    lm_head is."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(50, 32)
+        self.body = torch.nn.Linear(32, 32)
+        self.lm_head = torch.nn.Linear(32, 50, bias=False)
+        self.lm_head.weight = self.embed.weight
+
+    def forward(self, ids):
+        return self.lm_head(torch.relu(self.body(self.embed(ids))))
+
+
+def _skip_head() -> fxquant.QuantConfig:
+    return fxquant.QuantConfig(scheme=fxquant.Int8WeightOnly(), modules_to_not_convert=("lm_head",))
+
+
+def _targets(ep) -> list[str]:
+    return [str(n.target) for n in ep.graph.nodes if n.op == "call_function"]
+
+
+def test_a_skipped_layer_runs_the_native_kernel_at_every_m():
+    torch.manual_seed(0)
+    model = _Head().eval()
+    ids = torch.randint(0, 50, (1, 5))
+    qep = fxquant.quantize(
+        model, _skip_head(), example_inputs=(ids,), dynamic_shapes=({1: Dim.DYNAMIC},)
+    )
+    lowered = lower(qep)
+    assert _targets(lowered).count(NATIVE_OP) == 1
+    for length in (1, 4, 9, 40):  # the GEMV and, past 8 rows, ATen's mm inside the op
+        ids = torch.randint(0, 50, (1, length))
+        torch.testing.assert_close(lowered.module()(ids), qep.module()(ids))
+    # the caller's program is not changed
+    assert NATIVE_OP not in _targets(qep)
+
+
+def test_what_it_leaves_alone():
+    # Mixed: nn.Linear and F.linear on a parameter take the kernel; Conv1D's [K, N] weight
+    # (addmm) keeps ATen's GEMM, as does every linear of a bf16 model
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 64)
+    ep = torch.export.export(Mixed().eval(), (x,))
+    assert _targets(prepacked(ep)).count("fxquant.cpu_native_float32_linear.default") == 2
+    ep16 = torch.export.export(Mixed().eval().bfloat16(), (x.bfloat16(),))
+    assert not any("float32_linear" in t for t in _targets(prepacked(ep16)))
+
+    class ActAsWeight(torch.nn.Module):  # F.linear on two activations: no stored weight
+        def forward(self, x, y):
+            return F.linear(x, y)
+
+    ep2 = torch.export.export(ActAsWeight(), (torch.randn(2, 8), torch.randn(4, 8)))
+    assert not any("float32_linear" in t for t in _targets(prepacked(ep2)))
+
+
+def test_float_program_packaged_and_through_the_backend(tmp_path):
+    torch.manual_seed(0)
+    model = _Head().eval()
+    ids = torch.randint(0, 50, (1, 6))
+    qep = fxquant.quantize(model, _skip_head(), example_inputs=(ids,))
+    pkg = fxquant.aot_compile(qep, tmp_path / "head.pt2")
+    torch.testing.assert_close(pkg(ids), qep.module()(ids))
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="fxquant", options={"config": _skip_head()})
+    before = counters["prepack.cpu_native_float32_linear"]
+    with torch.no_grad():
+        want = qep.module()(ids)
+        torch.testing.assert_close(compiled(ids), want)
+    assert counters["prepack.cpu_native_float32_linear"] == before + 1  # the lm_head
+
+
+def test_the_report_names_the_kernel_of_the_layers_kept_in_float():
+    from fxquant.passes.cpu.float32 import KERNEL
+
+    model = _Head().eval()
+    qep = fxquant.quantize(model, _skip_head(), example_inputs=(torch.randint(0, 50, (1, 4)),))
+    records = fxquant.report(qep).cpu_kernels()
+    assert records[-1] == {
+        "scheme": "float32 (kept in float)",
+        "layers": ["lm_head"],
+        "kernel": KERNEL,
+    }
+    assert [r["layers"] for r in records[:-1]] == [["body"]]
