@@ -6,7 +6,8 @@ cache in the program). Rows, measured side by side in one run:
 
 - fp32: eager (transformers + ``fxquant.llm.CachedCausalLM``), Inductor (``torch.compile`` of
   the ``fxquant.export_llm`` program: the baseline every ratio is relative to), AOTInductor
-  (the same program packaged).
+  (the same program packaged by fxquant: its linears on fxquant's native fp32 kernel where the
+  native kernels build, ``passes/cpu/float32.py``; a float model packaged by fxquant).
 - fxquant per recipe: the AOTInductor package (``fxquant.packages``: export_llm → quantize →
   aot_compile, built side by side, one process each, cached in ~/.cache/fxquant/packages) and
   ``torch.compile(CachedCausalLM(model), backend="fxquant")``.
