@@ -9,8 +9,8 @@ rows, calls ``fxquant::native_float32_linear`` and puts the bias and shape back.
 
 Why: at M = 1 a linear is a read of its weight, and MKL's sgemv does not read at the memory's
 rate on every machine. On the AMD EPYC Zen 4 (2 cores) the 49152 × 576 lm_head of SmolLM2 took
-10.0 ms through ATen at M = 1 (11 GB/s) and 3.2 ms in the native GEMV (35 GB/s), its 576 × 1536
-and 1536 × 576 linears 1.6-2.3× faster; up to 8 rows the native kernel is 1.3-6× ATen's speed,
+9.6 ms through ATen at M = 1 (11 GB/s) and 3.1 ms in the native GEMV (37 GB/s), its 576 × 1536
+and 1536 × 576 linears 1.3-1.9× faster; up to 8 rows the native kernel is 1.1-8× ATen's speed,
 above it runs ATen's mm itself (one-off timings by hand, by shape, in one process). The same
 fp32 products: only the order of the sums differs (tests/test_lower_float32.py bounds it).
 Only nodes whose weight is a stored, contiguous fp32 [N, K] constant and whose x is fp32 are
