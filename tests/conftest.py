@@ -196,6 +196,26 @@ class Mixed(nn.Module):
 SMOLLM2_PPL_1024 = 31.716
 
 
+@pytest.fixture
+def two_threads():
+    """Two OpenMP threads for the test, even where conftest gives each pytest worker one: the
+    native kernels split N (and the GEMVs' rows) across threads, so the split and its edges
+    stay tested."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(threads)
+
+
+def assert_sums_close(got: torch.Tensor, want: torch.Tensor, *, rel: float = 1e-5) -> None:
+    """fp32 [M, N] results of the same products summed in another order: within ``rel`` of the
+    output's scale (its largest magnitude, at least 1), not per element."""
+    assert got.shape == want.shape and got.dtype == torch.float32
+    if want.numel():
+        tol = rel * want.abs().max().clamp(min=1.0)
+        assert (got - want).abs().max() <= tol, (got - want).abs().max()
+
+
 @pytest.fixture(params=["native", "aten"])
 def cpu_kernels(request, monkeypatch):
     """Run a test on both CPU lowerings: the native kernels (fxquant.kernels.cpu, the default

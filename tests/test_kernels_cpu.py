@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 import fxquant.kernels.cpu as native
+from conftest import assert_sums_close
 from fxquant.core import reference as ref
 from fxquant.core import reference_lowbit as ref_lowbit
 from fxquant.passes.cpu import int8 as _int8  # noqa: F401  (registers the VNNI device ops)
@@ -25,9 +26,14 @@ from fxquant.passes.cpu.int4 import (  # (registers fxquant::cpu_native_int4_lin
     prepack_codes,
 )
 
-pytestmark = pytest.mark.skipif(
-    not native.available(), reason=f"native CPU kernels unavailable: {native.unavailable_reason()}"
-)
+pytestmark = [
+    pytest.mark.skipif(
+        not native.available(),
+        reason=f"native CPU kernels unavailable: {native.unavailable_reason()}",
+    ),
+    # the kernels split N (and the GEMV's rows) across OpenMP threads (conftest's fixture)
+    pytest.mark.usefixtures("two_threads"),
+]
 
 fxq = torch.ops.fxquant
 DEFAULT_UTILS = torch.library._OPCHECK_DEFAULT_UTILS
@@ -35,23 +41,7 @@ DEFAULT_UTILS = torch.library._OPCHECK_DEFAULT_UTILS
 # the GEMV's blocks of four activation rows
 MS = (0, 1, 2, 5, 8, 16, 17, 32, 33, 64, 65, 100)
 
-
-@pytest.fixture(autouse=True)
-def _two_threads():
-    # the kernels split N (and the GEMV's rows) across OpenMP threads: run them with two even
-    # where conftest gives each pytest worker one, so the split and its edges stay tested
-    threads = torch.get_num_threads()
-    torch.set_num_threads(2)
-    yield
-    torch.set_num_threads(threads)
-
-
-def _close(got: torch.Tensor, want: torch.Tensor) -> None:
-    # fp32 sums in another order: relative to the output's scale, not per element
-    assert got.shape == want.shape and got.dtype == torch.float32
-    if want.numel():
-        tol = 1e-5 * want.abs().max().clamp(min=1.0)
-        assert (got - want).abs().max() <= tol, (got - want).abs().max()
+_close = assert_sums_close  # fp32 sums in another order: relative to the output's scale
 
 
 def test_int8_scaled_extremes_do_not_saturate():

@@ -12,7 +12,7 @@ from torch.export import Dim
 
 import fxquant
 import fxquant.kernels.cpu as native
-from conftest import Mixed
+from conftest import Mixed, assert_sums_close
 from fxquant.passes.lower import lower, prepacked
 from fxquant.passes.rewrite import counters
 
@@ -25,23 +25,14 @@ NATIVE_OP = "fxquant.native_float32_linear.default"
 
 
 @pytest.fixture(autouse=True)
-def _two_threads(monkeypatch):
-    # the GEMV splits N across OpenMP threads: two, even where a pytest worker gets one
+def _native_dispatch(monkeypatch, two_threads):
     # the quantized body on its native kernel at every M (the fp32 reference's numerics; the
     # table's bf16 candidates are tests/test_cpu_dispatch.py's)
     monkeypatch.setenv("FXQUANT_CPU_DISPATCH", "native")
-    threads = torch.get_num_threads()
-    torch.set_num_threads(2)
-    yield
-    torch.set_num_threads(threads)
 
 
 def _close(got: torch.Tensor, want: torch.Tensor) -> None:
-    # fp32 sums in another order than MKL's: relative to the output's scale
-    assert got.shape == want.shape and got.dtype == torch.float32
-    if want.numel():
-        tol = 2e-6 * want.abs().max().clamp(min=1.0)
-        assert (got - want).abs().max() <= tol, (got - want).abs().max()
+    assert_sums_close(got, want, rel=2e-6)  # fp32 sums in another order than MKL's
 
 
 # M around the GEMV's blocks of 4 and 2 rows and its limit of 8 (ATen's mm above); K off the
