@@ -74,12 +74,10 @@ void gemv_float32(const float* x, int64_t M, int64_t K, const float* w, int64_t 
 // y = x @ w^T by ATen's mm into y's storage (w as a [K, N] transposed view)
 AOTITorchError mm_float32(const float* x, int64_t M, int64_t K, const float* w, int64_t N,
                           float* y) {
-  const int64_t xs[2] = {M, K}, xst[2] = {K, 1}, ws[2] = {K, N}, wst[2] = {1, K};
-  const int64_t ys[2] = {M, N}, yst[2] = {N, 1};
   Owned xt, wt, yt;
-  if (AOTITorchError e = float_blob(x, 2, xs, xst, &xt.h)) return e;
-  if (AOTITorchError e = float_blob(w, 2, ws, wst, &wt.h)) return e;
-  if (AOTITorchError e = float_blob(y, 2, ys, yst, &yt.h)) return e;
+  if (AOTITorchError e = matrix_blob(x, M, K, K, 1, &xt.h)) return e;
+  if (AOTITorchError e = matrix_blob(w, K, N, 1, K, &wt.h)) return e;
+  if (AOTITorchError e = matrix_blob(y, M, N, N, 1, &yt.h)) return e;
   return aoti_torch_cpu_mm_out(yt.h, xt.h, wt.h);
 }
 

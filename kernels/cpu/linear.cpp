@@ -79,13 +79,6 @@ void dequant_rows(Fmt fmt, const uint8_t* w, int64_t K, const float* scale, cons
   }
 }
 
-// a [rows, cols] view of fp32 data
-AOTITorchError blob(const float* data, int64_t rows, int64_t cols, int64_t row_stride,
-                    int64_t col_stride, AtenTensorHandle* out) {
-  const int64_t sizes[2] = {rows, cols}, strides[2] = {row_stride, col_stride};
-  return float_blob(data, 2, sizes, strides, out);
-}
-
 // The dequantized chunk comes from thread_buffer<ChunkTag> (native.h): a fresh std::vector of
 // 2 MiB per call is an mmap, a page fault per 4 KiB and a memset every time. With that and the
 // equal chunks below, SmolLM2's q/k/v and down_proj shapes at M = 128 went from a median 0.80
@@ -107,15 +100,15 @@ AOTITorchError gemm_chunked(Fmt fmt, const float* x, int64_t M, int64_t K, const
   const int64_t nc_max = std::min(N, ((N + chunks - 1) / chunks + 15) / 16 * 16);
   float* wbuf = thread_buffer<ChunkTag>(nc_max * K);  // dequant_rows writes all of it
   Owned xt;
-  if (AOTITorchError e = blob(x, M, K, K, 1, &xt.h)) return e;
+  if (AOTITorchError e = matrix_blob(x, M, K, K, 1, &xt.h)) return e;
   for (int64_t n0 = 0; n0 < N; n0 += nc_max) {
     const int64_t nc = std::min(nc_max, N - n0);
     dequant_rows(fmt, w, K, scale, offset, group, n0, nc, wbuf);
     if (bf16_weight)
       for (int64_t i = 0; i < nc * K; ++i) wbuf[i] = bf16_round(wbuf[i]);
     Owned wt, yt;  // the chunk as a [K, nc] (transposed) view; y[:, n0 : n0 + nc], row stride N
-    if (AOTITorchError e = blob(wbuf, K, nc, 1, K, &wt.h)) return e;
-    if (AOTITorchError e = blob(y + n0, M, nc, N, 1, &yt.h)) return e;
+    if (AOTITorchError e = matrix_blob(wbuf, K, nc, 1, K, &wt.h)) return e;
+    if (AOTITorchError e = matrix_blob(y + n0, M, nc, N, 1, &yt.h)) return e;
     if (AOTITorchError e = aoti_torch_cpu_mm_out(yt.h, xt.h, wt.h)) return e;
   }
   return AOTI_TORCH_SUCCESS;

@@ -77,7 +77,7 @@ inline void prefetch_row_ahead(const void* w, int64_t n, int64_t N, int64_t row_
   for (int64_t b = 0; b < row_bytes; b += 64) __builtin_prefetch(p + b, 0, 3);
 }
 
-// ---- ATen calls from the kernels (linear.cpp's chunked mm, attention.cpp's prompt bmm) -----
+// ---- ATen calls from the kernels (linear.cpp, float32.cpp: mm; attention.cpp: bmm) ----------
 
 // An fp32 CPU tensor over `data` (not owned) with the given sizes and strides (elements)
 inline AOTITorchError float_blob(const float* data, int64_t ndim, const int64_t* sizes,
@@ -85,6 +85,13 @@ inline AOTITorchError float_blob(const float* data, int64_t ndim, const int64_t*
   return aoti_torch_create_tensor_from_blob((void*)data, ndim, sizes, strides, 0,
                                             aoti_torch_dtype_float32(),
                                             aoti_torch_device_type_cpu(), 0, out);
+}
+
+// a [rows, cols] view of fp32 data (strides in elements)
+inline AOTITorchError matrix_blob(const float* data, int64_t rows, int64_t cols,
+                                  int64_t row_stride, int64_t col_stride, AtenTensorHandle* out) {
+  const int64_t sizes[2] = {rows, cols}, strides[2] = {row_stride, col_stride};
+  return float_blob(data, 2, sizes, strides, out);
 }
 
 struct Owned {  // an AtenTensorHandle deleted at scope exit
