@@ -524,6 +524,26 @@ def test_gqa_attention_matches_the_reference(b, h, r, length, d):
         torch.testing.assert_close(got, want, atol=2e-6, rtol=1e-5)
 
 
+@pytest.mark.parametrize(("r", "b"), [(3, 1), (6, 2), (24, 2)])
+def test_gqa_attention_reads_only_the_positions_a_row_attends_to(r, b):
+    """Hugging Face's static cache hands attention the whole cache, masked past the positions
+    written so far: the kernel stops at the last position any row attends to (decode loops and
+    the prompt's bmm alike), so what lies past it is never read: NaN there changes nothing."""
+    g = torch.Generator().manual_seed(r)
+    length, d = 300, 64
+    q = torch.randn(b, 3, r, d, generator=g)
+    k, v = (torch.randn(b, 3, length, d, generator=g) for _ in range(2))
+    visible = [41, 97][:b]  # per batch row: a static cache's causal mask, then its tail
+    mask = torch.zeros(b, 1, r, length, dtype=torch.bool)
+    for i, n in enumerate(visible):
+        for row in range(r):
+            mask[i, 0, row, : n - (row % 4)] = True
+    want = _attention_reference(q, k, v, mask, d**-0.5)
+    k[:, :, max(visible) :], v[:, :, max(visible) :] = float("nan"), float("nan")
+    got = fxq.native_gqa_attention(q, k, v, mask, d**-0.5)
+    torch.testing.assert_close(got, want, atol=2e-6, rtol=1e-5)
+
+
 def test_gqa_attention_without_the_library_is_the_same_math():
     """The op's kernel before the library registers its CPU one (a saved program run where
     fxquant has not loaded it), and off CPU."""

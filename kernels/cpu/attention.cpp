@@ -310,6 +310,24 @@ AOTITorchError bmm_attention(const float* q, const float* k, int64_t ks0, int64_
   return aoti_torch_cpu_bmm_out(ot.h, st.h, vt.h);
 }
 
+// 1 + the last position any query row attends to (L where none does): the positions past it
+// add nothing to any row. Hugging Face's static cache under torch.compile hands attention the
+// whole cache (max_cache_len positions, 2048 say), masked past the current one; reading only
+// what is visible keeps a decode step's cost to the positions written so far.
+int64_t visible_length(const bool* m, const Strided4& mt, int64_t R, int64_t L) {
+  int64_t last = -1;
+  for (int64_t b = 0; b < mt.size[0]; ++b)
+    for (int64_t r = 0; r < R; ++r) {
+      const bool* row = m + b * mt.stride[0] + r * mt.stride[2];
+      for (int64_t l = L - 1; l > last; --l)
+        if (row[l]) {
+          last = l;
+          break;
+        }
+    }
+  return last < 0 ? L : last + 1;
+}
+
 }  // namespace
 }  // namespace fxq
 
@@ -328,7 +346,7 @@ AOTITorchError aoti_torch_cpu_native_gqa_attention(AtenTensorHandle q, AtenTenso
       !strided4(mask, aoti_torch_dtype_bool(), &mt))
     return AOTI_TORCH_FAILURE;
   const int64_t B = qt.size[0], H = qt.size[1], R = qt.size[2], D = qt.size[3];
-  const int64_t L = kt.size[2];
+  const int64_t L_all = kt.size[2];
   // q packed (its last dim's stride is checked by strided4)
   if ((R > 1 && qt.stride[2] != D) || (H > 1 && qt.stride[1] != R * D) ||
       (B > 1 && qt.stride[0] != H * R * D))
@@ -337,7 +355,7 @@ AOTITorchError aoti_torch_cpu_native_gqa_attention(AtenTensorHandle q, AtenTenso
     if (vt.size[i] != kt.size[i]) return AOTI_TORCH_FAILURE;
   if (kt.size[0] != B || kt.size[1] != H || kt.size[3] != D) return AOTI_TORCH_FAILURE;
   if ((mt.size[0] != 1 && mt.size[0] != B) || mt.size[1] != 1 || mt.size[2] != R ||
-      mt.size[3] != L)
+      mt.size[3] != L_all)
     return AOTI_TORCH_FAILURE;
   const int64_t sizes[4] = {B, H, R, D}, strides[4] = {H * R * D, R * D, D, 1};
   if (AOTITorchError e =
@@ -350,6 +368,7 @@ AOTITorchError aoti_torch_cpu_native_gqa_attention(AtenTensorHandle q, AtenTenso
   const float* kd = (const float*)kt.data;
   const float* vd = (const float*)vt.data;
   const bool* md = (const bool*)mt.data;
+  const int64_t L = visible_length(md, mt, R, L_all);  // the rows' strides stay the cache's
   if (R > kLoopMaxRows) {  // a prompt: ATen's bmm, one batch row at a time
     std::unique_ptr<float[]> once;
     float* scores = scores_buffer(H * R * L, &once);
