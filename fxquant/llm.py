@@ -44,6 +44,8 @@ import torch
 from torch import nn
 from torch.export import Dim, ExportedProgram
 
+from fxquant.core.ops import packed_gqa_attention
+
 __all__ = [
     "INFO_KEY",
     "CachedCausalLM",
@@ -94,6 +96,10 @@ class CachedCausalLM(nn.Module):
     ``cache_length_<i>``, non-persistent), so ``torch.export`` lifts them as buffers the
     program mutates. Each call points transformers' cache layers at those buffers first:
     during a non-strict export they are the tracer's versions, not the eager tensors.
+
+    Attention is :func:`_packed_gqa_attention` in every mode. Under ``torch.compile`` set
+    ``torch._dynamo.config.capture_scalar_outputs = True``: the attended length is data
+    (``cache_position[-1].item()``), a graph break otherwise.
     """
 
     def __init__(
@@ -117,6 +123,8 @@ class CachedCausalLM(nn.Module):
         heads, head_dim = _head_shapes(config)
         device = next(model.parameters()).device
         self.cache.early_initialization(max_batch, heads, head_dim, _dtype(model), device)
+        if getattr(config, "_attn_implementation", None) == "sdpa":
+            _register_attention()  # once, outside any trace: a global registry
         for i, layer in enumerate(self.cache.layers):
             self.register_buffer(f"cache_key_{i}", layer.keys, persistent=False)
             self.register_buffer(f"cache_value_{i}", layer.values, persistent=False)
@@ -138,13 +146,16 @@ class CachedCausalLM(nn.Module):
             layer.cumulative_length.copy_(cache_position[0])
         position_ids = cache_position.unsqueeze(0).expand(input_ids.shape[0], -1)
         last = self.logits == "last"
-        out = self.model(
-            input_ids=input_ids,
-            position_ids=position_ids,
-            cache=self.cache,
-            use_cache=True,
-            **({"logits_to_keep": 1} if last and self._keep else {}),
-        )
+        # packed grouped-query attention in every mode (eager, export, torch.compile): under
+        # Dynamo transformers' sdpa repeats the visible cache per layer and step
+        with _PackedAttention(self.model.config):
+            out = self.model(
+                input_ids=input_ids,
+                position_ids=position_ids,
+                cache=self.cache,
+                use_cache=True,
+                **({"logits_to_keep": 1} if last and self._keep else {}),
+            )
         logits = out.logits[:, -1:] if last else out.logits
         return logits.float()
 
@@ -186,22 +197,24 @@ def _visible_layer_class(base: type) -> type:
 def _packed_gqa_attention(
     module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs
 ):
-    """Attention for the exported program: grouped-query heads packed, not repeated.
+    """Attention for CachedCausalLM (exported or compiled): grouped-query heads packed, not
+    repeated.
 
     With H query heads sharing Hkv key/value heads (SmolLM2: 9 and 3), transformers' ``sdpa``
     under export repeats each key/value head H/Hkv times: a copy of the visible cache per layer
     and step. Here the G = H/Hkv query heads of a group become G * T query rows of its one
-    key/value head (the mask repeats along those rows), so the cache is read as it is. On CPU,
-    where fxquant's native kernels are built, that is one op, ``fxquant::native_gqa_attention``
-    (kernels/cpu/attention.cpp): at decode (G rows a head) its own loops read each cached row
-    once, the positions split between the cores, where MKL's bmm spent ~12 µs a call on 3 x
-    ~200 x 64 (60 calls a SmolLM2 token, ~11 % of a w8a8 step); a prompt goes through MKL's bmm
-    inside the op. Elsewhere two batched matmuls and a softmax (fp32, as transformers' eager
-    attention), which Inductor lowers to MKL's bmm and one fused kernel. Measured on SmolLM2
-    decode (AVX2, 2 cores), that bmm form: 45 µs a layer against 72 for transformers' ``sdpa``
-    (repeat + CPU flash attention), whose kernel splits its work by head and query block, few at
-    M = 1. The same scores and softmax up to fp32 rounding. Anything else (no mask, no groups,
-    dropout, a position bias, softcapping) goes to transformers' own ``sdpa`` unchanged.
+    key/value head (the mask repeats along those rows: ``fxquant.core.ops.packed_gqa_attention``),
+    so the cache is read as it is. On CPU, where fxquant's native kernels are built, that is
+    one op, ``fxquant::native_gqa_attention`` (kernels/cpu/attention.cpp): at decode (G rows a
+    head) its own loops read each cached row once, the positions split between the cores, where
+    MKL's bmm spent ~12 µs a call on 3 x ~200 x 64 (60 calls a SmolLM2 token, ~11 % of a w8a8
+    step); a prompt goes through MKL's bmm inside the op. Elsewhere two batched matmuls and a
+    softmax (fp32, as transformers' eager attention), which Inductor lowers to MKL's bmm and one
+    fused kernel. Measured on SmolLM2 decode (AVX2, 2 cores), that bmm form: 45 µs a layer
+    against 72 for transformers' ``sdpa`` (repeat + CPU flash attention), whose kernel splits
+    its work by head and query block, few at M = 1. The same scores and softmax up to fp32
+    rounding. Anything else (no mask, no groups, dropout, a position bias, softcapping) goes to
+    transformers' own ``sdpa`` unchanged.
     """
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
@@ -220,26 +233,10 @@ def _packed_gqa_attention(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
             is_causal=is_causal, **kwargs,
         )  # fmt: skip
-    b, h, t, d = query.shape
-    hk = key.shape[1]
-    # head hk * G + g, row t → head hk, row g * T + t (contiguous first: a plain view, no guards)
-    q = query.contiguous().view(b, hk, groups * t, d)
-    mb, lm = attention_mask.shape[0], attention_mask.shape[-1]
-    mask = attention_mask[:, :, None].expand(mb, 1, groups, t, lm).reshape(mb, 1, groups * t, lm)
-    scale = scaling if scaling is not None else d**-0.5
-    if query.device.type == "cpu" and _native_attention(q, key, value, mask):
-        out = torch.ops.fxquant.native_gqa_attention(q, key, value, mask, scale)
-    else:
-        scores = torch.matmul(q, key.transpose(-1, -2)) * scale
-        bool_mask = mask.dtype == torch.bool
-        scores = scores.masked_fill(~mask, float("-inf")) if bool_mask else scores + mask
-        # softmax in fp32 whatever the model's dtype, as transformers' eager attention does
-        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)
-        out = torch.matmul(probs, value)
-    # back to [B, T, H, D]: the G row blocks stacked as heads (splitting the G * T rows with a
-    # view guards on T, which export refuses)
-    out = torch.stack([out[:, :, g * t : (g + 1) * t] for g in range(groups)], dim=2)
-    return out.view(b, h, t, value.shape[-1]).transpose(1, 2).contiguous(), None
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    native = query.device.type == "cpu" and _native_attention(query, key, value, attention_mask)
+    out = packed_gqa_attention(query, key, value, attention_mask, scale, native=native)
+    return out.transpose(1, 2).contiguous(), None
 
 
 def _native_attention(q, key, value, mask) -> bool:
@@ -247,6 +244,13 @@ def _native_attention(q, key, value, mask) -> bool:
     attention: fp32 tensors, a boolean mask, and the kernels built on this machine."""
     if mask.dtype != torch.bool or any(t.dtype != torch.float32 for t in (q, key, value)):
         return False
+    return _native_built()
+
+
+@torch.compiler.assume_constant_result
+def _native_built() -> bool:
+    """Whether the native CPU kernels are built here: a constant to Dynamo, which would
+    otherwise trace into the loader (``lru_cache``, file locks) inside a compiled forward."""
     from fxquant.kernels import cpu as native
 
     return native.available()
@@ -261,8 +265,9 @@ def _register_attention() -> None:
 
 
 class _PackedAttention:
-    """Trace with :func:`_packed_gqa_attention` where the model runs transformers' ``sdpa``; the
-    config's attention implementation is restored afterwards (the caller's model is kept)."""
+    """Run with :func:`_packed_gqa_attention` where the model runs transformers' ``sdpa`` (its
+    name registered by ``CachedCausalLM``); the config's attention implementation is restored
+    afterwards (the caller's model is kept)."""
 
     def __init__(self, config) -> None:
         self.config, self.was = config, None
@@ -270,7 +275,6 @@ class _PackedAttention:
     def __enter__(self) -> None:
         self.was = getattr(self.config, "_attn_implementation", None)
         if self.was == "sdpa":
-            _register_attention()
             self.config._attn_implementation = ATTENTION
 
     def __exit__(self, *exc) -> None:
@@ -386,7 +390,7 @@ def export_llm(
         ids = torch.randint(0, vocab, (max_batch, example_tokens))
         pos = torch.arange(example_tokens)
         tokens = Dim("tokens", min=1, max=max_cache_len)
-        with torch.no_grad(), _PackedAttention(model.config):
+        with torch.no_grad():
             ep = torch.export.export(
                 wrapper, (ids, pos), dynamic_shapes=({1: tokens}, {0: tokens}), strict=False
             )

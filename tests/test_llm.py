@@ -179,6 +179,43 @@ def test_native_attention_equals_the_uncached_model(native, monkeypatch):
     torch.testing.assert_close(m(ids[:, :12], torch.arange(12)), want[:, :12], atol=1e-5, rtol=1e-5)
 
 
+def test_the_compiled_wrapper_packs_its_attention_in_one_graph():
+    """``torch.compile(CachedCausalLM(model))`` traces the packed attention too (Dynamo's graph,
+    one a phase, no break): one native op a layer where the kernels are built, never sdpa over a
+    repeated cache; the logits are the eager wrapper's and the uncached model's."""
+    import fxquant.kernels.cpu as native_kernels
+    from fxquant.llm import CachedCausalLM
+
+    graphs = []
+
+    def record(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    model = _model(seed=4)
+    ids = torch.randint(0, VOCAB, (1, 7))
+    want = model(ids, use_cache=False).logits
+    eager = CachedCausalLM(model, max_cache_len=16, logits="all")
+    compiled = torch.compile(CachedCausalLM(model, max_cache_len=16, logits="all"), backend=record)
+    # the attended length is data (.item()): in the graph, not a break
+    with torch.no_grad(), torch._dynamo.config.patch(capture_scalar_outputs=True):
+        for run in (eager, compiled):
+            got = torch.cat([run(ids[:, :5], torch.arange(5))] + [
+                run(ids[:, i : i + 1], torch.tensor([i])) for i in (5, 6)
+            ], 1)  # fmt: skip
+            torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    assert model.config._attn_implementation == "sdpa"  # the caller's model is kept
+    assert len(graphs) in (2, 3)  # the prompt, the decode steps (Dynamo may respecialize once)
+    native = native_kernels.available()
+    layers = _COMMON["num_hidden_layers"]
+    for gm in graphs:
+        targets = [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]
+        assert not any("scaled_dot_product" in t for t in targets), targets
+        assert sum("native_gqa_attention" in t for t in targets) == (layers if native else 0)
+    torch._dynamo.reset()
+
+
 def test_a_saved_program_runs_in_a_fresh_process(tmp_path):
     """`import fxquant` declares the attention op for torch.export.load; without the native
     library loaded it runs the reference math."""
@@ -453,10 +490,12 @@ def test_the_runtime_serves_without_fxquant_passes_or_transformers(llm_package, 
 @pytest.mark.slow
 def test_hf_generate_under_the_backend_matches_the_program_and_quantizes_once():
     """Hugging Face's own generate with a static cache, the forward compiled by the fxquant
-    backend: the exported program's greedy tokens, and each weight quantized once however
-    many graphs Dynamo compiles (prefill, decode, a second cache length)."""
+    backend: the exported program's greedy tokens, each weight quantized once however many
+    graphs Dynamo compiles (prefill, decode, a second cache length), the decode steps'
+    attention on the packed kernel (passes/cpu/attention.py)."""
     import copy
 
+    import fxquant.kernels.cpu as native_kernels
     from fxquant.passes.rewrite import counters
 
     model = _model(seed=2)
@@ -476,6 +515,8 @@ def test_hf_generate_under_the_backend_matches_the_program_and_quantizes_once():
     out = served.generate(prompt, max_new_tokens=8, **kwargs)
     assert out[0, 6:].tolist() == want and ids == out[0, :6].tolist()
     assert counters["quantize.computed"] == 14  # 2 layers × 7 linears, once
+    # the decode graph's attention over the repeated static cache: the packed native kernel
+    assert counters["attention.packed"] == (2 if native_kernels.available() else 0)
     compiles = counters["quantize.reused"]
     served.generate(prompt, max_new_tokens=12, **kwargs)  # a longer cache: Dynamo recompiles
     assert counters["quantize.computed"] == 14 and counters["quantize.reused"] > compiles

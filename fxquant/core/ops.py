@@ -156,3 +156,38 @@ def gqa_attention_reference(q, key, value, mask, scale):
 
 
 _attention.impl("native_gqa_attention", gqa_attention_reference, "CompositeExplicitAutograd")
+
+
+def packed_gqa_attention(
+    query: Tensor, key: Tensor, value: Tensor, mask: Tensor, scale: float, *, native: bool
+) -> Tensor:
+    """Grouped-query attention with the query heads packed, not the cache repeated: query
+    [B, H, T, D], key and value [B, Hkv, L, D] (H = G · Hkv), mask [Bm, 1, T, L] (bool: True =
+    attend, or additive) → [B, H, T, Dv], what sdpa gives on the repeated cache.
+
+    The G query heads of a group become G · T query rows of its one key/value head (the mask
+    repeats along those rows), so the cache is read as it lies. ``native``: one
+    ``fxquant::native_gqa_attention`` (fp32, bool mask, the kernels built); else two batched
+    matmuls and a softmax in fp32, as transformers' eager attention. Traced by
+    ``fxquant.export_llm`` (``fxquant.llm``) and put in place of sdpa over a repeated cache by
+    the backend's CPU pass (``fxquant.passes.cpu.attention``)."""
+    b, h, t, d = query.shape
+    hk = key.shape[1]
+    groups = h // hk
+    # head hk * G + g, row t → head hk, row g * T + t (contiguous first: a plain view, no guards)
+    q = query.contiguous().view(b, hk, groups * t, d)
+    mb, lm = mask.shape[0], mask.shape[-1]
+    mask = mask[:, :, None].expand(mb, 1, groups, t, lm).reshape(mb, 1, groups * t, lm)
+    if native:
+        out = torch.ops.fxquant.native_gqa_attention(q, key, value, mask, scale)
+    else:
+        scores = torch.matmul(q, key.transpose(-1, -2)) * scale
+        bool_mask = mask.dtype == torch.bool
+        scores = scores.masked_fill(~mask, float("-inf")) if bool_mask else scores + mask
+        # softmax in fp32 whatever the model's dtype, as transformers' eager attention does
+        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)
+        out = torch.matmul(probs, value)
+    # back to [B, H, T, Dv]: the G row blocks stacked as heads (splitting the G * T rows with a
+    # view guards on T, which export refuses)
+    out = torch.stack([out[:, :, g * t : (g + 1) * t] for g in range(groups)], dim=2)
+    return out.view(b, h, t, value.shape[-1])
