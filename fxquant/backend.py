@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from fxquant.core.config import Float8Recipe, QuantConfig
+from fxquant.passes.cpu.attention import pack_repeated_attention
 from fxquant.passes.cpu.parallel import keyed as sized_regions_keyed
 from fxquant.passes.cpu.parallel import sized_regions
 from fxquant.passes.float8_regions import (
@@ -32,7 +33,7 @@ from fxquant.passes.float8_regions import (
     root_and_linears,
     uses_float8_training,
 )
-from fxquant.passes.lower import lowerings, prepack
+from fxquant.passes.lower import lowerings, native_cpu, prepack
 from fxquant.passes.pipeline import run_passes
 from fxquant.passes.rewrite import DynamoEditor
 from fxquant.report import read_graph
@@ -135,6 +136,9 @@ def fxquant_backend(
     del last_reports[:-16]
     devices = {t.device.type for t in example_inputs if isinstance(t, torch.Tensor)}
     device = "cuda" if "cuda" in devices else "cpu"
+    if device == "cpu" and native_cpu():
+        # sdpa over transformers' repeated KV cache: the native kernel, on the cache in place
+        pack_repeated_attention(editor.graph)
     prepack(editor, device=device)
     gm = editor.finish()
     decompositions = dict(select_decomp_table())

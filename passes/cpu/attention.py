@@ -1,0 +1,147 @@
+"""Attention over a repeated KV cache, in the graphs the ``torch.compile`` backend gets, read in
+place by fxquant's native kernel instead.
+
+Where it sits: the CPU step of ``fxquant.backend`` (native kernels built), on the torch-level
+graph Dynamo hands over, before Inductor. Under Dynamo transformers' ``sdpa`` attention repeats
+each key/value head G times (``repeat_kv``: ``x[:, :, None]``, ``.expand``, ``.reshape``) and
+calls ``scaled_dot_product_attention`` with the mask. At a decode step of Hugging Face's
+``generate`` with a static cache that is a copy of the whole cache per layer: it hands attention
+all ``max_cache_len`` positions, masked past the current one. Each such call becomes
+``fxquant.core.ops.packed_gqa_attention`` on the cache as it lies: the packed attention
+``fxquant.export_llm`` traces, whose kernel (kernels/cpu/attention.cpp) reads each cached row
+once, and only up to the last position a row attends to.
+
+Taken: fp32 query, key and value on CPU; key and value each the repeat of one [B, Hkv, L, D]
+tensor by the same G > 1, with H = G · Hkv query heads; a bool mask [B or 1, 1, T, L]; no
+dropout; not causal; no ``enable_gqa``. Anything else is left as it is (a prefill transformers
+calls with ``is_causal=True`` and no mask, say).
+"""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+import torch.fx as fx
+
+from fxquant.core.ops import packed_gqa_attention
+from fxquant.passes.plan import node_value
+
+__all__ = ["pack_repeated_attention"]
+
+_SDPA = torch.nn.functional.scaled_dot_product_attention
+_SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
+_NEW_AXIS = (slice(None), slice(None), None, slice(None), slice(None))  # x[:, :, None]
+
+
+def pack_repeated_attention(graph: fx.Graph) -> int:
+    """Rewrite every sdpa over a repeated cache that qualifies (above); returns how many."""
+    from fxquant.passes.rewrite import counters
+
+    done = 0
+    for node in list(graph.nodes):
+        if not (node.op == "call_function" and node.target is _SDPA):
+            continue
+        args = dict(zip(_SDPA_ARGS, node.args, strict=False)) | dict(node.kwargs)
+        key, value = _repeated(args.get("key")), _repeated(args.get("value"))
+        if key is None or value is None or key[1] != value[1]:
+            continue
+        scale = _scale(args, key[1])
+        if scale is None:
+            continue
+        with graph.inserting_before(node):
+            packed = graph.call_function(
+                packed_gqa_attention,
+                (args["query"], key[0], value[0], args["attn_mask"], scale),
+                {"native": True},
+            )
+        packed.meta.update(node.meta)  # the same [B, H, T, D] fp32 result
+        repeats = (args["key"], args["value"])
+        node.replace_all_uses_with(packed)
+        graph.erase_node(node)
+        for repeat in repeats:
+            _erase_repeat(graph, repeat)
+        counters["attention.packed"] += 1
+        done += 1
+    return done
+
+
+def _repeated(node) -> tuple[fx.Node, int] | None:
+    """``(x, G)`` where ``node`` is transformers' ``repeat_kv(x, G)`` of an fp32 CPU
+    [B, Hkv, L, D] tensor x, else None."""
+    if not _is_method(node, "reshape"):
+        return None
+    expand = node.args[0]
+    if not _is_method(expand, "expand") or len(expand.users) != 1:
+        return None
+    item = expand.args[0]
+    if not (
+        isinstance(item, fx.Node)
+        and item.op == "call_function"
+        and item.target is operator.getitem
+        and item.args[1] == _NEW_AXIS
+        and len(item.users) == 1
+    ):
+        return None
+    source = item.args[0]
+    x, out = node_value(source), node_value(node)
+    if not (_fp32_cpu(x, 4) and _fp32_cpu(out, 4)):
+        return None
+    groups = out.shape[1] // x.shape[1] if _ints(out.shape[1], x.shape[1]) else 0
+    same = all(_same(out.shape[i], x.shape[i]) for i in (0, 2, 3))
+    if groups < 2 or out.shape[1] != groups * x.shape[1] or not same:
+        return None
+    return source, groups
+
+
+def _scale(args: dict, groups: int) -> float | None:
+    """The attention's scale where the call qualifies (module docstring), else None."""
+    q, mask = node_value(args.get("query")), node_value(args.get("attn_mask"))
+    key = node_value(args["key"])
+    if not _fp32_cpu(q, 4) or mask is None or not isinstance(mask, torch.Tensor):
+        return None
+    if args.get("dropout_p", 0.0) != 0.0 or args.get("is_causal") or args.get("enable_gqa"):
+        return None
+    if mask.dtype != torch.bool or mask.dim() != 4 or not _same(mask.shape[1], 1):
+        return None
+    if not (_same(mask.shape[2], q.shape[2]) and _same(mask.shape[3], key.shape[2])):
+        return None
+    if not (_same(q.shape[1], key.shape[1]) and _same(q.shape[3], key.shape[3])):
+        return None
+    if not (_same(mask.shape[0], 1) or _same(mask.shape[0], q.shape[0])):
+        return None
+    scale = args.get("scale")
+    if scale is None:
+        return q.shape[3] ** -0.5 if isinstance(q.shape[3], int) else None
+    return float(scale) if isinstance(scale, (int, float)) else None
+
+
+def _is_method(node, name: str) -> bool:
+    return isinstance(node, fx.Node) and node.op == "call_method" and node.target == name
+
+
+def _fp32_cpu(value, dim: int) -> bool:
+    return (
+        isinstance(value, torch.Tensor)
+        and value.dtype == torch.float32
+        and value.device.type == "cpu"
+        and value.dim() == dim
+    )
+
+
+def _ints(*sizes) -> bool:
+    return all(isinstance(s, int) for s in sizes)
+
+
+def _same(a, b) -> bool:
+    """Equal sizes, symbolic ones by their expression (no guard added)."""
+    return a == b if _ints(a, b) else str(a) == str(b)
+
+
+def _erase_repeat(graph: fx.Graph, reshape: fx.Node) -> None:
+    """Drop ``repeat_kv``'s three nodes (reshape ← expand ← x[:, :, None]) nothing reads now."""
+    expand = reshape.args[0]
+    for node in (reshape, expand, expand.args[0]):
+        if node.users:
+            return
+        graph.erase_node(node)
