@@ -37,11 +37,7 @@ bf16 at M = 128. The last lines compare fxquant's fastest int8 row with
 ``quantize_dynamic`` at each M, speed and error. Results go to
 benchmarks/results/cpu_latency_<class>.json with the machine they ran on.
 
-``--model smollm2`` runs the real-model part instead (``smollm2_latency.py``): SmolLM2-135M
-prefill and decode (without a KV cache) tokens/s, build time and artifact size, for fp32, each
-fxquant recipe as an AOTInductor package and through the backend, and the peers; it writes
-results/cpu_latency_smollm2.json and .png (about 45 min on 2 cores: five AOTInductor builds of
-SmolLM2 and four backend compiles).
+SmolLM2 itself, with its KV cache, is ``llm_decode.py``'s.
 Compiles reuse the Inductor cache (TORCHINDUCTOR_CACHE_DIR, by default under /tmp), so a rerun
 is faster and its compile times understate a cold compile.
 
@@ -49,7 +45,6 @@ is faster and its compile times understate a cold compile.
     python benchmarks/cpu_latency.py --quick                # int8wo + peers, few rounds (~3 min)
     python benchmarks/cpu_latency.py --schemes w8a8 --no-peers --out /tmp/w8a8.json   # recheck one
                                                             # scheme (the fp32 rows always run)
-    python benchmarks/cpu_latency.py --model smollm2        # SmolLM2 prefill/decode (~45 min)
 """
 
 from __future__ import annotations
@@ -65,7 +60,6 @@ import warnings
 from collections.abc import Callable
 from pathlib import Path
 
-import smollm2_latency  # a sibling script, like machine
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -487,15 +481,9 @@ def main() -> None:
     ap.add_argument("--no-peers", action="store_true", help="skip quantize_dynamic and torchao")
     ap.add_argument("--rounds", type=int, default=None, help="rounds at M=128 (x3 at M=1)")
     ap.add_argument(
-        "--model",
-        choices=("stack", "smollm2"),
-        default="stack",
-        help="the D=1024 stack at M=1/16/128/512, or SmolLM2-135M prefill/decode",
-    )
-    ap.add_argument(
         "--out",
         default=None,
-        help="JSON path (default results/cpu_latency_<class>.json, or cpu_latency_smollm2.json)",
+        help="JSON path (default results/cpu_latency_<class>.json)",
     )
     ap.add_argument(
         "--plot-only",
@@ -505,16 +493,11 @@ def main() -> None:
     a = ap.parse_args()
     results = Path(__file__).parent / "results"
     if a.out is None:
-        stack = f"cpu_latency_{machine_class()}.json"
-        a.out = str(results / (stack if a.model == "stack" else "cpu_latency_smollm2.json"))
-    draw = plot if a.model == "stack" else smollm2_latency.plot
+        a.out = str(results / f"cpu_latency_{machine_class()}.json")
     if a.plot_only:
-        draw(json.loads(Path(a.out).read_text()), Path(a.out).with_suffix(".png"))
+        plot(json.loads(Path(a.out).read_text()), Path(a.out).with_suffix(".png"))
         return
     torch.set_num_threads(2)
-    if a.model == "smollm2":
-        run_smollm2(a)
-        return
     schemes = tuple(a.schemes.split(",")) if a.schemes else (QUICK_SCHEMES if a.quick else SCHEMES)
     n = a.rounds or (3 if a.quick else 9)
     # cheap M get more rounds; M = 512 calls take ~0.3 s each
@@ -566,25 +549,6 @@ def main() -> None:
     }
     write_results(res, a.out)
     plot(res, Path(a.out).with_suffix(".png"))
-
-
-def run_smollm2(a) -> None:
-    schemes = tuple(a.schemes.split(",")) if a.schemes else smollm2_latency.SCHEMES
-    t_start = time.perf_counter()
-    res = smollm2_latency.run(
-        schemes=schemes, peers=not a.no_peers, rounds=a.rounds or (2 if a.quick else 5)
-    )
-    res = {
-        "question": smollm2_latency.__doc__.split("\n\n")[0].replace("\n", " "),
-        "machine": machine_info(),
-        "note": "Machines are shared and noisy: quote the speed-up ratios (measured side by side "
-        "in one run, interleaved), not absolute tokens/s.",
-        **res,
-        "wall_s": time.perf_counter() - t_start,
-    }
-    write_results(res, a.out)  # before anything else can fail
-    smollm2_latency.print_table(res)
-    smollm2_latency.plot(res, Path(a.out).with_suffix(".png"))
 
 
 def plot(res: dict, path: Path) -> None:

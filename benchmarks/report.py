@@ -149,9 +149,7 @@ def accuracy_section() -> str:
 def latency_section() -> str:
     """One subsection per CPU class measured (``cpu_latency_<class>.json``): speed is not
     carried from one class to another."""
-    names = sorted(
-        p.name for p in RESULTS.glob("cpu_latency_*.json") if p.stem != "cpu_latency_smollm2"
-    )
+    names = sorted(p.name for p in RESULTS.glob("cpu_latency_*.json"))
     if not names:
         return (
             "### CPU latency\n\n_No `benchmarks/results/cpu_latency_<class>.json` yet: run "
@@ -217,51 +215,6 @@ def _latency_class(name: str) -> str:
             f"`quantize_dynamic` (rel. err {c['rel_err']:.1e} vs "
             f"{c['quantize_dynamic_rel_err']:.1e})"
         )
-    return "\n".join(out).rstrip()
-
-
-def smollm2_latency_section() -> str:
-    how = "python benchmarks/cpu_latency.py --model smollm2"
-    rec, missing = _load("cpu_latency_smollm2.json", how)
-    out = ["### SmolLM2-135M on the CPU: prefill, decode, build time, size", ""]
-    if rec is None:
-        return "\n".join(out + [missing])
-    dec = rec.get("decode", {})
-    out += [
-        f"From `{how}` → `benchmarks/results/cpu_latency_smollm2.json`; {_machine(rec)}, "
-        f"torchao {rec.get('torchao', '?')}.",
-        "",
-        f"Batch 1, fp32. Prefill: one forward over {rec.get('prefill_tokens', '?')} tokens. "
-        f"Decode: greedy, {dec.get('new_tokens', '?')} steps after a "
-        f"{dec.get('context', '?')}-token prompt, **without a KV cache** (each step reruns the "
-        "growing sequence, so M is 64-72 rows, not 1). Speed-ups are vs fp32 Inductor, medians "
-        "of interleaved rounds. Build: quantize + package (AOTI rows) or the compiling calls. "
-        "Greedy: leading decoded tokens equal to fp32 eager's.",
-        "",
-    ]
-    if (RESULTS / "cpu_latency_smollm2.png").exists():
-        out += ["![SmolLM2 latency chart](benchmarks/results/cpu_latency_smollm2.png)", ""]
-    rows = []
-    for r in rec.get("results", []):
-        if r.get("status") != "ok":
-            rows.append([r.get("candidate", "?"), r.get("status", "?")[:60], *["–"] * 6])
-            continue
-        size = r.get("artifact_bytes")
-        rows.append(
-            [
-                r["candidate"],
-                f"{r['prefill_tokens_per_s']:.0f} "
-                f"({_f(r.get('prefill_speedup_vs_fp32_inductor'), '.2f')}×)",
-                f"{r['decode_tokens_per_s']:.2f} "
-                f"({_f(r.get('decode_speedup_vs_fp32_inductor'), '.2f')}×)",
-                _f(r.get("build_s"), ".0f"),
-                _f(size and size / 2**20, ".0f"),
-                _f(r.get("rel_err_vs_fp32_eager"), ".1e"),
-                f"{r.get('greedy_agree', '?')}/{dec.get('new_tokens', '?')}",
-            ]
-        )
-    head = ["candidate", "prefill tok/s", "decode tok/s", "build s", "MiB", "rel. err", "greedy"]
-    out += [_table(head, rows), ""]
     return "\n".join(out).rstrip()
 
 
@@ -516,7 +469,6 @@ def build_block() -> str:
         accuracy_section(),
         llm_decode_section(),
         latency_section(),
-        smollm2_latency_section(),
         demo_section(),
         fp8_training_section(),
         gpu_section(),
