@@ -23,6 +23,7 @@ import re
 import warnings
 from collections import Counter
 from collections.abc import Mapping
+from typing import Any
 
 import torch
 import torch.fx as fx
@@ -192,7 +193,11 @@ class DynamoEditor:
         self.fake_mode = None
         placeholders = [n for n in self.graph.nodes if n.op == "placeholder"]
         self._inputs = dict(zip(placeholders, example_inputs, strict=True))
+        self._index = {node: i for i, node in enumerate(placeholders)}
         self._attrs: set[str] = set()
+        # the parameter inputs whose values the passes read at compile time: input index →
+        # (Dynamo's source of it, the tensor)
+        self.frozen: dict[int, tuple[Any, torch.Tensor]] = {}
 
     def weight_of(self, node: fx.Node):
         if node.op == "get_attr":
@@ -204,7 +209,9 @@ class DynamoEditor:
         grapharg = node.meta.get("grapharg")
         if not isinstance(value, torch.nn.Parameter) or grapharg is None:
             return None
-        return fqn_from_source(grapharg.source.name), value
+        fqn = fqn_from_source(grapharg.source.name)
+        self.frozen[self._index[node]] = (grapharg.source, value)
+        return fqn, value
 
     def taken(self, fqn: str) -> bool:
         return fqn in self._attrs

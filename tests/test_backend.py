@@ -63,6 +63,51 @@ def test_backend_quantizes_and_matches_the_exported_program():
     assert all(r["status"] == "quantized" for r in rows)
 
 
+def test_two_models_of_one_class_each_run_their_own_weights():
+    """Dynamo guards parameter inputs by metadata only: without the backend's identity guards a
+    second instance of the class ran the first one's quantized weights (relative error 1.2)."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    first, second = Mixed().eval(), Mixed().eval()
+    x = torch.randn(3, 64)
+    with torch.no_grad():
+        outs = [torch.compile(m, backend="fxquant")(x) for m in (first, second)]
+        for m, y in zip((first, second), outs, strict=True):
+            assert fxquant.core.reference.sqnr(m(x), y) > 25
+    torch._dynamo.reset()
+
+
+def test_weights_changed_after_compiling_are_refused_not_run_stale():
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = Mixed().eval()
+    compiled = torch.compile(model, backend="fxquant")
+    x = torch.randn(3, 64)
+    with torch.no_grad():
+        compiled(x)
+        model.fc.weight.mul_(2)  # in place, as load_state_dict copies
+        with pytest.raises(RuntimeError, match=r"fc.weight was changed in place after the compile"):
+            compiled(x)
+        torch._dynamo.reset()  # the documented way out: compiled anew, quantized anew
+        y = compiled(x)
+        assert fxquant.core.reference.sqnr(model(x), y) > 25
+    torch._dynamo.reset()
+
+
+def test_skipped_module_guards_cannot_run_another_models_weights():
+    """With Dynamo's module guards filtered out, two models sharing one forward's code share its
+    graphs too: the second call is refused, not run on the first model's weights."""
+    torch._dynamo.reset()
+    first, second = Mixed().eval(), Mixed().eval()
+    options = {"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe}
+    x = torch.randn(3, 64)
+    with torch.no_grad():
+        torch.compile(first, backend="fxquant", options=dict(options))(x)
+        with pytest.raises(RuntimeError, match="weights of another model"):
+            torch.compile(second, backend="fxquant", options=dict(options))(x)
+    torch._dynamo.reset()
+
+
 def test_recompile_limit_is_reported_and_watch_says_the_call_ran_in_float():
     import fxquant.backend as backend
 
