@@ -46,7 +46,7 @@ def pack_repeated_attention(graph: fx.Graph) -> int:
         key, value = _repeated(args.get("key")), _repeated(args.get("value"))
         if key is None or value is None or key[1] != value[1]:
             continue
-        scale = _scale(args, key[1])
+        scale = _scale(args)
         if scale is None:
             continue
         with graph.inserting_before(node):
@@ -94,7 +94,7 @@ def _repeated(node) -> tuple[fx.Node, int] | None:
     return source, groups
 
 
-def _scale(args: dict, groups: int) -> float | None:
+def _scale(args: dict) -> float | None:
     """The attention's scale where the call qualifies (module docstring), else None."""
     q, mask = node_value(args.get("query")), node_value(args.get("attn_mask"))
     key = node_value(args["key"])
