@@ -17,7 +17,7 @@ shares with fp32 eager. ``benchmarks/llm_decode.py`` measures the exported packa
 program's own decode loop beside llama.cpp; this script is the in-process path of a
 transformers user.
 
-    python benchmarks/hf_generate.py                       # ~8 min on 2 cores
+    python benchmarks/hf_generate.py                       # ~5 min on 2 cores
     python benchmarks/hf_generate.py --max-cache-len 256 --recipes int8wo+lm_head
 
 Writes results/hf_generate.json (machine, versions, rows, ratios).
