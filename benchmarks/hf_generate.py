@@ -29,13 +29,12 @@ import argparse
 import copy
 import statistics
 import time
-import types
 import warnings
 from pathlib import Path
 
 import torch
 import transformers
-from machine import machine_info, write_results
+from machine import machine_info, own_forward, write_results
 
 from fxquant import assets
 
@@ -45,25 +44,12 @@ BASELINE = "fp32 inductor"
 PROMPT_TOKENS = 128
 
 
-def _own_forward(model: torch.nn.Module) -> torch.nn.Module:
-    """``model`` with a ``forward`` of its own code object (Dynamo keeps its graphs, guards and
-    recompile count per code object; with the module guards skipped, rows sharing one would
-    share graphs)."""
-    fwd = type(model).forward
-    own = types.FunctionType(
-        fwd.__code__.replace(), fwd.__globals__, fwd.__name__, fwd.__defaults__, fwd.__closure__
-    )
-    own.__dict__.update(fwd.__dict__)
-    model.forward = types.MethodType(own, model)
-    return model
-
-
 def build(model, name: str, recipe: str | None):
     m = copy.deepcopy(model)
     m.generation_config.eos_token_id = None  # every generate runs its full length
     if name == "fp32 eager":
         return m
-    _own_forward(m)
+    own_forward(m)
     options = {"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe}
     if recipe is None:
         m.forward = torch.compile(m.forward, options=options)

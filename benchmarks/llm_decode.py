@@ -51,13 +51,12 @@ import statistics
 import subprocess
 import sys
 import time
-import types
 import warnings
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from machine import machine_info, write_results
+from machine import machine_info, own_forward, write_results
 
 import fxquant
 from fxquant import assets
@@ -110,33 +109,15 @@ def _warm(step: Step, prompt: torch.Tensor) -> float:
     return time.perf_counter() - t0
 
 
-def _own_code(module: torch.nn.Module) -> torch.nn.Module:
-    """``module`` with a ``forward`` of its own code object.
-
-    Dynamo keeps compiled graphs, their guards and the recompile count (limit 8) per code
-    object, and every ``CachedCausalLM`` shares one ``forward``. Compiled for six variants in
-    one process (a prefill and a decode graph each), the eighth graph hit the limit and
-    torchao's rows ran eager, and the backend rows decoded at 0.7x fp32 Inductor, where the same
-    variant compiled alone takes 14 ms a step (seen in one run). A copy of the code per variant
-    keeps each variant's cache to its own two graphs.
-    """
-    fwd = type(module).forward
-    own = types.FunctionType(
-        fwd.__code__.replace(), fwd.__globals__, fwd.__name__, fwd.__defaults__, fwd.__closure__
-    )
-    module.forward = types.MethodType(own, module)
-    return module
-
-
 def _compiled(module, prompt, *, options: dict | None = None, **kwargs) -> tuple[Step, float]:
     """Every ``torch.compile`` row (fp32 Inductor, the backend, torchao) with the settings
-    README's torch.compile section gives for a decode loop: the attended length captured
-    (``.item()`` in the graph, not a break) and no guards on the modules (their attributes and
-    parameters never change between steps; Dynamo's guards on SmolLM2's ~360 tensors and its
-    cache layers cost ~1 ms a step, measured with the backend)."""
+    docs/llm.md gives for a generation loop: each model its own ``forward`` (machine.py), the
+    attended length captured (``.item()`` in the graph, not a break) and no guards on the
+    modules (their attributes and parameters never change between steps; Dynamo's guards on
+    SmolLM2's ~360 tensors and its cache layers cost ~1 ms a step, measured with the backend)."""
     torch._dynamo.config.capture_scalar_outputs = True
     options = {**(options or {}), "guard_filter_fn": SKIP_MODULE_GUARDS}
-    fn = _no_grad(torch.compile(_own_code(module), options=options, **kwargs))
+    fn = _no_grad(torch.compile(own_forward(module), options=options, **kwargs))
     return fn, _warm(fn, prompt)
 
 

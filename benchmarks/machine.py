@@ -1,5 +1,6 @@
 """What every benchmark records and how it times: the machine it ran on (CPU model, ISA flags,
-the CPU class the lowering dispatches on), interleaved median timing, and atomic JSON output.
+the CPU class the lowering dispatches on), interleaved median timing, atomic JSON output, and a
+``forward`` of its own for each model compiled side by side.
 
 Shared by the scripts in this folder (run as ``python benchmarks/<script>.py``). The dev and CI
 CPUs vary between sessions (AVX2 EPYCs, AVX-512 EPYCs, AMX Xeons): a number without its
@@ -14,6 +15,7 @@ import os
 import platform
 import statistics
 import time
+import types
 from collections.abc import Callable
 from pathlib import Path
 
@@ -22,7 +24,7 @@ import torch
 import fxquant.api
 from fxquant.passes.cpu.dispatch import machine_class
 
-__all__ = ["bench_interleaved", "machine_info", "write_results"]
+__all__ = ["bench_interleaved", "machine_info", "own_forward", "write_results"]
 
 # the flags that decide which kernels are fast here
 _ISA = ("avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "avx_vnni",
@@ -85,3 +87,23 @@ def write_results(res: dict, out: str | Path) -> None:
     with fxquant.api.atomic_path(out) as tmp:
         tmp.write_text(json.dumps(res, indent=1))
     print(f"wrote {out} ({res['wall_s']:.0f} s)")
+
+
+def own_forward(module: torch.nn.Module) -> torch.nn.Module:
+    """``module`` with a ``forward`` of its own code object, for models compiled side by side.
+
+    Dynamo keeps compiled graphs, their guards and the recompile count (limit 8) per code
+    object, and every instance of a class shares one ``forward``. In ``llm_decode.py``, six
+    variants compiled in one process (a prefill and a decode graph each) hit the limit at the
+    eighth graph: torchao's rows ran eager, and the backend rows decoded at 0.7x fp32 Inductor,
+    where the same variant compiled alone takes 14 ms a step (seen in one run). With the module
+    guards skipped (the generation settings of docs/llm.md) models sharing one code object
+    would share graphs. A copy of the code per model keeps each model's cache its own.
+    """
+    fwd = type(module).forward
+    own = types.FunctionType(
+        fwd.__code__.replace(), fwd.__globals__, fwd.__name__, fwd.__defaults__, fwd.__closure__
+    )
+    own.__dict__.update(fwd.__dict__)  # what decorators set on it (transformers' forwards)
+    module.forward = types.MethodType(own, module)
+    return module

@@ -188,9 +188,9 @@ class _FrozenWeights:
         from torch._dynamo.guards import GuardBuilder
         from torch._guards import TracingContext
 
-        context = TracingContext.try_get()
-        for source, _ in frozen.values():
-            if context is not None:
+        context = TracingContext.try_get()  # None: called outside Dynamo, nothing to guard
+        if context is not None:
+            for source, _ in frozen.values():
                 context.guards_context.dynamo_guards.add(source.make_guard(GuardBuilder.ID_MATCH))
         self._at = [
             (i, weakref.ref(t), t._version, fqn_from_source(source.name))

@@ -23,6 +23,7 @@ import operator
 
 import torch
 import torch.fx as fx
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from fxquant.core.ops import packed_gqa_attention
 from fxquant.passes.plan import node_value
@@ -134,8 +135,8 @@ def _ints(*sizes) -> bool:
 
 
 def _same(a, b) -> bool:
-    """Equal sizes, symbolic ones by their expression (no guard added)."""
-    return a == b if _ints(a, b) else str(a) == str(b)
+    """Equal sizes, symbolic ones only where provably so (no guard added)."""
+    return statically_known_true(a == b)
 
 
 def _erase_repeat(graph: fx.Graph, reshape: fx.Node) -> None:
