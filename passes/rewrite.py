@@ -195,9 +195,9 @@ class DynamoEditor:
         self._inputs = dict(zip(placeholders, example_inputs, strict=True))
         self._index = {node: i for i, node in enumerate(placeholders)}
         self._attrs: set[str] = set()
-        # the parameter inputs whose values the passes read at compile time: input index →
-        # (Dynamo's source of it, the tensor)
-        self.frozen: dict[int, tuple[Any, torch.Tensor]] = {}
+        # the parameter inputs the passes looked at: placeholder → (Dynamo's source of it, the
+        # tensor, the nodes that read it then)
+        self._read: dict[fx.Node, tuple[Any, torch.Tensor, tuple[fx.Node, ...]]] = {}
 
     def weight_of(self, node: fx.Node):
         if node.op == "get_attr":
@@ -210,8 +210,20 @@ class DynamoEditor:
         if not isinstance(value, torch.nn.Parameter) or grapharg is None:
             return None
         fqn = fqn_from_source(grapharg.source.name)
-        self.frozen[self._index[node]] = (grapharg.source, value)
+        self._read.setdefault(node, (grapharg.source, value, tuple(node.users)))
         return fqn, value
+
+    @property
+    def frozen(self) -> dict[int, tuple[Any, torch.Tensor]]:
+        """The parameter inputs whose values the passes baked into the graph (quantized, folded
+        into another weight, prepacked), by input index: (Dynamo's source, the tensor). One a
+        reader of it lost: that reader now reads a constant made from it. A weight only looked
+        at (a linear a config keeps in float) is still read at run time, not frozen."""
+        return {
+            self._index[node]: (source, value)
+            for node, (source, value, readers) in self._read.items()
+            if not set(readers) <= set(node.users)
+        }
 
     def taken(self, fqn: str) -> bool:
         return fqn in self._attrs

@@ -94,6 +94,27 @@ def test_weights_changed_after_compiling_are_refused_not_run_stale():
     torch._dynamo.reset()
 
 
+def test_a_weight_kept_in_float_stays_an_input_changes_reach_the_graph():
+    """Only the weights a compile baked in are frozen: one the config keeps in float is read at
+    run time, so changing it in place is no error and the next call uses it."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = Mixed().eval()
+    cfg = fxquant.QuantConfig(scheme=fxquant.Int8WeightOnly(), modules_to_not_convert=("c_fc",))
+    compiled = torch.compile(model, backend="fxquant", options={"config": cfg})
+    x = torch.randn(3, 64)
+    with torch.no_grad():
+        compiled(x)
+        assert [r["status"] for r in fxquant.backend.last_reports[-1]][-1] == "skipped"
+        model.c_fc.weight.mul_(-3)
+        y = compiled(x)
+        assert fxquant.core.reference.sqnr(model(x), y) > 25
+        model.fc.weight.mul_(2)  # quantized: frozen
+        with pytest.raises(RuntimeError, match=r"fc.weight was changed in place"):
+            compiled(x)
+    torch._dynamo.reset()
+
+
 def test_skipped_module_guards_cannot_run_another_models_weights():
     """With Dynamo's module guards filtered out, two models sharing one forward's code share its
     graphs too: the second call is refused, not run on the first model's weights."""
