@@ -5,10 +5,13 @@ of ``max_cache_len`` positions (2048 by default: the cache a served model keeps,
 prompt), greedy, a 128-token prompt (the start of ``lee.cor``, held-out text). Rows, measured
 side by side in one run: fp32 eager (transformers does not compile on CPU by itself), fp32
 ``torch.compile(model.forward)`` (Inductor: the baseline every ratio is relative to), and per
-recipe ``torch.compile(model.forward, backend="fxquant", options={"config": recipe})``. Every
-compiled row uses the settings docs/llm.md gives for generation: a fixed cache length and no
-guards on the modules (``torch.compiler.skip_guard_on_all_nn_modules_unsafe``), each model its
-own copy of ``forward`` (Dynamo's caches are per code object).
+recipe ``torch.compile(model.forward, backend="fxquant", options={"config": recipe})``, and
+the backend with nothing quantized (``"fp32"``: ``QuantConfig()``, fp32 weights: what
+fxquant's attention pass and fp32 lowering give alone; the rest of a recipe's ratio is
+quantization's). Every compiled row uses the settings docs/llm.md gives for generation: a
+fixed cache length and no guards on the modules
+(``torch.compiler.skip_guard_on_all_nn_modules_unsafe``), each model its own copy of
+``forward`` (Dynamo's caches are per code object).
 
 Timing: a decode step is (a generate of 2 + K new tokens - a generate of 2) / K, medians over
 interleaved rounds (every row in every round): what a user's ``generate`` loop pays per token,
@@ -36,10 +39,12 @@ import torch
 import transformers
 from machine import machine_info, own_forward, write_results
 
+import fxquant
 from fxquant import assets
 
 HERE = Path(__file__).resolve().parent
-RECIPES = ("int8wo+lm_head", "w8a8+lm_head", "w4a8-64+lm_head=w8a8")
+RECIPES = ("fp32", "int8wo+lm_head", "w8a8+lm_head", "w4a8-64+lm_head=w8a8")
+NOT_QUANTIZED = "fp32"  # the backend row with nothing quantized
 BASELINE = "fp32 inductor"
 PROMPT_TOKENS = 128
 
@@ -54,9 +59,15 @@ def build(model, name: str, recipe: str | None):
     if recipe is None:
         m.forward = torch.compile(m.forward, options=options)
     else:
-        options["config"] = recipe
+        options["config"] = fxquant.QuantConfig() if recipe == NOT_QUANTIZED else recipe
         m.forward = torch.compile(m.forward, backend="fxquant", options=options)
     return m
+
+
+def _row_name(recipe: str) -> str:
+    if recipe == NOT_QUANTIZED:
+        return "fxquant backend, nothing quantized"
+    return f"fxquant {recipe} backend"
 
 
 def main() -> None:
@@ -81,7 +92,7 @@ def main() -> None:
         pad_token_id=tokenizer.eos_token_id or 0,
     )
     rows = [("fp32 eager", None), (BASELINE, None)]
-    rows += [(f"fxquant {r} backend", r) for r in a.recipes.split(",") if r]
+    rows += [(_row_name(r), r) for r in a.recipes.split(",") if r]
     built, results = {}, {}
     for name, recipe in rows:
         t0 = time.perf_counter()
