@@ -196,8 +196,9 @@ class DynamoEditor:
         self._index = {node: i for i, node in enumerate(placeholders)}
         self._attrs: set[str] = set()
         # the parameter inputs the passes looked at: placeholder → (Dynamo's source of it, the
-        # tensor, the nodes that read it then)
-        self._read: dict[fx.Node, tuple[Any, torch.Tensor, tuple[fx.Node, ...]]] = {}
+        # tensor); and those a pass made constants from (``release``)
+        self._params: dict[fx.Node, tuple[Any, torch.Tensor]] = {}
+        self._baked: set[fx.Node] = set()
 
     def weight_of(self, node: fx.Node):
         if node.op == "get_attr":
@@ -210,20 +211,17 @@ class DynamoEditor:
         if not isinstance(value, torch.nn.Parameter) or grapharg is None:
             return None
         fqn = fqn_from_source(grapharg.source.name)
-        self._read.setdefault(node, (grapharg.source, value, tuple(node.users)))
+        self._params.setdefault(node, (grapharg.source, value))
         return fqn, value
 
     @property
     def frozen(self) -> dict[int, tuple[Any, torch.Tensor]]:
-        """The parameter inputs whose values the passes baked into the graph (quantized, folded
-        into another weight, prepacked), by input index: (Dynamo's source, the tensor). One a
-        reader of it lost: that reader now reads a constant made from it. A weight only looked
-        at (a linear a config keeps in float) is still read at run time, not frozen."""
-        return {
-            self._index[node]: (source, value)
-            for node, (source, value, readers) in self._read.items()
-            if not set(readers) <= set(node.users)
-        }
+        """The parameter inputs whose values the passes baked into the graph (quantized,
+        prepacked, concatenated with siblings), by input index: (Dynamo's source, the tensor).
+        A weight only looked at, or still read as it is (a linear a config keeps in float, on
+        the fp32 kernel; a norm's weight in the fused norm op), is read at run time: not
+        frozen."""
+        return {self._index[node]: self._params[node] for node in self._baked}
 
     def taken(self, fqn: str) -> bool:
         return fqn in self._attrs
@@ -245,7 +243,14 @@ class DynamoEditor:
         return node
 
     def release(self, weight_node: fx.Node) -> None:
-        pass  # the float parameter is a graph input: it belongs to the caller's model
+        """A pass made constants from this weight and no longer reads it here. The float
+        parameter stays a graph input (it belongs to the caller's model); its values are now
+        frozen into the graph."""
+        node = weight_node
+        while node.op != "placeholder" and node.args and isinstance(node.args[0], fx.Node):
+            node = node.args[0]  # experts read through a transpose view that other nodes read
+        if node in self._params:
+            self._baked.add(node)
 
     def swap(self, node: fx.Node, target, args: tuple) -> fx.Node:
         return _swap(self.graph, node, target, args, None)

@@ -11,6 +11,7 @@ import torch
 
 import fxquant
 from conftest import Mixed
+from fxquant.kernels import cpu as native
 from fxquant.passes.rewrite import counters
 
 
@@ -100,17 +101,22 @@ def test_a_weight_kept_in_float_stays_an_input_changes_reach_the_graph():
     torch._dynamo.reset()
     torch.manual_seed(0)
     model = Mixed().eval()
-    cfg = fxquant.QuantConfig(scheme=fxquant.Int8WeightOnly(), modules_to_not_convert=("c_fc",))
+    cfg = fxquant.QuantConfig(scheme=fxquant.Int8WeightOnly(), modules_to_not_convert=("fc",))
     compiled = torch.compile(model, backend="fxquant", options={"config": cfg})
     x = torch.randn(3, 64)
+    before = dict(counters)
     with torch.no_grad():
         compiled(x)
-        assert [r["status"] for r in fxquant.backend.last_reports[-1]][-1] == "skipped"
-        model.c_fc.weight.mul_(-3)
+        assert [r["status"] for r in fxquant.backend.last_reports[-1]][0] == "skipped"
+        if native.available():  # the fp32 kernel, on the weight as it is
+            fp32 = "prepack.cpu_native_float32_linear"
+            assert counters[fp32] - before.get(fp32, 0) == 1
+        model.fc.weight.mul_(-3)
+        model.fc.bias.add_(1)
         y = compiled(x)
         assert fxquant.core.reference.sqnr(model(x), y) > 25
-        model.fc.weight.mul_(2)  # quantized: frozen
-        with pytest.raises(RuntimeError, match=r"fc.weight was changed in place"):
+        model.c_fc.weight.mul_(2)  # quantized: frozen
+        with pytest.raises(RuntimeError, match=r"c_fc.weight was changed in place"):
             compiled(x)
     torch._dynamo.reset()
 
