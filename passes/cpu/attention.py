@@ -11,10 +11,18 @@ all ``max_cache_len`` positions, masked past the current one. Each such call bec
 ``fxquant.export_llm`` traces, whose kernel (kernels/cpu/attention.cpp) reads each cached row
 once, and only up to the last position a row attends to.
 
-Taken: fp32 query, key and value on CPU; key and value each the repeat of one [B, Hkv, L, D]
-tensor by the same G > 1, with H = G · Hkv query heads; a bool mask [B or 1, 1, T, L]; no
-dropout; not causal; no ``enable_gqa``. Anything else is left as it is (a prefill transformers
-calls with ``is_causal=True`` and no mask, say).
+Taken: query, key and value of one float dtype on CPU; key and value each the repeat of one
+[B, Hkv, L, D] tensor by the same G > 1, with H = G · Hkv query heads; a bool mask [B or 1, 1,
+T, L]; no dropout; not causal; no ``enable_gqa``. Anything else is left as it is (a prefill
+transformers calls with ``is_causal=True`` and no mask, say).
+
+fp32 runs the native kernel. bf16 and fp16 (a model loaded in its checkpoint's dtype, the
+default of ``from_pretrained``) run the packed composition: two batched matmuls over the whole
+cache and a softmax in fp32, transformers' eager attention on the cache as it lies, no repeated
+copy. On SmolLM2 in bf16 under ``generate`` (int8wo+lm_head, Zen 4, one-off runs by hand) that
+took a decode step from 21.8 to 9.0 ms with a 256-position cache and from 50.5 to 13.9 ms with a
+2048-position one (bf16 Inductor: 74.2 ms): sdpa's CPU flash kernel on the repeated bf16 cache
+was the larger part of the step.
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ __all__ = ["pack_repeated_attention"]
 _SDPA = torch.nn.functional.scaled_dot_product_attention
 _SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
 _NEW_AXIS = (slice(None), slice(None), None, slice(None), slice(None))  # x[:, :, None]
+_FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def pack_repeated_attention(graph: fx.Graph) -> int:
@@ -50,13 +59,14 @@ def pack_repeated_attention(graph: fx.Graph) -> int:
         scale = _scale(args)
         if scale is None:
             continue
+        native = node_value(args["query"]).dtype == torch.float32  # the kernel's dtype
         with graph.inserting_before(node):
             packed = graph.call_function(
                 packed_gqa_attention,
                 (args["query"], key[0], value[0], args["attn_mask"], scale),
-                {"native": True},
+                {"native": native},
             )
-        packed.meta.update(node.meta)  # the same [B, H, T, D] fp32 result
+        packed.meta.update(node.meta)  # the same [B, H, T, D] result
         repeats = (args["key"], args["value"])
         node.replace_all_uses_with(packed)
         graph.erase_node(node)
@@ -68,7 +78,7 @@ def pack_repeated_attention(graph: fx.Graph) -> int:
 
 
 def _repeated(node) -> tuple[fx.Node, int] | None:
-    """``(x, G)`` where ``node`` is transformers' ``repeat_kv(x, G)`` of an fp32 CPU
+    """``(x, G)`` where ``node`` is transformers' ``repeat_kv(x, G)`` of a float CPU
     [B, Hkv, L, D] tensor x, else None."""
     if not _is_method(node, "reshape"):
         return None
@@ -86,7 +96,7 @@ def _repeated(node) -> tuple[fx.Node, int] | None:
         return None
     source = item.args[0]
     x, out = node_value(source), node_value(node)
-    if not (_fp32_cpu(x, 4) and _fp32_cpu(out, 4)):
+    if not (_float_cpu(x, 4) and _float_cpu(out, 4)):
         return None
     groups = out.shape[1] // x.shape[1] if _ints(out.shape[1], x.shape[1]) else 0
     same = all(_same(out.shape[i], x.shape[i]) for i in (0, 2, 3))
@@ -99,7 +109,9 @@ def _scale(args: dict) -> float | None:
     """The attention's scale where the call qualifies (module docstring), else None."""
     q, mask = node_value(args.get("query")), node_value(args.get("attn_mask"))
     key = node_value(args["key"])
-    if not _fp32_cpu(q, 4) or mask is None or not isinstance(mask, torch.Tensor):
+    if not _float_cpu(q, 4) or mask is None or not isinstance(mask, torch.Tensor):
+        return None
+    if not key.dtype == node_value(args["value"]).dtype == q.dtype:
         return None
     if args.get("dropout_p", 0.0) != 0.0 or args.get("is_causal") or args.get("enable_gqa"):
         return None
@@ -121,10 +133,10 @@ def _is_method(node, name: str) -> bool:
     return isinstance(node, fx.Node) and node.op == "call_method" and node.target == name
 
 
-def _fp32_cpu(value, dim: int) -> bool:
+def _float_cpu(value, dim: int) -> bool:
     return (
         isinstance(value, torch.Tensor)
-        and value.dtype == torch.float32
+        and value.dtype in _FLOATS
         and value.device.type == "cpu"
         and value.dim() == dim
     )
