@@ -1,27 +1,31 @@
 """Does ``torch.compile(backend="fxquant")`` speed up Hugging Face's own ``generate`` on the CPU?
 
-SmolLM2-135M (real weights), fp32, batch 1, transformers' ``model.generate`` with a static cache
-of ``max_cache_len`` positions (2048 by default: the cache a served model keeps, whatever the
-prompt), greedy, a 128-token prompt (the start of ``lee.cor``, held-out text). Rows, measured
-side by side in one run: fp32 eager (transformers does not compile on CPU by itself), fp32
-``torch.compile(model.forward)`` (Inductor: the baseline every ratio is relative to), and per
-recipe ``torch.compile(model.forward, backend="fxquant", options={"config": recipe})``, and
-the backend with nothing quantized (``"fp32"``: ``QuantConfig()``, fp32 weights: what
-fxquant's attention pass and fp32 lowering give alone; the rest of a recipe's ratio is
-quantization's). Every compiled row uses the settings docs/llm.md gives for generation: a
-fixed cache length and no guards on the modules
-(``torch.compiler.skip_guard_on_all_nn_modules_unsafe``), each model its own copy of
+SmolLM2-135M (real weights), fp32 (``--dtype bf16``: bf16), batch 1, transformers'
+``model.generate`` with a static cache of ``max_cache_len`` positions (2048 by default: the
+cache a served model keeps, whatever the prompt), greedy, a 128-token prompt (the start of
+``lee.cor``, held-out text). Rows, measured side by side in one run: eager (transformers does
+not compile on CPU by itself), ``torch.compile(model.forward)`` (Inductor: the baseline every
+ratio is relative to), per recipe ``torch.compile(model.forward, backend="fxquant",
+options={"config": recipe})``, and the backend with nothing quantized (``"fp32"`` in
+``--recipes``: ``QuantConfig()``, the weights as loaded: what fxquant's attention pass and
+float lowering give alone; the rest of a recipe's ratio is quantization's). Every compiled row
+uses the settings docs/llm.md gives for generation: a fixed cache length and no guards on the
+modules (``torch.compiler.skip_guard_on_all_nn_modules_unsafe``), each model its own copy of
 ``forward`` (Dynamo's caches are per code object).
 
 Timing: a decode step is (a generate of 2 + K new tokens - a generate of 2) / K, medians over
 interleaved rounds (every row in every round): what a user's ``generate`` loop pays per token,
 transformers' own Python between the steps included. Greedy: the leading new tokens a row
-shares with fp32 eager. ``benchmarks/llm_decode.py`` measures the exported packages and the
-program's own decode loop beside llama.cpp; this script is the in-process path of a
-transformers user.
+shares with eager in the same dtype. ``benchmarks/llm_decode.py`` measures the exported
+packages and the program's own decode loop beside llama.cpp; this script is the in-process path
+of a transformers user.
 
     python benchmarks/hf_generate.py                       # ~5 min on 2 cores
     python benchmarks/hf_generate.py --max-cache-len 256 --recipes int8wo+lm_head
+    python benchmarks/hf_generate.py --dtype bf16 --out benchmarks/results/hf_generate_bf16.json
+
+``--dtype bf16`` loads the model in bf16 (what ``from_pretrained`` gives for SmolLM2's
+checkpoint): the eager and Inductor rows are then bf16, the baseline bf16 Inductor.
 
 Writes results/hf_generate.json (machine, versions, rows, ratios).
 """
@@ -44,15 +48,15 @@ from fxquant import assets
 
 HERE = Path(__file__).resolve().parent
 RECIPES = ("fp32", "int8wo+lm_head", "w8a8+lm_head", "w4a8-64+lm_head=w8a8")
-NOT_QUANTIZED = "fp32"  # the backend row with nothing quantized
-BASELINE = "fp32 inductor"
+NOT_QUANTIZED = "fp32"  # the backend row with nothing quantized (the model's own dtype)
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 PROMPT_TOKENS = 128
 
 
 def build(model, name: str, recipe: str | None):
     m = copy.deepcopy(model)
     m.generation_config.eos_token_id = None  # every generate runs its full length
-    if name == "fp32 eager":
+    if name.endswith(" eager"):
         return m
     own_forward(m)
     options = {"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe}
@@ -76,6 +80,7 @@ def main() -> None:
     ap.add_argument("--recipes", default=",".join(RECIPES))
     ap.add_argument("--new-tokens", type=int, default=32, help="K: decode steps timed")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
     ap.add_argument("--out", default=str(HERE / "results" / "hf_generate.json"))
     a = ap.parse_args()
     torch.set_num_threads(2)
@@ -84,6 +89,8 @@ def main() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model, tokenizer = assets.load_smollm2()
+    model = model.to(DTYPES[a.dtype])
+    eager, baseline = f"{a.dtype} eager", f"{a.dtype} inductor"
     prompt = tokenizer(assets.lee_text("test"), return_tensors="pt").input_ids[:, :PROMPT_TOKENS]
     kw = dict(
         do_sample=False,
@@ -91,7 +98,7 @@ def main() -> None:
         max_cache_len=a.max_cache_len,
         pad_token_id=tokenizer.eos_token_id or 0,
     )
-    rows = [("fp32 eager", None), (BASELINE, None)]
+    rows = [(eager, None), (baseline, None)]
     rows += [(_row_name(r), r) for r in a.recipes.split(",") if r]
     built, results = {}, {}
     for name, recipe in rows:
@@ -101,7 +108,7 @@ def main() -> None:
         m.generate(prompt, max_new_tokens=2, **kw)
         built[name] = m
         build_s = round(time.perf_counter() - t0, 1)
-        results[name] = {"candidate": name, "scheme": recipe or "fp32", "build_s": build_s}
+        results[name] = {"candidate": name, "scheme": recipe or a.dtype, "build_s": build_s}
         print(f"[{name}] ready in {build_s} s", flush=True)
     short = {n: [] for n in built}
     long = {n: [] for n in built}
@@ -115,7 +122,7 @@ def main() -> None:
             out = m.generate(prompt, max_new_tokens=2 + a.new_tokens, **kw)
             long[name].append(time.perf_counter() - t0)
             tokens[name] = out[0, PROMPT_TOKENS:].tolist()
-    want = tokens["fp32 eager"]
+    want = tokens[eager]
     for name in built:
         step = (statistics.median(long[name]) - statistics.median(short[name])) / a.new_tokens
         pairs = enumerate(zip(tokens[name], want, strict=True))
@@ -126,14 +133,14 @@ def main() -> None:
             generate_2_tokens_s=round(statistics.median(short[name]), 3),
             greedy_agree=same,
         )
-    base = results[BASELINE]["decode_ms"]
+    base = results[baseline]["decode_ms"]
     print(f"\nmax_cache_len {a.max_cache_len}, prompt {PROMPT_TOKENS}, {a.new_tokens} steps timed")
-    print(f"{'row':42} {'decode ms':>10} {'tok/s':>7} {'x fp32 ind':>10} {'greedy':>7}")
+    print(f"{'row':42} {'decode ms':>10} {'tok/s':>7} {'x inductor':>10} {'greedy':>7}")
     for r in results.values():
-        r["decode_speedup_vs_fp32_inductor"] = round(base / r["decode_ms"], 2)
+        r["decode_speedup_vs_baseline"] = round(base / r["decode_ms"], 2)
         print(
             f"{r['candidate']:42} {r['decode_ms']:10.2f} {r['decode_tokens_per_s']:7.1f} "
-            f"{r['decode_speedup_vs_fp32_inductor']:9.2f}x {r['greedy_agree']:4d}/{len(want)}"
+            f"{r['decode_speedup_vs_baseline']:9.2f}x {r['greedy_agree']:4d}/{len(want)}"
         )
     write_results(
         {
@@ -142,12 +149,13 @@ def main() -> None:
             "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
             "question": __doc__.splitlines()[0],
             "machine": machine_info(),
-            "model": "SmolLM2-135M-Instruct (fp32)",
+            "model": f"SmolLM2-135M-Instruct ({a.dtype})",
+            "dtype": a.dtype,
             "max_cache_len": a.max_cache_len,
             "prompt_tokens": PROMPT_TOKENS,
             "new_tokens_timed": a.new_tokens,
             "rounds": a.rounds,
-            "baseline": BASELINE,
+            "baseline": baseline,
             "results": list(results.values()),
             "wall_s": round(time.perf_counter() - t_start, 1),
         },

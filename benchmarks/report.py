@@ -474,19 +474,26 @@ def _hf_generate_run(name: str) -> str:
     rec, missing = _load(name, how)
     if rec is None:
         return missing
+    dtype = rec.get("dtype", "fp32")
+    if rec.get("max_cache_len", 2048) != 2048:
+        how += f" --max-cache-len {rec['max_cache_len']}"
+    if dtype != "fp32":
+        how += f" --dtype {dtype}"
+    if name != "hf_generate.json":
+        how += f" --out benchmarks/results/{name}"
     out = [
-        f"#### Static cache of {rec.get('max_cache_len', '?')} positions",
+        f"#### Static cache of {rec.get('max_cache_len', '?')} positions, {dtype} model",
         "",
         f"From `{how}` → `benchmarks/results/{name}`; {_machine(rec)}.",
         "",
-        f"SmolLM2-135M, fp32 weights before quantization, batch 1, transformers' own "
+        f"SmolLM2-135M, {dtype} weights before quantization, batch 1, transformers' own "
         f"`model.generate` with a static cache of {rec.get('max_cache_len', '?')} positions, "
         f"greedy, a {rec.get('prompt_tokens', '?')}-token prompt. Decode: (a generate of "
         f"{2 + rec.get('new_tokens_timed', 0)} new tokens - one of 2) / "
         f"{rec.get('new_tokens_timed', '?')}, medians of {rec.get('rounds', '?')} interleaved "
-        "rounds: transformers' Python between steps included. × is vs fp32 Inductor "
+        f"rounds: transformers' Python between steps included. × is vs {dtype} Inductor "
         "(`torch.compile(model.forward)`) in the same run; every compiled row without module "
-        "guards (docs/llm.md). Greedy: leading new tokens equal to fp32 eager's.",
+        f"guards (docs/llm.md). Greedy: leading new tokens equal to {dtype} eager's.",
         "",
     ]
     rows = [
@@ -494,7 +501,7 @@ def _hf_generate_run(name: str) -> str:
             r["candidate"],
             f"{_f(r.get('decode_ms'), '.2f')}",
             f"{_f(r.get('decode_tokens_per_s'), '.1f')} "
-            f"({_f(r.get('decode_speedup_vs_fp32_inductor'), '.2f')}×)",
+            f"({_f(r.get('decode_speedup_vs_baseline'), '.2f')}×)",
             f"{r.get('greedy_agree', '–')}",
             _f(r.get("build_s"), ".0f"),
         ]
