@@ -522,6 +522,40 @@ def test_hf_generate_under_the_backend_matches_the_program_and_quantizes_once():
     assert counters["quantize.computed"] == 14 and counters["quantize.reused"] > compiles
 
 
+@pytest.mark.slow
+def test_hf_generate_of_a_bf16_model_under_the_backend_packs_its_attention():
+    """A model in bf16 (from_pretrained's default dtype for bf16 checkpoints): the decode
+    graph's attention over the repeated cache is packed (the composition in bf16, not the fp32
+    kernel), with the logits of bf16 eager up to bf16 rounding."""
+    import copy
+
+    import fxquant.kernels.cpu as native_kernels
+    from fxquant.passes.rewrite import counters
+
+    torch._dynamo.reset()
+    model = _model(seed=4).to(torch.bfloat16)
+    model.generation_config.eos_token_id = None
+    prompt = torch.randint(0, VOCAB, (1, 6))
+    kwargs = dict(
+        do_sample=False, cache_implementation="static", pad_token_id=0, max_new_tokens=3,
+        return_dict_in_generate=True, output_logits=True,
+    )  # fmt: skip
+    want = model.generate(prompt, **kwargs)
+    served = copy.deepcopy(model)
+    served.forward = torch.compile(
+        served.forward, backend="fxquant", options={"config": fxquant.QuantConfig()}
+    )
+    counters.clear()
+    got = served.generate(prompt, **kwargs)
+    assert counters["attention.packed"] == (2 if native_kernels.available() else 0)
+    # step i's logits are comparable while the tokens before it agree
+    for i, (a, b) in enumerate(zip(got.logits, want.logits, strict=True)):
+        torch.testing.assert_close(a.float(), b.float(), atol=0.05, rtol=0.05)
+        if got.sequences[0, 6 + i] != want.sequences[0, 6 + i]:
+            break
+    torch._dynamo.reset()
+
+
 def test_each_weight_is_quantized_once_per_scheme_while_it_lives():
     from fxquant.passes.rewrite import counters
 
