@@ -1,5 +1,5 @@
 """Attention over a repeated KV cache, in the graphs the ``torch.compile`` backend gets, read in
-place by fxquant's native kernel instead.
+place by fxquant's packed attention instead (its native kernel for fp32).
 
 Where it sits: the CPU step of ``fxquant.backend`` (native kernels built), on the torch-level
 graph Dynamo hands over, before Inductor. Under Dynamo transformers' ``sdpa`` attention repeats
