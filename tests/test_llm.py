@@ -550,7 +550,7 @@ def test_hf_generate_of_a_bf16_model_under_the_backend_packs_its_attention():
     assert counters["attention.packed"] == (2 if native_kernels.available() else 0)
     # step i's logits are comparable while the tokens before it agree
     for i, (a, b) in enumerate(zip(got.logits, want.logits, strict=True)):
-        torch.testing.assert_close(a.float(), b.float(), atol=0.05, rtol=0.05)
+        torch.testing.assert_close(a.float(), b.float(), atol=0.02, rtol=0.02)  # seen: 3e-3
         if got.sequences[0, 6 + i] != want.sequences[0, 6 + i]:
             break
     torch._dynamo.reset()
