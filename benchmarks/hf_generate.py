@@ -6,7 +6,7 @@ cache a served model keeps, whatever the prompt), greedy, a 128-token prompt (th
 ``lee.cor``, held-out text). Rows, measured side by side in one run: eager (transformers does
 not compile on CPU by itself), ``torch.compile(model.forward)`` (Inductor: the baseline every
 ratio is relative to), per recipe ``torch.compile(model.forward, backend="fxquant",
-options={"config": recipe})``, and the backend with nothing quantized (``"fp32"`` in
+options={"config": recipe})``, and the backend with nothing quantized (``"none"`` in
 ``--recipes``: ``QuantConfig()``, the weights as loaded: what fxquant's attention pass and
 float lowering give alone; the rest of a recipe's ratio is quantization's). Every compiled row
 uses the settings docs/llm.md gives for generation: a fixed cache length and no guards on the
@@ -47,8 +47,8 @@ import fxquant
 from fxquant import assets
 
 HERE = Path(__file__).resolve().parent
-RECIPES = ("fp32", "int8wo+lm_head", "w8a8+lm_head", "w4a8-64+lm_head=w8a8")
-NOT_QUANTIZED = "fp32"  # the backend row with nothing quantized (the model's own dtype)
+RECIPES = ("none", "int8wo+lm_head", "w8a8+lm_head", "w4a8-64+lm_head=w8a8")
+NOT_QUANTIZED = "none"  # the backend row with nothing quantized (the model's own dtype)
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 PROMPT_TOKENS = 128
 
@@ -108,7 +108,8 @@ def main() -> None:
         m.generate(prompt, max_new_tokens=2, **kw)
         built[name] = m
         build_s = round(time.perf_counter() - t0, 1)
-        results[name] = {"candidate": name, "scheme": recipe or a.dtype, "build_s": build_s}
+        scheme = a.dtype if recipe in (None, NOT_QUANTIZED) else recipe
+        results[name] = {"candidate": name, "scheme": scheme, "build_s": build_s}
         print(f"[{name}] ready in {build_s} s", flush=True)
     short = {n: [] for n in built}
     long = {n: [] for n in built}
