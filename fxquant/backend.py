@@ -138,7 +138,8 @@ def fxquant_backend(
     devices = {t.device.type for t in example_inputs if isinstance(t, torch.Tensor)}
     device = "cuda" if "cuda" in devices else "cpu"
     if device == "cpu" and native_cpu():
-        # sdpa over transformers' repeated KV cache: the native kernel, on the cache in place
+        # sdpa over transformers' repeated KV cache: the packed attention on the cache in place
+        # (the native kernel for fp32, the composition for bf16 / fp16)
         pack_repeated_attention(editor.graph)
     prepack(editor, device=device)
     frozen = _FrozenWeights(editor.frozen)
