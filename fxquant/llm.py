@@ -241,8 +241,12 @@ def _packed_gqa_attention(
 
 def _native_attention(q, key, value, mask) -> bool:
     """Whether the native CPU kernel (``fxquant::native_gqa_attention``) can take this
-    attention: fp32 tensors, a boolean mask, and the kernels built on this machine."""
-    if mask.dtype != torch.bool or any(t.dtype != torch.float32 for t in (q, key, value)):
+    attention: fp32, bf16 or fp16 tensors of one dtype, a boolean mask, and the kernels built
+    on this machine."""
+    floats = (torch.float32, torch.bfloat16, torch.float16)
+    if mask.dtype != torch.bool or q.dtype not in floats:
+        return False
+    if not q.dtype == key.dtype == value.dtype:
         return False
     return _native_built()
 

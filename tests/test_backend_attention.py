@@ -1,5 +1,6 @@
 """The backend's attention pass (passes/cpu/attention.py): sdpa over transformers' repeated KV
-cache becomes the packed native attention, the same numbers; what it must not take stays sdpa."""
+cache (fp32, bf16 or fp16) becomes the packed native attention, the same numbers; what it must
+not take stays sdpa."""
 
 from __future__ import annotations
 
@@ -49,6 +50,15 @@ def _compiled(module):
     return torch.compile(module, backend="fxquant", options={"config": "int8wo"})
 
 
+def _kernel_calls(fn, *args):
+    """fn(*args), and how many times its second call ran the native attention op (the first
+    compiles)."""
+    fn(*args)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        out = fn(*args)
+    return out, sum(e.name == "fxquant::native_gqa_attention" for e in prof.events())
+
+
 @pytest.mark.parametrize(
     ("b", "groups", "t", "scale"), [(1, 3, 1, None), (2, 2, 1, 0.3), (1, 4, 5, None)]
 )
@@ -56,23 +66,25 @@ def test_sdpa_over_a_repeated_cache_runs_the_packed_kernel(b, groups, t, scale):
     module = Attention(groups, **({} if scale is None else {"scale": scale}))
     args = _inputs(b=b, groups=groups, t=t)
     want = module(*args)
-    got = _compiled(module)(*args)
-    assert counters["attention.packed"] == 1
+    got, calls = _kernel_calls(_compiled(module), *args)
+    assert counters["attention.packed"] == 1 and calls == 1
     torch.testing.assert_close(got, want, atol=2e-6, rtol=1e-5)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_a_half_precision_cache_is_packed_as_eager_attention(dtype):
-    """bf16 / fp16 (a model in its checkpoint's dtype): the packed composition, not the fp32
-    kernel; transformers' eager attention numerics (matmuls in the dtype, softmax in fp32)."""
+def test_a_half_precision_cache_runs_the_kernel_in_fp32(dtype):
+    """bf16 / fp16 (a model in its checkpoint's dtype): the same kernel, the cache widened to
+    fp32 as it is read; the result is the attention of the same values, rounded once to the
+    dtype (transformers' eager attention rounds its probabilities too: further off)."""
     module = Attention()
     args = [a.to(dtype) if a.is_floating_point() else a for a in _inputs(t=2)]
-    got = _compiled(module)(*args)
-    assert counters["attention.packed"] == 1
+    got, calls = _kernel_calls(_compiled(module), *args)
+    assert counters["attention.packed"] == 1 and calls == 1
     assert got.dtype == dtype
     q, k, v, mask = (a.double() if a.is_floating_point() else a for a in args)
     want = F.scaled_dot_product_attention(q, repeat_kv(k, 3), repeat_kv(v, 3), attn_mask=mask)
-    torch.testing.assert_close(got.double(), want, atol=2e-2, rtol=2e-2)
+    ulp = torch.finfo(dtype).eps  # one rounding to the dtype: half an ulp, relative
+    torch.testing.assert_close(got.double(), want, atol=1e-6, rtol=ulp)
     torch.testing.assert_close(got, module(*args), atol=2e-2, rtol=2e-2)
 
 

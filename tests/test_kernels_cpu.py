@@ -544,6 +544,27 @@ def test_gqa_attention_reads_only_the_positions_a_row_attends_to(r, b):
     torch.testing.assert_close(got, want, atol=2e-6, rtol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(("r", "d"), [(3, 64), (6, 20), (24, 64)])
+def test_gqa_attention_of_a_half_precision_cache_is_fp32_math_on_its_values(dtype, r, d):
+    """A bf16 / fp16 cache (a model in its checkpoint's dtype) is widened as it is read: the
+    result is the fp32 attention of the same values, in fp32, at decode (the loops, split
+    keys: 300 positions on two threads) and for a prompt (24 rows: the bmm path); head dims
+    off the conversion's 8 lanes; NaN past the visible positions is never read."""
+    g = torch.Generator().manual_seed(r + d)
+    b, length, visible = 2, 300, 211
+    q = torch.randn(b, 3, r, d, generator=g).to(dtype)
+    cache = torch.randn(2, b, 3, length + 4, d, generator=g).to(dtype)
+    k, v = cache[0, :, :, :length], cache[1, :, :, :length]  # strided slices of the cache
+    mask = torch.rand(1, 1, r, length, generator=g) > 0.3
+    mask[..., 0], mask[..., visible:] = True, False
+    want = _attention_reference(q.float(), k.float(), v.float(), mask, d**-0.5)
+    k[:, :, visible:], v[:, :, visible:] = float("nan"), float("nan")
+    got = fxq.native_gqa_attention(q, k, v, mask, d**-0.5)
+    assert got.dtype == torch.float32 and got.shape == (b, 3, r, d)
+    torch.testing.assert_close(got, want, atol=2e-6, rtol=1e-5)
+
+
 def test_gqa_attention_without_the_library_is_the_same_math():
     """The op's kernel before the library registers its CPU one (a saved program run where
     fxquant has not loaded it), and off CPU."""
@@ -565,6 +586,8 @@ def test_gqa_attention_refuses_inputs_outside_its_contract():
     bad = [
         (q, k, k, mask.float()),  # an additive mask: the loops in fxquant.llm take those
         (q.double(), k.double(), k.double(), mask),
+        (q.bfloat16(), k, k, mask),  # one dtype for all three
+        (q, k.half(), k.half(), mask),
         (q, k, k[:, :, :9], mask),
         (q.transpose(2, 3).contiguous().transpose(2, 3), k, k, mask),  # q not packed
         (q, k.transpose(2, 3), k, mask),  # key rows not contiguous
@@ -610,6 +633,9 @@ def test_opcheck():
     cases.append((fxq.native_gqa_attention, (torch.randn(2, 2, 3, 32), kv, kv, mask, 0.2)))
     prompt = torch.rand(1, 1, 20, 12, generator=g) > 0.3  # 20 rows a head: the bmm path
     cases.append((fxq.native_gqa_attention, (torch.randn(2, 2, 20, 32), kv, kv, prompt, 0.2)))
+    for half in (torch.bfloat16, torch.float16):
+        args = (torch.randn(2, 2, 3, 32).to(half), kv.to(half), kv.to(half), mask, 0.2)
+        cases.append((fxq.native_gqa_attention, args))
     x3 = torch.randn(2, 3, 64, generator=g)
     cases.append((fxq.cpu_native_int4_linear, (x3, kw, ks, ko, torch.randn(20), 32, 20)))
     cases.append((fxq.cpu_native_int8_int4_linear, (x3, kw, ks, ko, torch.randn(20), 32, 20)))

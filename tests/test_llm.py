@@ -179,6 +179,25 @@ def test_native_attention_equals_the_uncached_model(native, monkeypatch):
     torch.testing.assert_close(m(ids[:, :12], torch.arange(12)), want[:, :12], atol=1e-5, rtol=1e-5)
 
 
+def test_a_bf16_program_runs_the_native_attention_on_its_bf16_cache():
+    """A model in bf16 (from_pretrained's default for a bf16 checkpoint) keeps a bf16 cache; its
+    attention is the native op all the same (the cache widened as it is read), with the uncached
+    bf16 model's logits up to bf16 rounding, prompt and decode steps."""
+    import fxquant.kernels.cpu as native_kernels
+
+    if not native_kernels.available():
+        pytest.skip(f"native kernels unavailable: {native_kernels.unavailable_reason()}")
+    model = _model(seed=2).to(torch.bfloat16)
+    ep = export_llm(model, max_cache_len=32, logits="all")
+    targets = [n.target for n in ep.graph.nodes if n.op == "call_function"]
+    kernel = torch.ops.fxquant.native_gqa_attention.default
+    assert targets.count(kernel) == _COMMON["num_hidden_layers"]
+    ids = torch.randint(0, VOCAB, (1, 20))
+    want = model(ids, use_cache=False).logits.float()
+    got = _cached_logits(ep.module(), ids, split=18).float()  # an 18-token prompt: the bmm path
+    torch.testing.assert_close(got, want, atol=0.02, rtol=0.02)
+
+
 def test_the_compiled_wrapper_packs_its_attention_in_one_graph():
     """``torch.compile(CachedCausalLM(model))`` traces the packed attention too (Dynamo's graph,
     one a phase, no break): one native op a layer where the kernels are built, never sdpa over a
@@ -525,8 +544,8 @@ def test_hf_generate_under_the_backend_matches_the_program_and_quantizes_once():
 @pytest.mark.slow
 def test_hf_generate_of_a_bf16_model_under_the_backend_packs_its_attention():
     """A model in bf16 (from_pretrained's default dtype for bf16 checkpoints): the decode
-    graph's attention over the repeated cache is packed (the composition in bf16, not the fp32
-    kernel), with the logits of bf16 eager up to bf16 rounding."""
+    graph's attention over the repeated cache is packed (the native kernel on the bf16 cache),
+    with the logits of bf16 eager up to bf16 rounding."""
     import copy
 
     import fxquant.kernels.cpu as native_kernels

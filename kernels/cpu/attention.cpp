@@ -19,9 +19,15 @@
 // 128-228) 1.20x faster than with bmm and Inductor's softmax; a 128-token prefill ~5 % slower
 // (0.90-0.96 over three runs).
 //
-// Layouts: q [B, Hkv, R, D] fp32 packed; key and value [B, Hkv, L, D] fp32 with the last dim
-// contiguous and any other strides (a slice of the static cache, read in place); mask
-// [Bm, 1, R, L] bool (Bm = 1 or B; True = attend), last dim contiguous. Out [B, Hkv, R, D] fp32.
+// Layouts: q [B, Hkv, R, D] packed; key and value [B, Hkv, L, D] with the last dim contiguous and
+// any other strides (a slice of the static cache, read in place); q, key and value all fp32, all
+// bf16 or all fp16; mask [Bm, 1, R, L] bool (Bm = 1 or B; True = attend), last dim contiguous.
+// Out [B, Hkv, R, D] fp32 whatever the inputs' dtype (the caller rounds it to the model's).
+// bf16 / fp16 inputs (a model loaded in its checkpoint's dtype, from_pretrained's default) are
+// widened to fp32 as they are read: each work unit's visible key and value rows into a buffer
+// of its own (L1/L2-sized at decode), a prompt's per batch row, and the rest runs the fp32 code.
+// The cache is read once, at half the bytes; transformers' eager attention multiplies in bf16
+// and rounds the probabilities to bf16, this op keeps fp32 from the products on.
 // Numerics: fp32 scores, max-subtracted exponentials (exp_nonpositive: Cephes' expf
 // polynomial), each split's value sum combined with the others' by the usual rescaling, then
 // times 1 / (the exponentials' sum): transformers' eager attention up to fp32 rounding. A row
@@ -133,6 +139,42 @@ float masked_exp(float* s, const bool* m, int64_t L, float scale) {
   else
     for (int64_t l = 0; l < L; ++l) s[l] = exp_nonpositive(s[l] - mx);
   return mx;
+}
+
+// fp16 bits -> fp32, for the tails the vector conversion leaves (and CPUs without F16C)
+inline float half_to_float(uint16_t h) {
+  const int exponent = (h >> 10) & 0x1f, mantissa = h & 0x3ff;
+  float f;
+  if (exponent == 0)
+    f = std::ldexp(float(mantissa), -24);  // zero and subnormals
+  else if (exponent == 31)
+    f = mantissa ? NAN : INFINITY;
+  else
+    f = std::ldexp(float(mantissa | 0x400), exponent - 25);
+  return (h & 0x8000) ? -f : f;
+}
+
+// n bf16 (bf16 = true) or fp16 values to fp32: a bf16 is the top half of its fp32
+void widen(const uint16_t* src, int64_t n, bool bf16, float* dst) {
+  if (bf16) {
+    for (int64_t i = 0; i < n; ++i) {
+      const uint32_t bits = uint32_t(src[i]) << 16;
+      std::memcpy(dst + i, &bits, 4);
+    }
+    return;
+  }
+  int64_t i = 0;
+#if defined(FXQ_AVX2) && defined(__F16C__)
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(src + i))));
+#endif
+  for (; i < n; ++i) dst[i] = half_to_float(src[i]);
+}
+
+// `rows` rows of D 16-bit values, `stride` elements apart, into dst [rows, D] fp32
+void widen_rows(const uint16_t* src, int64_t rows, int64_t stride, int64_t D, bool bf16,
+                float* dst) {
+  for (int64_t l = 0; l < rows; ++l) widen(src + l * stride, D, bf16, dst + l * D);
 }
 
 struct Strided4 {  // a 4-D tensor's data, sizes and strides (elements)
@@ -340,9 +382,12 @@ extern "C" {
 AOTITorchError aoti_torch_cpu_native_gqa_attention(AtenTensorHandle q, AtenTensorHandle key,
                                                    AtenTensorHandle value, AtenTensorHandle mask,
                                                    double scale, AtenTensorHandle* ret0) {
-  const int32_t f32 = aoti_torch_dtype_float32();
+  const int32_t f32 = aoti_torch_dtype_float32(), bf16 = aoti_torch_dtype_bfloat16();
+  int32_t dt = 0;
+  if (aoti_torch_get_dtype(q, &dt)) return AOTI_TORCH_FAILURE;
+  if (dt != f32 && dt != bf16 && dt != aoti_torch_dtype_float16()) return AOTI_TORCH_FAILURE;
   Strided4 qt, kt, vt, mt;
-  if (!strided4(q, f32, &qt) || !strided4(key, f32, &kt) || !strided4(value, f32, &vt) ||
+  if (!strided4(q, dt, &qt) || !strided4(key, dt, &kt) || !strided4(value, dt, &vt) ||
       !strided4(mask, aoti_torch_dtype_bool(), &mt))
     return AOTI_TORCH_FAILURE;
   const int64_t B = qt.size[0], H = qt.size[1], R = qt.size[2], D = qt.size[3];
@@ -364,20 +409,37 @@ AOTITorchError aoti_torch_cpu_native_gqa_attention(AtenTensorHandle q, AtenTenso
   void* data = nullptr;
   if (AOTITorchError e = aoti_torch_get_data_ptr(*ret0, &data)) return e;
   float* out = (float*)data;
-  const float* qd = (const float*)qt.data;
-  const float* kd = (const float*)kt.data;
-  const float* vd = (const float*)vt.data;
+  // 16-bit inputs: q widened whole (G x T rows a head: small), the cache's rows as they are read
+  const bool wide = dt != f32, is_bf16 = dt == bf16;
+  const int64_t bytes = wide ? 2 : 4;
+  std::vector<float> q32(wide ? B * H * R * D : 0);
+  if (wide) widen((const uint16_t*)qt.data, B * H * R * D, is_bf16, q32.data());
+  const float* qd = wide ? q32.data() : (const float*)qt.data;
+  // where batch row b, head h, position l of key or value starts
+  auto kv_at = [&](const Strided4& t, int64_t b, int64_t h, int64_t l) {
+    return (const char*)t.data + (b * t.stride[0] + h * t.stride[1] + l * t.stride[2]) * bytes;
+  };
+  auto u16 = [](const char* p) { return (const uint16_t*)p; };
   const bool* md = (const bool*)mt.data;
   const int64_t L = visible_length(md, mt, R, L_all);  // the rows' strides stay the cache's
   if (R > kLoopMaxRows) {  // a prompt: ATen's bmm, one batch row at a time
     std::unique_ptr<float[]> once;
     float* scores = scores_buffer(H * R * L, &once);
+    std::vector<float> k32(wide ? H * L * D : 0), v32(wide ? H * L * D : 0);
     for (int64_t b = 0; b < B; ++b) {
       const bool* mb = md + (mt.size[0] == 1 ? 0 : b) * mt.stride[0];
-      if (AOTITorchError e = bmm_attention(
-              qd + b * H * R * D, kd + b * kt.stride[0], kt.stride[1], kt.stride[2],
-              vd + b * vt.stride[0], vt.stride[1], vt.stride[2], mb, mt.stride[2], H, R, L, D,
-              float(scale), out + b * H * R * D, scores))
+      const float *kb = (const float*)kv_at(kt, b, 0, 0), *vb = (const float*)kv_at(vt, b, 0, 0);
+      int64_t ks0 = kt.stride[1], ks = kt.stride[2], vs0 = vt.stride[1], vs = vt.stride[2];
+      if (wide) {  // this batch row's visible keys and values, [H, L, D] fp32
+        for (int64_t h = 0; h < H; ++h) {
+          widen_rows(u16(kv_at(kt, b, h, 0)), L, ks, D, is_bf16, &k32[h * L * D]);
+          widen_rows(u16(kv_at(vt, b, h, 0)), L, vs, D, is_bf16, &v32[h * L * D]);
+        }
+        kb = k32.data(), vb = v32.data(), ks0 = vs0 = L * D, ks = vs = D;
+      }
+      if (AOTITorchError e = bmm_attention(qd + b * H * R * D, kb, ks0, ks, vb, vs0, vs, mb,
+                                           mt.stride[2], H, R, L, D, float(scale),
+                                           out + b * H * R * D, scores))
         return e;
     }
     return AOTI_TORCH_SUCCESS;
@@ -390,21 +452,28 @@ AOTITorchError aoti_torch_cpu_native_gqa_attention(AtenTensorHandle q, AtenTenso
   const int64_t heads = B * H, threads = omp_get_max_threads();
   const bool parallel = threads > 1 && heads * R * L * D > (1 << 14);
   const int64_t splits = parallel ? std::max<int64_t>(1, std::min(threads, L / 32)) : 1;
-  const int64_t units = heads * splits;
+  const int64_t units = heads * splits, per_split = (L + splits - 1) / splits;
   std::vector<float> part(units * R * D), mx(units * R), total(units * R);
 #pragma omp parallel if (parallel)
   {
-    std::vector<float> scores(R * ((L + splits - 1) / splits));
+    std::vector<float> scores(R * per_split);
+    std::vector<float> k32(wide ? per_split * D : 0), v32(wide ? per_split * D : 0);
 #pragma omp for schedule(static)
     for (int64_t u = 0; u < units; ++u) {
       const int64_t bh = u / splits, i = u % splits;
       const int64_t l0 = L * i / splits, l1 = L * (i + 1) / splits;
       const int64_t b = bh / H, h = bh % H, bm = mt.size[0] == 1 ? 0 : b;
-      const float* kh = kd + b * kt.stride[0] + h * kt.stride[1] + l0 * kt.stride[2];
-      const float* vh = vd + b * vt.stride[0] + h * vt.stride[1] + l0 * vt.stride[2];
-      partial_attention(qd + bh * R * D, kh, kt.stride[2], vh, vt.stride[2],
-                        md + bm * mt.stride[0] + l0, mt.stride[2], R, l1 - l0, D, float(scale),
-                        &part[u * R * D], &mx[u * R], &total[u * R], scores.data());
+      const char *kc = kv_at(kt, b, h, l0), *vc = kv_at(vt, b, h, l0);
+      const float *kh = (const float*)kc, *vh = (const float*)vc;
+      int64_t ks = kt.stride[2], vs = vt.stride[2];
+      if (wide) {  // this unit's rows, [l1 - l0, D] fp32
+        widen_rows(u16(kc), l1 - l0, ks, D, is_bf16, k32.data());
+        widen_rows(u16(vc), l1 - l0, vs, D, is_bf16, v32.data());
+        kh = k32.data(), vh = v32.data(), ks = vs = D;
+      }
+      partial_attention(qd + bh * R * D, kh, ks, vh, vs, md + bm * mt.stride[0] + l0,
+                        mt.stride[2], R, l1 - l0, D, float(scale), &part[u * R * D],
+                        &mx[u * R], &total[u * R], scores.data());
     }
   }
   for (int64_t bh = 0; bh < heads; ++bh)  // softmax across the splits

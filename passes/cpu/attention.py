@@ -1,5 +1,5 @@
 """Attention over a repeated KV cache, in the graphs the ``torch.compile`` backend gets, read in
-place by fxquant's packed attention instead (its native kernel for fp32).
+place by fxquant's packed attention and its native kernel instead.
 
 Where it sits: the CPU step of ``fxquant.backend`` (native kernels built), on the torch-level
 graph Dynamo hands over, before Inductor. Under Dynamo transformers' ``sdpa`` attention repeats
@@ -16,13 +16,12 @@ Taken: query, key and value of one float dtype on CPU; key and value each the re
 T, L]; no dropout; not causal; no ``enable_gqa``. Anything else is left as it is (a prefill
 transformers calls with ``is_causal=True`` and no mask, say).
 
-fp32 runs the native kernel. bf16 and fp16 (a model loaded in its checkpoint's dtype, the
-default of ``from_pretrained``) run the packed composition: two batched matmuls over the whole
-cache and a softmax in fp32, transformers' eager attention on the cache as it lies, no repeated
-copy. On SmolLM2 in bf16 under ``generate`` (int8wo+lm_head, Zen 4, one-off runs by hand) that
-took a decode step from 21.8 to 9.0 ms with a 256-position cache and from 50.5 to 13.9 ms with a
-2048-position one (bf16 Inductor: 74.2 ms): sdpa's CPU flash kernel on the repeated bf16 cache
-was the larger part of the step.
+fp32, bf16 and fp16 all run the native kernel (a bf16 / fp16 cache, a model loaded in its
+checkpoint's dtype as ``from_pretrained`` does by default, widened to fp32 as it is read; the
+result rounded back). On SmolLM2 in bf16 under ``generate`` with a 2048-position cache
+(int8wo+lm_head, Zen 4, one-off runs by hand): 50.5 ms a decode step with sdpa's CPU flash
+kernel on the repeated cache, 13.9 with the packed composition (two bf16 matmuls over the whole
+cache and a softmax in fp32: its bmm was a third of the step), NN with the kernel.
 """
 
 from __future__ import annotations
@@ -59,12 +58,11 @@ def pack_repeated_attention(graph: fx.Graph) -> int:
         scale = _scale(args)
         if scale is None:
             continue
-        native = node_value(args["query"]).dtype == torch.float32  # the kernel's dtype
         with graph.inserting_before(node):
             packed = graph.call_function(
                 packed_gqa_attention,
                 (args["query"], key[0], value[0], args["attn_mask"], scale),
-                {"native": native},
+                {"native": True},
             )
         packed.meta.update(node.meta)  # the same [B, H, T, D] result
         repeats = (args["key"], args["value"])
