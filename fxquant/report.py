@@ -111,12 +111,16 @@ class Report:
                 )
                 out[name] = {"scheme": name, "layers": [], "kernel": kernel}
             out[name]["layers"].append(r.name)
-        # the layers kept in fp32 (passes/cpu/float32.py rewrites those of a linear's layout)
-        kept = [r.name for r in self.skipped if r.kind == "linear" and r.dtype == "float32"]
-        if kept and native:
-            from fxquant.passes.cpu.float32 import KERNEL
+        # the layers kept in fp32 or bf16 (passes/cpu/float32.py rewrites those of a linear's
+        # layout)
+        if native:
+            from fxquant.passes.cpu.float32 import KERNEL, KERNEL_BF16
 
-            out["float32"] = {"scheme": "float32 (kept in float)", "layers": kept, "kernel": KERNEL}
+            for dtype, kernel in (("float32", KERNEL), ("bfloat16", KERNEL_BF16)):
+                kept = [r.name for r in self.skipped if r.kind == "linear" and r.dtype == dtype]
+                if kept:
+                    scheme = f"{dtype} (kept in float)"
+                    out[dtype] = {"scheme": scheme, "layers": kept, "kernel": kernel}
         return list(out.values())
 
     def cpu_kernels_table(self, machine: str | None = None) -> str:

@@ -1,7 +1,7 @@
-"""The linears a config leaves in fp32, on CPU: the native fp32 kernel
-(kernels/cpu/float32.cpp) against F.linear, and the lowering that routes them to it
-(passes/cpu/float32.py) in exported programs, AOTInductor packages and the torch.compile
-backend; what it must leave alone (bf16, Conv1D's [K, N] weight, activations as weights)."""
+"""The linears a config leaves in float, on CPU: the native fp32 and bf16 kernels
+(kernels/cpu/float32.cpp, bfloat16.cpp) against F.linear, and the lowering that routes them to
+them (passes/cpu/float32.py) in exported programs, AOTInductor packages and the torch.compile
+backend; what it must leave alone (fp16, Conv1D's [K, N] weight, activations as weights)."""
 
 from __future__ import annotations
 
@@ -63,6 +63,34 @@ def test_zeros_give_zeros_and_outside_the_contract_raises():
             fxq.native_float32_linear(*args)
 
 
+# M around the row kernel's blocks (16, 8, 4, 2, 1) and its limit (15: the packed panels above),
+# the fp32 GEMV's limit of 8 without AVX-512 BF16; K off the 32-value steps; N past one panel
+@pytest.mark.parametrize("m", [0, 1, 3, 8, 9, 15, 16, 33])
+@pytest.mark.parametrize(("n", "k"), [(1, 1), (5, 17), (37, 100), (130, 576)])
+def test_bf16_kernel_is_the_bf16_linear_in_fp32(m, n, k):
+    """y = bf16(x) @ w^T with fp32 sums: the products of the bf16 values, exact in fp32."""
+    g = torch.Generator().manual_seed(m * 100 + n + k)
+    x, w = torch.randn(m, k, generator=g), torch.randn(n, k, generator=g).bfloat16()
+    want = F.linear(x.bfloat16().float(), w.float())  # x's rounding is the kernel's too
+    _close(fxq.native_bfloat16_linear(x, w), want)
+
+
+def test_bf16_zeros_give_zeros_and_outside_the_contract_raises():
+    for m in (1, 20):
+        zeros = torch.zeros(9, 40, dtype=torch.bfloat16)
+        assert torch.equal(fxq.native_bfloat16_linear(torch.zeros(m, 40), zeros), torch.zeros(m, 9))
+    w = torch.randn(8, 64).bfloat16()
+    bad = [
+        (torch.randn(2, 63), w),  # K mismatch
+        (torch.randn(2, 64), torch.randn(64, 8).bfloat16().t()),  # w not contiguous
+        (torch.randn(2, 64).bfloat16(), w),  # x is fp32 rows
+        (torch.randn(2, 64), w.half()),
+    ]
+    for args in bad:
+        with pytest.raises(RuntimeError, match="native_bfloat16_linear: inputs outside"):
+            fxq.native_bfloat16_linear(*args)
+
+
 def test_opcheck():
     g = torch.Generator().manual_seed(0)
     w, b = torch.randn(20, 64, generator=g), torch.randn(20, generator=g)
@@ -71,6 +99,12 @@ def test_opcheck():
     x3 = torch.randn(2, 3, 64, generator=g)
     torch.library.opcheck(fxq.cpu_native_float32_linear, (x3, w, b))
     torch.library.opcheck(fxq.cpu_native_float32_linear, (x3, w, None))
+    for m in (3, 20):
+        args = (torch.randn(m, 64, generator=g), w.bfloat16())
+        torch.library.opcheck(fxq.native_bfloat16_linear, args)
+    torch.library.opcheck(
+        fxq.cpu_native_bfloat16_linear, (x3.bfloat16(), w.bfloat16(), b.bfloat16())
+    )
 
 
 class _Head(torch.nn.Module):
@@ -113,14 +147,18 @@ def test_a_skipped_layer_runs_the_native_kernel_at_every_m():
 
 
 def test_what_it_leaves_alone():
-    # Mixed: nn.Linear and F.linear on a parameter take the kernel; Conv1D's [K, N] weight
-    # (addmm) keeps ATen's GEMM, as does every linear of a bf16 model
+    # Mixed: nn.Linear and F.linear on a parameter take the kernel (the bf16 one in a bf16
+    # model); Conv1D's [K, N] weight (addmm) keeps ATen's GEMM; an fp16 model keeps ATen's
     torch.manual_seed(0)
     x = torch.randn(2, 3, 64)
     ep = torch.export.export(Mixed().eval(), (x,))
     assert _targets(prepacked(ep)).count("fxquant.cpu_native_float32_linear.default") == 2
     ep16 = torch.export.export(Mixed().eval().bfloat16(), (x.bfloat16(),))
-    assert not any("float32_linear" in t for t in _targets(prepacked(ep16)))
+    targets = _targets(prepacked(ep16))
+    assert targets.count("fxquant.cpu_native_bfloat16_linear.default") == 2
+    assert not any("float32_linear" in t for t in targets)
+    half = torch.export.export(Mixed().eval().half(), (x.half(),))
+    assert not any("native" in t for t in _targets(prepacked(half)))
 
     class ActAsWeight(torch.nn.Module):  # F.linear on two activations: no stored weight
         def forward(self, x, y):
@@ -144,6 +182,34 @@ def test_float_program_packaged_and_through_the_backend(tmp_path):
         want = qep.module()(ids)
         torch.testing.assert_close(compiled(ids), want)
     assert counters["prepack.cpu_native_float32_linear"] == before + 1  # the lm_head
+
+
+def test_a_bf16_model_keeps_its_skipped_layer_on_the_bf16_kernel(tmp_path):
+    """A model in bf16: the layer the config skips runs the native bf16 kernel in the lowered
+    program, its package and the backend, with the bf16 linear's numbers (one rounding)."""
+    torch.manual_seed(0)
+    model = _Head().eval().bfloat16()
+    ids = torch.randint(0, 50, (1, 6))
+    qep = fxquant.quantize(
+        model, _skip_head(), example_inputs=(ids,), dynamic_shapes=({1: Dim.DYNAMIC},)
+    )
+    lowered = lower(qep)
+    assert _targets(lowered).count("fxquant.native_bfloat16_linear.default") == 1
+    for length in (1, 6, 20):  # the row kernel and, past 15 rows, the panels
+        ids = torch.randint(0, 50, (1, length))
+        got, want = lowered.module()(ids), qep.module()(ids)
+        assert got.dtype == torch.bfloat16
+        torch.testing.assert_close(got.float(), want.float(), atol=1e-2, rtol=1e-2)
+    pkg = fxquant.aot_compile(qep, tmp_path / "head.pt2")
+    torch.testing.assert_close(pkg(ids), lowered.module()(ids))
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="fxquant", options={"config": _skip_head()})
+    before = counters["prepack.cpu_native_bfloat16_linear"]
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(ids), lowered.module()(ids), atol=1e-2, rtol=1e-2)
+    assert counters["prepack.cpu_native_bfloat16_linear"] == before + 1  # the lm_head
+    rows = fxquant.report(qep).cpu_kernels()
+    assert rows[-1]["scheme"] == "bfloat16 (kept in float)" and rows[-1]["layers"] == ["lm_head"]
 
 
 def test_the_report_names_the_kernel_of_the_layers_kept_in_float():

@@ -65,6 +65,7 @@ _KERNEL_SOURCES = (
     "int8_fp8.cpp",
     "int4.cpp",
     "float32.cpp",
+    "bfloat16.cpp",
     "decode.cpp",
     "attention.cpp",
 )
@@ -179,6 +180,12 @@ NATIVE_OPS = {
         "AOTITorchError aoti_torch_cpu_native_float32_linear(AtenTensorHandle x, "
         "AtenTensorHandle weight, AtenTensorHandle* ret0)",
     ),
+    # the bf16 linear a config leaves in float in a bf16 model (bfloat16.cpp): bf16 dot products
+    "native_bfloat16_linear": (
+        "native_bfloat16_linear(Tensor x, Tensor weight) -> Tensor",
+        "AOTITorchError aoti_torch_cpu_native_bfloat16_linear(AtenTensorHandle x, "
+        "AtenTensorHandle weight, AtenTensorHandle* ret0)",
+    ),
     # weight decoders for the large-M bf16 GEMMs of the CPU dispatch (decode.cpp)
     "native_float8_to_bfloat16": (
         "native_float8_to_bfloat16(Tensor weight) -> Tensor",
@@ -257,6 +264,9 @@ torch.library.register_fake("fxquant::native_int8_dynamic_int4_linear", lib=_lib
     lambda x, weight, scale, offset, group_size: _out(x, weight)
 )
 torch.library.register_fake("fxquant::native_float32_linear", lib=_lib)(
+    lambda x, weight: _out(x, weight)
+)
+torch.library.register_fake("fxquant::native_bfloat16_linear", lib=_lib)(
     lambda x, weight: _out(x, weight)
 )
 torch.library.register_fake("fxquant::native_float8_to_bfloat16", lib=_lib)(

@@ -1,6 +1,8 @@
-"""The CPU lowering of the linears a config leaves in fp32 (an LLM's tied ``lm_head`` under
+"""The CPU lowering of the linears a config leaves in float (an LLM's tied ``lm_head`` under
 ``int8wo``, layers skipped for their shape, a float model packaged as it is): on a stored fp32
-weight they run fxquant's native fp32 kernel (``kernels/cpu/float32.cpp``) instead of ATen's.
+weight they run fxquant's native fp32 kernel (``kernels/cpu/float32.cpp``) instead of ATen's, on
+a stored bf16 weight with bf16 x (a model loaded in bf16) its native bf16 kernel
+(``kernels/cpu/bfloat16.cpp``).
 
 Where it sits: a step of the native CPU prepack (``fxquant.passes.lower.prepack``), after the
 rewrite left these nodes as ``aten.linear`` (or their torch-level spelling in a Dynamo graph).
@@ -13,7 +15,11 @@ rate on every machine. On the AMD EPYC Zen 4 (2 cores) the 49152 × 576 lm_head 
 and 1536 × 576 linears 1.3-1.9× faster; up to 8 rows the native kernel is 1.1-8× ATen's speed,
 above it runs ATen's mm itself (one-off timings by hand, by shape, in one process). The same
 fp32 products: only the order of the sums differs (tests/test_lower_float32.py bounds it).
-Only nodes whose weight is a stored, contiguous fp32 [N, K] constant and whose x is fp32 are
+The bf16 kernel, for the same reason: ATen's bf16 linear read SmolLM2's weights at ~12 GB/s at
+M = 1 on the Zen 4; the native one 2.0-3.5x faster at M = 1, 1.7-2.9x at 4 (by shape, one-off
+timings by hand; bfloat16.cpp has them by M). Its numerics are the bf16 linear's: products of
+the bf16 values, fp32 sums (in another order), one rounding to bf16 after the bias.
+Only nodes whose weight is a stored, contiguous [N, K] constant of x's dtype, fp32 or bf16, are
 rewritten; a transposed ``Conv1D`` weight ([K, N], ``addmm``) keeps ATen's GEMM.
 """
 
@@ -27,13 +33,18 @@ import fxquant.kernels.cpu as native  # noqa: F401  (defines fxquant::native_flo
 from fxquant.passes.cpu.common import NATIVE, device_op, finish, rows
 from fxquant.passes.plan import find_sites, node_value
 
-__all__ = ["KERNEL", "lower_float32_linears"]
+__all__ = ["KERNEL", "KERNEL_BF16", "lower_float32_linears"]
 
 fxq = torch.ops.fxquant
 
 # what the rewritten linears run, in words (reports), by M: the shim's GEMV limit
 # (kGemvMaxMFloat32 in float32.cpp), then ATen's mm inside the same op
 KERNEL = "fxquant native fp32 kernel up to M = 8, then ATen's fp32 GEMM (MKL)"
+# bfloat16.cpp's paths (kRowsMaxMBf16, kGemvMaxMBf16)
+KERNEL_BF16 = (
+    "fxquant native bf16 kernel: bf16 dot products, rows up to M = 15, packed panels above "
+    "(without AVX-512 BF16: an fp32 GEMV up to M = 8, then MKL on the widened weight)"
+)
 
 
 def _fake(x, weight, bias):
@@ -50,30 +61,43 @@ def _native_float32(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     return finish(fxq.native_float32_linear(rows(x), weight), x, weight.shape[0], bias)
 
 
+@device_op(
+    NATIVE,
+    "cpu_native_bfloat16_linear",
+    schema="(Tensor x, Tensor weight, Tensor? bias) -> Tensor",
+    fake=_fake,
+)
+def _native_bfloat16(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    return finish(fxq.native_bfloat16_linear(rows(x), weight), x, weight.shape[0], bias)
+
+
 def lower_float32_linears(editor) -> int:
-    """Rewrite every fp32 ``linear`` on a stored fp32 weight to the native fp32 device op.
-    Returns the nodes rewritten."""
+    """Rewrite every fp32 (bf16) ``linear`` on a stored fp32 (bf16) weight to the native fp32
+    (bf16) device op. Returns the nodes rewritten."""
     from fxquant.passes.rewrite import counters
 
+    ops = {
+        torch.float32: fxq.cpu_native_float32_linear.default,
+        torch.bfloat16: fxq.cpu_native_bfloat16_linear.default,
+    }
     done = 0
     for site in find_sites(editor.graph, editor.weight_of):
         node, weight = site.node, site.weight
-        if site.kind != "linear" or not _eligible(site.x, weight):
+        if site.kind != "linear" or not _eligible(site.x, weight, ops):
             continue
-        editor.swap(
-            node, fxq.cpu_native_float32_linear.default, (site.x, site.weight_node, site.bias)
-        )
-        counters["prepack.cpu_native_float32_linear"] += 1
+        op = ops[weight.dtype]
+        editor.swap(node, op, (site.x, site.weight_node, site.bias))
+        counters[f"prepack.{op._opname}"] += 1
         done += 1
     return done
 
 
-def _eligible(x: fx.Node, weight: Tensor) -> bool:
+def _eligible(x: fx.Node, weight: Tensor, dtypes) -> bool:
     val = node_value(x)
     return (
         isinstance(val, Tensor)
-        and val.dtype == torch.float32
-        and weight.dtype == torch.float32
+        and val.dtype == weight.dtype
+        and weight.dtype in dtypes
         and weight.dim() == 2
         and weight.is_contiguous()
         and weight.device.type == "cpu"

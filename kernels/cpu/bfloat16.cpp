@@ -1,0 +1,166 @@
+// The bf16 linear a quantization config leaves in float in a bf16 model (the tied lm_head under
+// int8wo, a layer skipped for its shape, a bf16 model packaged as it is), y [M, N] fp32 =
+// bf16(x) [M, K] @ w [N, K]^T with w bf16, for fxquant.passes.cpu.float32.
+//
+// Where this sits: beside the fp32 one (float32.cpp); the CPU lowering rewrites a bf16 linear
+// on a stored bf16 weight to `fxquant::native_bfloat16_linear` (x given as fp32 rows, as every
+// native linear takes it; a bf16 model's x is bf16 already, so its rounding here is exact).
+//
+// Why it exists: at M = 1 the linear is a read of its weight, and ATen's bf16 path read it at
+// ~12 GB/s on the Zen 4 (two cores): SmolLM2 in bf16, nothing quantized, under Hugging Face's
+// generate with the fxquant backend spent ~23 ms of a 26 ms decode step in aten::mm (270 MB of
+// weights; torch profiler, a one-off run by hand).
+//
+// How: with AVX-512 BF16, bf16_dot.h's GEMMs on the weight as it lies (the row kernel up to
+// kRowsMaxMBf16 rows, the packed panels above); without it, a GEMV of fp32 products of the
+// widened values up to kGemvMaxMBf16 rows, and above, MKL's sgemm on chunks of the weight
+// widened to fp32.
+//
+// Numerics: x rounded to bf16, products of bf16 values (exact in fp32), sums in fp32 in another
+// order than oneDNN's; y not rounded (the caller rounds it to the model's dtype once, after the
+// bias).
+
+#include "bf16_dot.h"
+
+namespace fxq {
+namespace {
+
+#ifdef FXQ_BF16_512
+// Up to this many rows bf16_dot.h's row kernel (each weight row read once for all of them);
+// above, its packed-panel GEMM. Zen 4, two threads, SmolLM2's shapes and the stack's 4096 x 1024
+// against bf16 F.linear (one-off timings by hand, noisy): the row kernel 2.4-4.1x at M = 1,
+// 1.8-3.6x at 4, 1.4-1.8x at 8, 0.8-1.6x at 12; from 16 rows the panels 1.1-1.3x on four of the
+// shapes, 0.9x on 576 x 1536 and 0.7-0.9x on the 49152 x 576 lm_head (a prompt's every-position
+// logits only). ATen's bf16 mm itself, called on a bf16 copy of x, lost 0.74-0.98x to those
+// copies.
+constexpr int64_t kRowsMaxMBf16 = 15;
+
+// bf16_dot.h's weight source for a stored bf16 [N, K] weight: its rows are already the values
+struct Bf16Weight {
+  const uint8_t* base;
+  int64_t row_bytes;  // 2 K
+  struct Row {
+    const uint16_t* p;
+    int64_t K;
+    __m512bh operator()(int64_t k) const {
+      return (__m512bh)_mm512_maskz_loadu_epi16(first_columns(K - k), p + k);
+    }
+    __m512bh full(int64_t k) const { return (__m512bh)_mm512_loadu_si512(p + k); }
+  };
+  Row row(int64_t n) const { return {(const uint16_t*)(base + n * row_bytes), row_bytes / 2}; }
+};
+
+#else
+// Up to this many rows the GEMV (each weight row read once for all rows, as float32.cpp's);
+// above, MKL's sgemm on widened chunks.
+constexpr int64_t kGemvMaxMBf16 = 8;
+
+inline float bf16_value(uint16_t b) {
+  const uint32_t bits = uint32_t(b) << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+// out[r] = x[r] . row for R activation rows of K (x rows K apart, bf16-valued fp32)
+template <int R>
+inline void dot_rows(const float* x, int64_t K, const uint16_t* row, float* out) {
+  int64_t k = 0;
+  float acc[R] = {};
+#if defined(FXQ_AVX2)
+  __m256 a[R][2];
+  for (int r = 0; r < R; ++r) a[r][0] = a[r][1] = _mm256_setzero_ps();
+  for (; k + 16 <= K; k += 16) {  // 16 bf16 = 32 bytes: widened to two 8-lane halves
+    const __m256i w = _mm256_loadu_si256((const __m256i*)(row + k));
+    const __m256 w0 = _mm256_castsi256_ps(
+        _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_castsi256_si128(w)), 16));
+    const __m256 w1 = _mm256_castsi256_ps(
+        _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_extracti128_si256(w, 1)), 16));
+    for (int r = 0; r < R; ++r) {
+      a[r][0] = _mm256_fmadd_ps(_mm256_loadu_ps(x + r * K + k), w0, a[r][0]);
+      a[r][1] = _mm256_fmadd_ps(_mm256_loadu_ps(x + r * K + k + 8), w1, a[r][1]);
+    }
+  }
+  for (int r = 0; r < R; ++r) acc[r] = hsum(_mm256_add_ps(a[r][0], a[r][1]));
+#endif
+  for (; k < K; ++k)
+    for (int r = 0; r < R; ++r) acc[r] += x[r * K + k] * bf16_value(row[k]);
+  for (int r = 0; r < R; ++r) out[r] = acc[r];
+}
+
+// y [M, N] for M <= kGemvMaxMBf16: each weight row read once, against four rows at a time
+void gemv_bf16(const float* x, int64_t M, int64_t K, const uint16_t* w, int64_t N, float* y) {
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    prefetch_row_ahead(w, n, N, K * 2);
+    const uint16_t* row = w + n * K;
+    float dots[4];
+    int64_t m = 0;
+    for (; m + 4 <= M; m += 4) {
+      dot_rows<4>(x + m * K, K, row, dots);
+      for (int i = 0; i < 4; ++i) y[(m + i) * N + n] = dots[i];
+    }
+    for (; m < M; ++m) {
+      dot_rows<1>(x + m * K, K, row, dots);
+      y[m * N + n] = dots[0];
+    }
+  }
+}
+
+struct WidenTag {};
+
+// y = x @ w^T by MKL's sgemm, a chunk of weight rows at a time widened to fp32 into a buffer
+// that stays in cache (as linear.cpp's gemm_chunked dequantizes the byte formats)
+AOTITorchError mm_bf16(const float* x, int64_t M, int64_t K, const uint16_t* w, int64_t N,
+                       float* y) {
+  const int64_t nc_max = std::min<int64_t>(
+      N, std::max<int64_t>(16, (1 << 20) / (4 * std::max<int64_t>(K, 1))) / 16 * 16);
+  float* wbuf = thread_buffer<WidenTag>(nc_max * K);
+  Owned xt;
+  if (AOTITorchError e = matrix_blob(x, M, K, K, 1, &xt.h)) return e;
+  for (int64_t n0 = 0; n0 < N; n0 += nc_max) {
+    const int64_t nc = std::min(nc_max, N - n0);
+#pragma omp parallel for schedule(static) if (nc * K > 65536)
+    for (int64_t i = 0; i < nc * K; ++i) wbuf[i] = bf16_value(w[n0 * K + i]);
+    Owned wt, yt;  // the chunk as a [K, nc] (transposed) view; y[:, n0 : n0 + nc], row stride N
+    if (AOTITorchError e = matrix_blob(wbuf, K, nc, 1, K, &wt.h)) return e;
+    if (AOTITorchError e = matrix_blob(y + n0, M, nc, N, 1, &yt.h)) return e;
+    if (AOTITorchError e = aoti_torch_cpu_mm_out(yt.h, xt.h, wt.h)) return e;
+  }
+  return AOTI_TORCH_SUCCESS;
+}
+#endif
+
+}  // namespace
+}  // namespace fxq
+
+using namespace fxq;
+
+extern "C" {
+
+AOTITorchError aoti_torch_cpu_native_bfloat16_linear(AtenTensorHandle x, AtenTensorHandle w,
+                                                     AtenTensorHandle* ret0) {
+  Mat xm, wm;
+  if (!view(x, 2, aoti_torch_dtype_float32(), &xm) ||
+      !view(w, 2, aoti_torch_dtype_bfloat16(), &wm) || wm.cols != xm.cols)
+    return AOTI_TORCH_FAILURE;
+  const int64_t M = xm.rows, K = xm.cols, N = wm.rows;
+  const float* xp = xm.as<float>();
+  const uint16_t* wp = wm.as<uint16_t>();
+#ifdef FXQ_BF16_512
+  const Bf16Weight source{(const uint8_t*)wp, 2 * K};
+  auto rows = [&](float* y) { gemm_rows_bf16(Bf16Rows(xp, M, K), M, K, source, N, nullptr, y); };
+  auto panels = [&](float* y) {
+    gemm_panels_bf16(Bf16Rows(xp, M, K), M, K, source, N, nullptr, y);
+    return AOTI_TORCH_SUCCESS;
+  };
+  return run_linear(M, N, kRowsMaxMBf16, ret0, rows, panels);
+#else
+  const std::vector<float> rounded = bf16_rounded(xp, M, K);
+  auto gemv = [&](float* y) { gemv_bf16(rounded.data(), M, K, wp, N, y); };
+  auto mm = [&](float* y) { return mm_bf16(rounded.data(), M, K, wp, N, y); };
+  return run_linear(M, N, kGemvMaxMBf16, ret0, gemv, mm);
+#endif
+}
+
+}  // extern "C"
