@@ -111,12 +111,13 @@ class Report:
                 )
                 out[name] = {"scheme": name, "layers": [], "kernel": kernel}
             out[name]["layers"].append(r.name)
-        # the layers kept in fp32 or bf16 (passes/cpu/float32.py rewrites those of a linear's
-        # layout)
+        # the layers kept in fp32, bf16 or fp16 (passes/cpu/float32.py rewrites those of a
+        # linear's layout)
         if native:
-            from fxquant.passes.cpu.float32 import KERNEL, KERNEL_BF16
+            from fxquant.passes.cpu.float32 import KERNEL, KERNEL_BF16, KERNEL_FP16
 
-            for dtype, kernel in (("float32", KERNEL), ("bfloat16", KERNEL_BF16)):
+            kernels = (("float32", KERNEL), ("bfloat16", KERNEL_BF16), ("float16", KERNEL_FP16))
+            for dtype, kernel in kernels:
                 kept = [r.name for r in self.skipped if r.kind == "linear" and r.dtype == dtype]
                 if kept:
                     scheme = f"{dtype} (kept in float)"

@@ -64,31 +64,52 @@ def test_zeros_give_zeros_and_outside_the_contract_raises():
 
 
 # M around the row kernel's blocks (16, 8, 4, 2, 1) and its limit (15: the packed panels above),
-# the fp32 GEMV's limit of 8 without AVX-512 BF16; K off the 32-value steps; N past one panel
-@pytest.mark.parametrize("m", [0, 1, 3, 8, 9, 15, 16, 33])
+# the widening GEMV's blocks of 4 and limit of 32 (MKL on the widened weight above); K off the
+# 32-value steps and the 16-value ones; N past one panel
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("m", [0, 1, 3, 8, 15, 16, 33])
 @pytest.mark.parametrize(("n", "k"), [(1, 1), (5, 17), (37, 100), (130, 576)])
-def test_bf16_kernel_is_the_bf16_linear_in_fp32(m, n, k):
-    """y = bf16(x) @ w^T with fp32 sums: the products of the bf16 values, exact in fp32."""
+def test_16_bit_kernels_are_the_16_bit_linear_in_fp32(dtype, m, n, k):
+    """y = x @ w^T with fp32 sums of the products of the 16-bit values, exact in fp32 (the bf16
+    kernel rounds x to bf16 first, as its dot products need; a bf16 model's x is bf16)."""
     g = torch.Generator().manual_seed(m * 100 + n + k)
-    x, w = torch.randn(m, k, generator=g), torch.randn(n, k, generator=g).bfloat16()
-    want = F.linear(x.bfloat16().float(), w.float())  # x's rounding is the kernel's too
-    _close(fxq.native_bfloat16_linear(x, w), want)
+    x, w = torch.randn(m, k, generator=g), torch.randn(n, k, generator=g).to(dtype)
+    op = fxq.native_bfloat16_linear if dtype == torch.bfloat16 else fxq.native_float16_linear
+    x_used = x.bfloat16().float() if dtype == torch.bfloat16 else x
+    _close(op(x, w), F.linear(x_used, w.float()))
 
 
-def test_bf16_zeros_give_zeros_and_outside_the_contract_raises():
-    for m in (1, 20):
-        zeros = torch.zeros(9, 40, dtype=torch.bfloat16)
-        assert torch.equal(fxq.native_bfloat16_linear(torch.zeros(m, 40), zeros), torch.zeros(m, 9))
-    w = torch.randn(8, 64).bfloat16()
-    bad = [
-        (torch.randn(2, 63), w),  # K mismatch
-        (torch.randn(2, 64), torch.randn(64, 8).bfloat16().t()),  # w not contiguous
-        (torch.randn(2, 64).bfloat16(), w),  # x is fp32 rows
-        (torch.randn(2, 64), w.half()),
-    ]
-    for args in bad:
-        with pytest.raises(RuntimeError, match="native_bfloat16_linear: inputs outside"):
-            fxq.native_bfloat16_linear(*args)
+def test_fp16_weights_widen_exactly():
+    """Every fp16 value (subnormals, the largest, signed zeros) widens to itself, in the vector
+    loop and in the scalar tail (K = 8 * 4096 + 7 values: each is a column, x one-hot)."""
+    bits = torch.arange(0, 1 << 16, dtype=torch.int32)
+    finite = bits[(bits & 0x7C00) != 0x7C00].to(torch.int16).view(torch.float16)
+    w = torch.cat([finite, finite[:7]])[: 8 * 4096 + 7]
+    w = w[: (w.numel() // 7) * 7].reshape(7, -1).contiguous()  # 7 rows: the vector loop and a tail
+    for col in (0, 1, 5, w.shape[1] - 1):
+        x = torch.zeros(1, w.shape[1])
+        x[0, col] = 1.0
+        got = fxq.native_float16_linear(x, w)
+        assert torch.equal(got[0], w[:, col].float()), col
+
+
+def test_16_bit_zeros_give_zeros_and_outside_the_contract_raises():
+    for name, dtype in (("bfloat16", torch.bfloat16), ("float16", torch.float16)):
+        op = getattr(fxq, f"native_{name}_linear")
+        for m in (1, 20, 40):
+            zeros = torch.zeros(9, 40, dtype=dtype)
+            assert torch.equal(op(torch.zeros(m, 40), zeros), torch.zeros(m, 9))
+        w = torch.randn(8, 64).to(dtype)
+        other = torch.float16 if dtype == torch.bfloat16 else torch.bfloat16
+        bad = [
+            (torch.randn(2, 63), w),  # K mismatch
+            (torch.randn(2, 64), torch.randn(64, 8).to(dtype).t()),  # w not contiguous
+            (torch.randn(2, 64).to(dtype), w),  # x is fp32 rows
+            (torch.randn(2, 64), w.to(other)),
+        ]
+        for args in bad:
+            with pytest.raises(RuntimeError, match=f"native_{name}_linear: inputs outside"):
+                op(*args)
 
 
 def test_opcheck():
@@ -99,9 +120,11 @@ def test_opcheck():
     x3 = torch.randn(2, 3, 64, generator=g)
     torch.library.opcheck(fxq.cpu_native_float32_linear, (x3, w, b))
     torch.library.opcheck(fxq.cpu_native_float32_linear, (x3, w, None))
-    for m in (3, 20):
-        args = (torch.randn(m, 64, generator=g), w.bfloat16())
-        torch.library.opcheck(fxq.native_bfloat16_linear, args)
+    for m in (3, 20, 40):
+        x = torch.randn(m, 64, generator=g)
+        torch.library.opcheck(fxq.native_bfloat16_linear, (x, w.bfloat16()))
+        torch.library.opcheck(fxq.native_float16_linear, (x, w.half()))
+    torch.library.opcheck(fxq.cpu_native_float16_linear, (x3.half(), w.half(), b.half()))
     torch.library.opcheck(
         fxq.cpu_native_bfloat16_linear, (x3.bfloat16(), w.bfloat16(), b.bfloat16())
     )
@@ -147,8 +170,8 @@ def test_a_skipped_layer_runs_the_native_kernel_at_every_m():
 
 
 def test_what_it_leaves_alone():
-    # Mixed: nn.Linear and F.linear on a parameter take the kernel (the bf16 one in a bf16
-    # model); Conv1D's [K, N] weight (addmm) keeps ATen's GEMM; an fp16 model keeps ATen's
+    # Mixed: nn.Linear and F.linear on a parameter take the kernel (the bf16 / fp16 one in a
+    # bf16 / fp16 model); Conv1D's [K, N] weight (addmm) keeps ATen's GEMM, as does fp64
     torch.manual_seed(0)
     x = torch.randn(2, 3, 64)
     ep = torch.export.export(Mixed().eval(), (x,))
@@ -158,7 +181,9 @@ def test_what_it_leaves_alone():
     assert targets.count("fxquant.cpu_native_bfloat16_linear.default") == 2
     assert not any("float32_linear" in t for t in targets)
     half = torch.export.export(Mixed().eval().half(), (x.half(),))
-    assert not any("native" in t for t in _targets(prepacked(half)))
+    assert _targets(prepacked(half)).count("fxquant.cpu_native_float16_linear.default") == 2
+    double = torch.export.export(Mixed().eval().double(), (x.double(),))
+    assert not any("native" in t for t in _targets(prepacked(double)))
 
     class ActAsWeight(torch.nn.Module):  # F.linear on two activations: no stored weight
         def forward(self, x, y):
@@ -184,32 +209,36 @@ def test_float_program_packaged_and_through_the_backend(tmp_path):
     assert counters["prepack.cpu_native_float32_linear"] == before + 1  # the lm_head
 
 
-def test_a_bf16_model_keeps_its_skipped_layer_on_the_bf16_kernel(tmp_path):
-    """A model in bf16: the layer the config skips runs the native bf16 kernel in the lowered
-    program, its package and the backend, with the bf16 linear's numbers (one rounding)."""
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_16_bit_model_keeps_its_skipped_layer_on_its_16_bit_kernel(dtype, tmp_path):
+    """A model in bf16 or fp16: the layer the config skips runs the native kernel of its dtype
+    in the lowered program, its package and the backend, with the 16-bit linear's numbers (one
+    rounding)."""
+    name = str(dtype).removeprefix("torch.")
     torch.manual_seed(0)
-    model = _Head().eval().bfloat16()
+    model = _Head().eval().to(dtype)
     ids = torch.randint(0, 50, (1, 6))
     qep = fxquant.quantize(
         model, _skip_head(), example_inputs=(ids,), dynamic_shapes=({1: Dim.DYNAMIC},)
     )
     lowered = lower(qep)
-    assert _targets(lowered).count("fxquant.native_bfloat16_linear.default") == 1
-    for length in (1, 6, 20):  # the row kernel and, past 15 rows, the panels
+    assert _targets(lowered).count(f"fxquant.native_{name}_linear.default") == 1
+    for length in (1, 6, 20, 40):  # each kernel's paths by M
         ids = torch.randint(0, 50, (1, length))
         got, want = lowered.module()(ids), qep.module()(ids)
-        assert got.dtype == torch.bfloat16
+        assert got.dtype == dtype
         torch.testing.assert_close(got.float(), want.float(), atol=1e-2, rtol=1e-2)
     pkg = fxquant.aot_compile(qep, tmp_path / "head.pt2")
-    torch.testing.assert_close(pkg(ids), lowered.module()(ids))
+    # (Inductor's fused elementwise rounds to the dtype in other places than eager's)
+    torch.testing.assert_close(pkg(ids), lowered.module()(ids), atol=1e-2, rtol=1e-2)
     torch._dynamo.reset()
     compiled = torch.compile(model, backend="fxquant", options={"config": _skip_head()})
-    before = counters["prepack.cpu_native_bfloat16_linear"]
+    before = counters[f"prepack.cpu_native_{name}_linear"]
     with torch.no_grad():
         torch.testing.assert_close(compiled(ids), lowered.module()(ids), atol=1e-2, rtol=1e-2)
-    assert counters["prepack.cpu_native_bfloat16_linear"] == before + 1  # the lm_head
+    assert counters[f"prepack.cpu_native_{name}_linear"] == before + 1  # the lm_head
     rows = fxquant.report(qep).cpu_kernels()
-    assert rows[-1]["scheme"] == "bfloat16 (kept in float)" and rows[-1]["layers"] == ["lm_head"]
+    assert rows[-1]["scheme"] == f"{name} (kept in float)" and rows[-1]["layers"] == ["lm_head"]
 
 
 def test_the_report_names_the_kernel_of_the_layers_kept_in_float():

@@ -186,6 +186,12 @@ NATIVE_OPS = {
         "AOTITorchError aoti_torch_cpu_native_bfloat16_linear(AtenTensorHandle x, "
         "AtenTensorHandle weight, AtenTensorHandle* ret0)",
     ),
+    # the fp16 one (bfloat16.cpp too): fp32 products of the widened weight
+    "native_float16_linear": (
+        "native_float16_linear(Tensor x, Tensor weight) -> Tensor",
+        "AOTITorchError aoti_torch_cpu_native_float16_linear(AtenTensorHandle x, "
+        "AtenTensorHandle weight, AtenTensorHandle* ret0)",
+    ),
     # weight decoders for the large-M bf16 GEMMs of the CPU dispatch (decode.cpp)
     "native_float8_to_bfloat16": (
         "native_float8_to_bfloat16(Tensor weight) -> Tensor",
@@ -267,6 +273,9 @@ torch.library.register_fake("fxquant::native_float32_linear", lib=_lib)(
     lambda x, weight: _out(x, weight)
 )
 torch.library.register_fake("fxquant::native_bfloat16_linear", lib=_lib)(
+    lambda x, weight: _out(x, weight)
+)
+torch.library.register_fake("fxquant::native_float16_linear", lib=_lib)(
     lambda x, weight: _out(x, weight)
 )
 torch.library.register_fake("fxquant::native_float8_to_bfloat16", lib=_lib)(

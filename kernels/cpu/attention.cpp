@@ -141,19 +141,6 @@ float masked_exp(float* s, const bool* m, int64_t L, float scale) {
   return mx;
 }
 
-// fp16 bits -> fp32, for the tails the vector conversion leaves (and CPUs without F16C)
-inline float half_to_float(uint16_t h) {
-  const int exponent = (h >> 10) & 0x1f, mantissa = h & 0x3ff;
-  float f;
-  if (exponent == 0)
-    f = std::ldexp(float(mantissa), -24);  // zero and subnormals
-  else if (exponent == 31)
-    f = mantissa ? NAN : INFINITY;
-  else
-    f = std::ldexp(float(mantissa | 0x400), exponent - 25);
-  return (h & 0x8000) ? -f : f;
-}
-
 // n bf16 (bf16 = true) or fp16 values to fp32: a bf16 is the top half of its fp32
 void widen(const uint16_t* src, int64_t n, bool bf16, float* dst) {
   if (bf16) {

@@ -1,24 +1,29 @@
-// The bf16 linear a quantization config leaves in float in a bf16 model (the tied lm_head under
-// int8wo, a layer skipped for its shape, a bf16 model packaged as it is), y [M, N] fp32 =
-// bf16(x) [M, K] @ w [N, K]^T with w bf16, for fxquant.passes.cpu.float32.
+// The 16-bit float linears a quantization config leaves in float in a bf16 or fp16 model (the
+// tied lm_head under int8wo, a layer skipped for its shape, a model packaged as it is),
+// y [M, N] fp32 = x [M, K] @ w [N, K]^T with w bf16 or fp16, for fxquant.passes.cpu.float32.
 //
-// Where this sits: beside the fp32 one (float32.cpp); the CPU lowering rewrites a bf16 linear
-// on a stored bf16 weight to `fxquant::native_bfloat16_linear` (x given as fp32 rows, as every
-// native linear takes it; a bf16 model's x is bf16 already, so its rounding here is exact).
+// Where this sits: beside the fp32 one (float32.cpp); the CPU lowering rewrites a bf16 (fp16)
+// linear on a stored bf16 (fp16) weight to `fxquant::native_bfloat16_linear`
+// (`native_float16_linear`), x given as fp32 rows, as every native linear takes it (the model's
+// x is bf16 or fp16 already: exact in fp32).
 //
-// Why it exists: at M = 1 the linear is a read of its weight, and ATen's bf16 path read it at
+// Why they exist: at M = 1 the linear is a read of its weight, and ATen's bf16 path read it at
 // ~12 GB/s on the Zen 4 (two cores): SmolLM2 in bf16, nothing quantized, under Hugging Face's
 // generate with the fxquant backend spent ~23 ms of a 26 ms decode step in aten::mm (270 MB of
-// weights; torch profiler, a one-off run by hand).
+// weights; torch profiler, a one-off run by hand). ATen's fp16 linear reads fast enough at M = 1
+// but falls to ~1/10 of bf16's speed from M = 16 (SmolLM2's shapes, same machine, by hand).
 //
-// How: with AVX-512 BF16, bf16_dot.h's GEMMs on the weight as it lies (the row kernel up to
-// kRowsMaxMBf16 rows, the packed panels above); without it, a GEMV of fp32 products of the
-// widened values up to kGemvMaxMBf16 rows, and above, MKL's sgemm on chunks of the weight
-// widened to fp32.
+// How: bf16 with AVX-512 BF16: bf16_dot.h's GEMMs on the weight as it lies (the row kernel up
+// to kRowsMaxMBf16 rows, the packed panels above). fp16, and bf16 without AVX-512 BF16: a GEMV
+// of fp32 products of the widened values (F16C for fp16) up to kGemvMaxMHalf rows, and above,
+// MKL's sgemm on chunks of the weight widened to fp32. fp16 on the Zen 4 against fp16 F.linear
+// (one-off timings by hand, SmolLM2's shapes): 1.3-1.8x at M = 1, 2.1-3.7x at 4-32; the chunks
+// 0.9-1.1x at 33 rows (a fixed cost of ~1 ms a call: not found), 1.4-1.6x at 64, 2.0-4.0x at 128.
 //
-// Numerics: x rounded to bf16, products of bf16 values (exact in fp32), sums in fp32 in another
-// order than oneDNN's; y not rounded (the caller rounds it to the model's dtype once, after the
-// bias).
+// Numerics: products of the 16-bit values (exact in fp32), sums in fp32 in another order than
+// ATen's; bf16 rounds x to bf16 first (the dot products' operands; exact for a bf16 model's x),
+// fp16 takes x as given. y not rounded (the caller rounds it to the model's dtype once, after
+// the bias).
 
 #include "bf16_dot.h"
 
@@ -50,46 +55,71 @@ struct Bf16Weight {
   Row row(int64_t n) const { return {(const uint16_t*)(base + n * row_bytes), row_bytes / 2}; }
 };
 
-#else
+#endif
+
+// ---- The widening paths: fp16 weights everywhere, bf16 ones without AVX-512 BF16 -----------
+
 // Up to this many rows the GEMV (each weight row read once for all rows, as float32.cpp's);
 // above, MKL's sgemm on widened chunks.
-constexpr int64_t kGemvMaxMBf16 = 8;
+constexpr int64_t kGemvMaxMHalf = 32;
 
-inline float bf16_value(uint16_t b) {
-  const uint32_t bits = uint32_t(b) << 16;
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
+// The two 16-bit formats, widened to fp32: one value, or eight (kVector: where the build has
+// the instructions)
+struct Bf16Format {
+  static constexpr bool kVector = true;
+  static float one(uint16_t b) {
+    const uint32_t bits = uint32_t(b) << 16;  // a bf16 is the top half of its fp32
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return f;
+  }
+#if defined(FXQ_AVX2)
+  static __m256 eight(const uint16_t* p) {
+    const __m128i h = _mm_loadu_si128((const __m128i*)p);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  }
+#endif
+};
 
-// out[r] = x[r] . row for R activation rows of K (x rows K apart, bf16-valued fp32)
-template <int R>
+struct Fp16Format {
+#if defined(FXQ_AVX2) && defined(__F16C__)
+  static constexpr bool kVector = true;
+  static __m256 eight(const uint16_t* p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p));
+  }
+#else
+  static constexpr bool kVector = false;
+#endif
+  static float one(uint16_t h) { return half_to_float(h); }
+};
+
+// out[r] = x[r] . widen(row) for R activation rows of K (x rows K apart)
+template <class F, int R>
 inline void dot_rows(const float* x, int64_t K, const uint16_t* row, float* out) {
   int64_t k = 0;
   float acc[R] = {};
 #if defined(FXQ_AVX2)
-  __m256 a[R][2];
-  for (int r = 0; r < R; ++r) a[r][0] = a[r][1] = _mm256_setzero_ps();
-  for (; k + 16 <= K; k += 16) {  // 16 bf16 = 32 bytes: widened to two 8-lane halves
-    const __m256i w = _mm256_loadu_si256((const __m256i*)(row + k));
-    const __m256 w0 = _mm256_castsi256_ps(
-        _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_castsi256_si128(w)), 16));
-    const __m256 w1 = _mm256_castsi256_ps(
-        _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_extracti128_si256(w, 1)), 16));
-    for (int r = 0; r < R; ++r) {
-      a[r][0] = _mm256_fmadd_ps(_mm256_loadu_ps(x + r * K + k), w0, a[r][0]);
-      a[r][1] = _mm256_fmadd_ps(_mm256_loadu_ps(x + r * K + k + 8), w1, a[r][1]);
+  if constexpr (F::kVector) {
+    __m256 a[R][2];
+    for (int r = 0; r < R; ++r) a[r][0] = a[r][1] = _mm256_setzero_ps();
+    for (; k + 16 <= K; k += 16) {
+      const __m256 w0 = F::eight(row + k), w1 = F::eight(row + k + 8);
+      for (int r = 0; r < R; ++r) {
+        a[r][0] = _mm256_fmadd_ps(_mm256_loadu_ps(x + r * K + k), w0, a[r][0]);
+        a[r][1] = _mm256_fmadd_ps(_mm256_loadu_ps(x + r * K + k + 8), w1, a[r][1]);
+      }
     }
+    for (int r = 0; r < R; ++r) acc[r] = hsum(_mm256_add_ps(a[r][0], a[r][1]));
   }
-  for (int r = 0; r < R; ++r) acc[r] = hsum(_mm256_add_ps(a[r][0], a[r][1]));
 #endif
   for (; k < K; ++k)
-    for (int r = 0; r < R; ++r) acc[r] += x[r * K + k] * bf16_value(row[k]);
+    for (int r = 0; r < R; ++r) acc[r] += x[r * K + k] * F::one(row[k]);
   for (int r = 0; r < R; ++r) out[r] = acc[r];
 }
 
-// y [M, N] for M <= kGemvMaxMBf16: each weight row read once, against four rows at a time
-void gemv_bf16(const float* x, int64_t M, int64_t K, const uint16_t* w, int64_t N, float* y) {
+// y [M, N] for M <= kGemvMaxMHalf: each weight row read once, against four rows at a time
+template <class F>
+void gemv_half(const float* x, int64_t M, int64_t K, const uint16_t* w, int64_t N, float* y) {
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {
     prefetch_row_ahead(w, n, N, K * 2);
@@ -97,21 +127,33 @@ void gemv_bf16(const float* x, int64_t M, int64_t K, const uint16_t* w, int64_t 
     float dots[4];
     int64_t m = 0;
     for (; m + 4 <= M; m += 4) {
-      dot_rows<4>(x + m * K, K, row, dots);
+      dot_rows<F, 4>(x + m * K, K, row, dots);
       for (int i = 0; i < 4; ++i) y[(m + i) * N + n] = dots[i];
     }
     for (; m < M; ++m) {
-      dot_rows<1>(x + m * K, K, row, dots);
+      dot_rows<F, 1>(x + m * K, K, row, dots);
       y[m * N + n] = dots[0];
     }
   }
 }
 
+// dst [K] = the K values of row, widened
+template <class F>
+inline void widen_row(const uint16_t* row, int64_t K, float* dst) {
+  int64_t k = 0;
+#if defined(FXQ_AVX2)
+  if constexpr (F::kVector)
+    for (; k + 8 <= K; k += 8) _mm256_storeu_ps(dst + k, F::eight(row + k));
+#endif
+  for (; k < K; ++k) dst[k] = F::one(row[k]);
+}
+
 struct WidenTag {};
 
-// y = x @ w^T by MKL's sgemm, a chunk of weight rows at a time widened to fp32 into a buffer
-// that stays in cache (as linear.cpp's gemm_chunked dequantizes the byte formats)
-AOTITorchError mm_bf16(const float* x, int64_t M, int64_t K, const uint16_t* w, int64_t N,
+// y = x @ widen(w)^T by MKL's sgemm, a chunk of weight rows at a time widened to fp32 into a
+// buffer that stays in cache (as linear.cpp's gemm_chunked dequantizes the byte formats)
+template <class F>
+AOTITorchError mm_half(const float* x, int64_t M, int64_t K, const uint16_t* w, int64_t N,
                        float* y) {
   const int64_t nc_max = std::min<int64_t>(
       N, std::max<int64_t>(16, (1 << 20) / (4 * std::max<int64_t>(K, 1))) / 16 * 16);
@@ -121,7 +163,7 @@ AOTITorchError mm_bf16(const float* x, int64_t M, int64_t K, const uint16_t* w, 
   for (int64_t n0 = 0; n0 < N; n0 += nc_max) {
     const int64_t nc = std::min(nc_max, N - n0);
 #pragma omp parallel for schedule(static) if (nc * K > 65536)
-    for (int64_t i = 0; i < nc * K; ++i) wbuf[i] = bf16_value(w[n0 * K + i]);
+    for (int64_t r = 0; r < nc; ++r) widen_row<F>(w + (n0 + r) * K, K, wbuf + r * K);
     Owned wt, yt;  // the chunk as a [K, nc] (transposed) view; y[:, n0 : n0 + nc], row stride N
     if (AOTITorchError e = matrix_blob(wbuf, K, nc, 1, K, &wt.h)) return e;
     if (AOTITorchError e = matrix_blob(y + n0, M, nc, N, 1, &yt.h)) return e;
@@ -129,7 +171,21 @@ AOTITorchError mm_bf16(const float* x, int64_t M, int64_t K, const uint16_t* w, 
   }
   return AOTI_TORCH_SUCCESS;
 }
-#endif
+
+// y [M, N] = x @ widen(w)^T with x [M, K] fp32 rows as given and w [N, K] of format F
+template <class F>
+AOTITorchError widened_linear(const float* x, int64_t M, int64_t K, const uint16_t* w,
+                              int64_t N, AtenTensorHandle* ret0) {
+  auto gemv = [&](float* y) { gemv_half<F>(x, M, K, w, N, y); };
+  auto mm = [&](float* y) { return mm_half<F>(x, M, K, w, N, y); };
+  return run_linear(M, N, kGemvMaxMHalf, ret0, gemv, mm);
+}
+
+// x [M, K] and w [N, K] of the shims' contract: fp32 x, w of `w_dtype`, both contiguous
+bool operands(AtenTensorHandle x, AtenTensorHandle w, int32_t w_dtype, Mat* xm, Mat* wm) {
+  return view(x, 2, aoti_torch_dtype_float32(), xm) && view(w, 2, w_dtype, wm) &&
+         wm->cols == xm->cols;
+}
 
 }  // namespace
 }  // namespace fxq
@@ -141,9 +197,7 @@ extern "C" {
 AOTITorchError aoti_torch_cpu_native_bfloat16_linear(AtenTensorHandle x, AtenTensorHandle w,
                                                      AtenTensorHandle* ret0) {
   Mat xm, wm;
-  if (!view(x, 2, aoti_torch_dtype_float32(), &xm) ||
-      !view(w, 2, aoti_torch_dtype_bfloat16(), &wm) || wm.cols != xm.cols)
-    return AOTI_TORCH_FAILURE;
+  if (!operands(x, w, aoti_torch_dtype_bfloat16(), &xm, &wm)) return AOTI_TORCH_FAILURE;
   const int64_t M = xm.rows, K = xm.cols, N = wm.rows;
   const float* xp = xm.as<float>();
   const uint16_t* wp = wm.as<uint16_t>();
@@ -156,11 +210,17 @@ AOTITorchError aoti_torch_cpu_native_bfloat16_linear(AtenTensorHandle x, AtenTen
   };
   return run_linear(M, N, kRowsMaxMBf16, ret0, rows, panels);
 #else
-  const std::vector<float> rounded = bf16_rounded(xp, M, K);
-  auto gemv = [&](float* y) { gemv_bf16(rounded.data(), M, K, wp, N, y); };
-  auto mm = [&](float* y) { return mm_bf16(rounded.data(), M, K, wp, N, y); };
-  return run_linear(M, N, kGemvMaxMBf16, ret0, gemv, mm);
+  const std::vector<float> rounded = bf16_rounded(xp, M, K);  // the bf16 dot products' x
+  return widened_linear<Bf16Format>(rounded.data(), M, K, wp, N, ret0);
 #endif
+}
+
+AOTITorchError aoti_torch_cpu_native_float16_linear(AtenTensorHandle x, AtenTensorHandle w,
+                                                    AtenTensorHandle* ret0) {
+  Mat xm, wm;
+  if (!operands(x, w, aoti_torch_dtype_float16(), &xm, &wm)) return AOTI_TORCH_FAILURE;
+  return widened_linear<Fp16Format>(xm.as<float>(), xm.rows, xm.cols, wm.as<uint16_t>(),
+                                    wm.rows, ret0);
 }
 
 }  // extern "C"

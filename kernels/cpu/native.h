@@ -120,6 +120,25 @@ float* thread_buffer(int64_t n) {
 
 // ---- scalar decoders (reference for the vector paths, and the non-AVX2 build) -------------
 
+// fp16 bits -> fp32 (the tails the vector conversion leaves, and builds without F16C): the
+// exponent rebiased from 15 to 127, subnormals scaled, inf and NaN kept
+inline float half_to_float(uint16_t h) {
+  const uint32_t sign = uint32_t(h & 0x8000) << 16, rest = h & 0x7fff;
+  uint32_t bits;
+  if (rest >= 0x7c00) {
+    bits = sign | 0x7f800000u | ((rest & 0x3ff) << 13);
+  } else if (rest >= 0x400) {
+    bits = sign | ((rest << 13) + (112u << 23));
+  } else {
+    const float f = float(rest) * 5.9604644775390625e-8f;  // rest x 2^-24, exact
+    std::memcpy(&bits, &f, 4);
+    bits |= sign;
+  }
+  float out;
+  std::memcpy(&out, &bits, 4);
+  return out;
+}
+
 inline float fp8_e4m3_to_float(uint8_t b) {
   // The 7 magnitude bits moved to the top of an fp32's exponent/mantissa, then rebiased by
   // 2^(127-7): exact for normals and subnormals alike (0x7F, NaN in e4m3fn, never occurs in

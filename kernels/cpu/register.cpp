@@ -53,6 +53,8 @@ AOTITorchError aoti_torch_cpu_native_float32_linear(AtenTensorHandle, AtenTensor
                                                     AtenTensorHandle*);
 AOTITorchError aoti_torch_cpu_native_bfloat16_linear(AtenTensorHandle, AtenTensorHandle,
                                                      AtenTensorHandle*);
+AOTITorchError aoti_torch_cpu_native_float16_linear(AtenTensorHandle, AtenTensorHandle,
+                                                    AtenTensorHandle*);
 AOTITorchError aoti_torch_cpu_native_float8_to_bfloat16(AtenTensorHandle, AtenTensorHandle*);
 AOTITorchError aoti_torch_cpu_native_int4_to_bfloat16(AtenTensorHandle, AtenTensorHandle,
                                                       AtenTensorHandle, int64_t,
@@ -193,6 +195,12 @@ Tensor bfloat16_linear(Tensor x, Tensor w) {
   return checked(err, out, "native_bfloat16_linear");
 }
 
+Tensor float16_linear(Tensor x, Tensor w) {
+  AtenTensorHandle out = nullptr;
+  auto err = aoti_torch_cpu_native_float16_linear(x.get(), w.get(), &out);
+  return checked(err, out, "native_float16_linear");
+}
+
 Tensor gqa_attention(Tensor q, Tensor key, Tensor value, Tensor mask, double scale) {
   AtenTensorHandle out = nullptr;
   auto err = aoti_torch_cpu_native_gqa_attention(q.get(), key.get(), value.get(), mask.get(),
@@ -219,6 +227,7 @@ STABLE_TORCH_LIBRARY_IMPL(fxquant, CPU, m) {
   m.impl("native_int8_dynamic_int4_linear", TORCH_BOX(&int8_dynamic_int4));
   m.impl("native_float32_linear", TORCH_BOX(&float32_linear));
   m.impl("native_bfloat16_linear", TORCH_BOX(&bfloat16_linear));
+  m.impl("native_float16_linear", TORCH_BOX(&float16_linear));
   m.impl("native_float8_to_bfloat16", TORCH_BOX(&float8_to_bfloat16));
   m.impl("native_int4_to_bfloat16", TORCH_BOX(&int4_to_bfloat16));
   m.impl("native_gqa_attention", TORCH_BOX(&gqa_attention));

@@ -1,8 +1,8 @@
 """The CPU lowering of the linears a config leaves in float (an LLM's tied ``lm_head`` under
 ``int8wo``, layers skipped for their shape, a float model packaged as it is): on a stored fp32
 weight they run fxquant's native fp32 kernel (``kernels/cpu/float32.cpp``) instead of ATen's, on
-a stored bf16 weight with bf16 x (a model loaded in bf16) its native bf16 kernel
-(``kernels/cpu/bfloat16.cpp``).
+a stored bf16 (fp16) weight with bf16 (fp16) x, a model loaded in its checkpoint's dtype, its
+native bf16 (fp16) kernel (``kernels/cpu/bfloat16.cpp``).
 
 Where it sits: a step of the native CPU prepack (``fxquant.passes.lower.prepack``), after the
 rewrite left these nodes as ``aten.linear`` (or their torch-level spelling in a Dynamo graph).
@@ -17,10 +17,12 @@ above it runs ATen's mm itself (one-off timings by hand, by shape, in one proces
 fp32 products: only the order of the sums differs (tests/test_lower_float32.py bounds it).
 The bf16 kernel, for the same reason: ATen's bf16 linear read SmolLM2's weights at ~12 GB/s at
 M = 1 on the Zen 4; the native one 2.0-3.5x faster at M = 1, 1.7-2.9x at 4 (by shape, one-off
-timings by hand; bfloat16.cpp has them by M). Its numerics are the bf16 linear's: products of
-the bf16 values, fp32 sums (in another order), one rounding to bf16 after the bias.
-Only nodes whose weight is a stored, contiguous [N, K] constant of x's dtype, fp32 or bf16, are
-rewritten; a transposed ``Conv1D`` weight ([K, N], ``addmm``) keeps ATen's GEMM.
+timings by hand; bfloat16.cpp has them by M). ATen's fp16 linear falls to ~1/10 of bf16's
+speed from M = 16; the fp16 kernel runs 1.3-1.8x it at M = 1, 2-4x at 4-32 and 128. Their
+numerics are the 16-bit linear's: products of the 16-bit values, fp32 sums (in another order),
+one rounding to the dtype after the bias.
+Only nodes whose weight is a stored, contiguous [N, K] constant of x's dtype (fp32, bf16 or
+fp16) are rewritten; a transposed ``Conv1D`` weight ([K, N], ``addmm``) keeps ATen's GEMM.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ import fxquant.kernels.cpu as native  # noqa: F401  (defines fxquant::native_flo
 from fxquant.passes.cpu.common import NATIVE, device_op, finish, rows
 from fxquant.passes.plan import find_sites, node_value
 
-__all__ = ["KERNEL", "KERNEL_BF16", "lower_float32_linears"]
+__all__ = ["KERNEL", "KERNEL_BF16", "KERNEL_FP16", "lower_float32_linears"]
 
 fxq = torch.ops.fxquant
 
@@ -43,7 +45,10 @@ KERNEL = "fxquant native fp32 kernel up to M = 8, then ATen's fp32 GEMM (MKL)"
 # bfloat16.cpp's paths (kRowsMaxMBf16, kGemvMaxMBf16)
 KERNEL_BF16 = (
     "fxquant native bf16 kernel: bf16 dot products, rows up to M = 15, packed panels above "
-    "(without AVX-512 BF16: an fp32 GEMV up to M = 8, then MKL on the widened weight)"
+    "(without AVX-512 BF16: an fp32 GEMV up to M = 32, then MKL on the widened weight)"
+)
+KERNEL_FP16 = (
+    "fxquant native fp16 kernel: an fp32 GEMV up to M = 32, then MKL on the widened weight"
 )
 
 
@@ -71,14 +76,25 @@ def _native_bfloat16(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     return finish(fxq.native_bfloat16_linear(rows(x), weight), x, weight.shape[0], bias)
 
 
+@device_op(
+    NATIVE,
+    "cpu_native_float16_linear",
+    schema="(Tensor x, Tensor weight, Tensor? bias) -> Tensor",
+    fake=_fake,
+)
+def _native_float16(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    return finish(fxq.native_float16_linear(rows(x), weight), x, weight.shape[0], bias)
+
+
 def lower_float32_linears(editor) -> int:
-    """Rewrite every fp32 (bf16) ``linear`` on a stored fp32 (bf16) weight to the native fp32
-    (bf16) device op. Returns the nodes rewritten."""
+    """Rewrite every fp32 (bf16, fp16) ``linear`` on a stored fp32 (bf16, fp16) weight to the
+    native device op of that dtype. Returns the nodes rewritten."""
     from fxquant.passes.rewrite import counters
 
     ops = {
         torch.float32: fxq.cpu_native_float32_linear.default,
         torch.bfloat16: fxq.cpu_native_bfloat16_linear.default,
+        torch.float16: fxq.cpu_native_float16_linear.default,
     }
     done = 0
     for site in find_sites(editor.graph, editor.weight_of):
