@@ -1,6 +1,6 @@
 """Does ``torch.compile(backend="fxquant")`` speed up Hugging Face's own ``generate`` on the CPU?
 
-SmolLM2-135M (real weights), fp32 (``--dtype bf16``: bf16), batch 1, transformers'
+SmolLM2-135M (real weights), fp32 (``--dtype bf16`` / ``fp16``: in that dtype), batch 1, transformers'
 ``model.generate`` with a static cache of ``max_cache_len`` positions (2048 by default: the
 cache a served model keeps, whatever the prompt), greedy, a 128-token prompt (the start of
 ``lee.cor``, held-out text). Rows, measured side by side in one run: eager (transformers does
@@ -25,7 +25,8 @@ of a transformers user.
     python benchmarks/hf_generate.py --dtype bf16 --out benchmarks/results/hf_generate_bf16.json
 
 ``--dtype bf16`` loads the model in bf16 (what ``from_pretrained`` gives for SmolLM2's
-checkpoint): the eager and Inductor rows are then bf16, the baseline bf16 Inductor.
+checkpoint): the eager and Inductor rows are then bf16, the baseline bf16 Inductor; ``--dtype
+fp16`` likewise in fp16 (what it gives for an fp16 checkpoint).
 
 Writes results/hf_generate.json (machine, versions, rows, ratios).
 """
@@ -49,7 +50,7 @@ from fxquant import assets
 HERE = Path(__file__).resolve().parent
 RECIPES = ("none", "int8wo+lm_head", "w8a8+lm_head", "w4a8-64+lm_head=w8a8")
 NOT_QUANTIZED = "none"  # the backend row with nothing quantized (the model's own dtype)
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 PROMPT_TOKENS = 128
 
 
