@@ -1,17 +1,17 @@
 """Does ``torch.compile(backend="fxquant")`` speed up Hugging Face's own ``generate`` on the CPU?
 
-SmolLM2-135M (real weights), fp32 (``--dtype bf16`` / ``fp16``: in that dtype), batch 1, transformers'
-``model.generate`` with a static cache of ``max_cache_len`` positions (2048 by default: the
-cache a served model keeps, whatever the prompt), greedy, a 128-token prompt (the start of
-``lee.cor``, held-out text). Rows, measured side by side in one run: eager (transformers does
-not compile on CPU by itself), ``torch.compile(model.forward)`` (Inductor: the baseline every
-ratio is relative to), per recipe ``torch.compile(model.forward, backend="fxquant",
-options={"config": recipe})``, and the backend with nothing quantized (``"none"`` in
-``--recipes``: ``QuantConfig()``, the weights as loaded: what fxquant's attention pass and
-float lowering give alone; the rest of a recipe's ratio is quantization's). Every compiled row
-uses the settings docs/llm.md gives for generation: a fixed cache length and no guards on the
-modules (``torch.compiler.skip_guard_on_all_nn_modules_unsafe``), each model its own copy of
-``forward`` (Dynamo's caches are per code object).
+SmolLM2-135M (real weights), fp32 (``--dtype bf16`` / ``fp16``: in that dtype), batch 1,
+transformers' ``model.generate`` with a static cache of ``max_cache_len`` positions (2048 by
+default: the cache a served model keeps, whatever the prompt), greedy, a 128-token prompt (the
+start of ``lee.cor``, held-out text). Rows, measured side by side in one run: eager
+(transformers does not compile on CPU by itself), ``torch.compile(model.forward)`` (Inductor:
+the baseline every ratio is relative to), per recipe ``torch.compile(model.forward,
+backend="fxquant", options={"config": recipe})``, and the backend with nothing quantized
+(``"none"`` in ``--recipes``: ``QuantConfig()``, the weights as loaded: what fxquant's attention
+pass and float lowering give alone; the rest of a recipe's ratio is quantization's). Every
+compiled row uses the settings docs/llm.md gives for generation: a fixed cache length and no
+guards on the modules (``torch.compiler.skip_guard_on_all_nn_modules_unsafe``), each model its
+own copy of ``forward`` (Dynamo's caches are per code object).
 
 Timing: a decode step is (a generate of 2 + K new tokens - a generate of 2) / K, medians over
 interleaved rounds (every row in every round): what a user's ``generate`` loop pays per token,

@@ -469,6 +469,18 @@ def hf_generate_section() -> str:
     return "\n\n".join([title, *(_hf_generate_run(name) for name in names)])
 
 
+def _hf_generate_recipes(rec: dict) -> str:
+    """The run's ``--recipes``, from its backend rows' names (hf_generate.py's ``_row_name``)."""
+    out = []
+    for r in rec.get("results", []):
+        name = r.get("candidate", "")
+        if name == "fxquant backend, nothing quantized":
+            out.append("none")
+        elif name.startswith("fxquant ") and name.endswith(" backend"):
+            out.append(name.removeprefix("fxquant ").removesuffix(" backend"))
+    return ",".join(out)
+
+
 def _hf_generate_run(name: str) -> str:
     how = "python benchmarks/hf_generate.py"
     rec, missing = _load(name, how)
@@ -479,6 +491,9 @@ def _hf_generate_run(name: str) -> str:
         how += f" --max-cache-len {rec['max_cache_len']}"
     if dtype != "fp32":
         how += f" --dtype {dtype}"
+    recipes = _hf_generate_recipes(rec)
+    if recipes != "none,int8wo+lm_head,w8a8+lm_head,w4a8-64+lm_head=w8a8":  # the script's default
+        how += f" --recipes {recipes}"
     if name != "hf_generate.json":
         how += f" --out benchmarks/results/{name}"
     out = [
