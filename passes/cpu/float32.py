@@ -6,8 +6,9 @@ native bf16 (fp16) kernel (``kernels/cpu/bfloat16.cpp``).
 
 Where it sits: a step of the native CPU prepack (``fxquant.passes.lower.prepack``), after the
 rewrite left these nodes as ``aten.linear`` (or their torch-level spelling in a Dynamo graph).
-Each becomes ``fxquant::cpu_native_float32_linear``, whose composition here flattens x to fp32
-rows, calls ``fxquant::native_float32_linear`` and puts the bias and shape back.
+Each becomes ``fxquant::cpu_native_<dtype>_linear`` (float32, bfloat16, float16), whose
+composition here flattens x to fp32 rows, calls ``fxquant::native_<dtype>_linear`` and puts the
+bias and shape back.
 
 Why: at M = 1 a linear is a read of its weight, and MKL's sgemv does not read at the memory's
 rate on every machine. On the AMD EPYC Zen 4 (2 cores) the 49152 × 576 lm_head of SmolLM2 took
@@ -31,7 +32,7 @@ import torch
 import torch.fx as fx
 from torch import Tensor
 
-import fxquant.kernels.cpu as native  # noqa: F401  (defines fxquant::native_float32_linear)
+import fxquant.kernels.cpu as native  # noqa: F401  (defines fxquant::native_<dtype>_linear)
 from fxquant.passes.cpu.common import NATIVE, device_op, finish, rows
 from fxquant.passes.plan import find_sites, node_value
 
@@ -56,34 +57,20 @@ def _fake(x, weight, bias):
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
 
-@device_op(
-    NATIVE,
-    "cpu_native_float32_linear",
-    schema="(Tensor x, Tensor weight, Tensor? bias) -> Tensor",
-    fake=_fake,
-)
-def _native_float32(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-    return finish(fxq.native_float32_linear(rows(x), weight), x, weight.shape[0], bias)
+def _define(dtype: str) -> None:
+    """``fxquant::cpu_native_<dtype>_linear`` (x [..., K], weight, bias) → x's shape and dtype:
+    x flattened to fp32 rows, ``fxquant::native_<dtype>_linear``, the bias and shape back."""
+    kernel = getattr(fxq, f"native_{dtype}_linear")
+
+    def composition(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+        return finish(kernel(rows(x), weight), x, weight.shape[0], bias)
+
+    schema = "(Tensor x, Tensor weight, Tensor? bias) -> Tensor"
+    device_op(NATIVE, f"cpu_native_{dtype}_linear", schema=schema, fake=_fake)(composition)
 
 
-@device_op(
-    NATIVE,
-    "cpu_native_bfloat16_linear",
-    schema="(Tensor x, Tensor weight, Tensor? bias) -> Tensor",
-    fake=_fake,
-)
-def _native_bfloat16(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-    return finish(fxq.native_bfloat16_linear(rows(x), weight), x, weight.shape[0], bias)
-
-
-@device_op(
-    NATIVE,
-    "cpu_native_float16_linear",
-    schema="(Tensor x, Tensor weight, Tensor? bias) -> Tensor",
-    fake=_fake,
-)
-def _native_float16(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-    return finish(fxq.native_float16_linear(rows(x), weight), x, weight.shape[0], bias)
+for _dtype in ("float32", "bfloat16", "float16"):
+    _define(_dtype)
 
 
 def lower_float32_linears(editor) -> int:
