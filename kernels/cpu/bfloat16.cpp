@@ -17,8 +17,9 @@
 // to kRowsMaxMBf16 rows, the packed panels above). fp16, and bf16 without AVX-512 BF16: a GEMV
 // of fp32 products of the widened values (F16C for fp16) up to kGemvMaxMHalf rows, and above,
 // MKL's sgemm on chunks of the weight widened to fp32. fp16 on the Zen 4 against fp16 F.linear
-// (one-off timings by hand, SmolLM2's shapes): 1.3-1.8x at M = 1, 2.1-3.7x at 4-32; the chunks
-// 0.9-1.1x at 33 rows (a fixed cost of ~1 ms a call: not found), 1.4-1.6x at 64, 2.0-4.0x at 128.
+// (one-off timings by hand, SmolLM2's shapes): 1.2-1.8x at M = 1, 2.1-3.7x at 4-32; the chunks
+// 1.0-1.1x at 33 rows, 1.5-1.7x at 64, 2.1-4.0x at 128 (8 MiB chunks: 1 MiB ones, each an MKL
+// call that packs its part of the weight again, took 1.5 ms against 0.8 at 33 x 1536 x 576).
 //
 // Numerics: products of the 16-bit values (exact in fp32), sums in fp32 in another order than
 // ATen's; bf16 rounds x to bf16 first (the dot products' operands; exact for a bf16 model's x),
@@ -150,13 +151,14 @@ inline void widen_row(const uint16_t* row, int64_t K, float* dst) {
 
 struct WidenTag {};
 
-// y = x @ widen(w)^T by MKL's sgemm, a chunk of weight rows at a time widened to fp32 into a
-// buffer that stays in cache (as linear.cpp's gemm_chunked dequantizes the byte formats)
+// y = x @ widen(w)^T by MKL's sgemm, a chunk of up to 8 MiB of weight rows at a time widened to
+// fp32 into a buffer kept between calls (as linear.cpp's gemm_chunked dequantizes the byte
+// formats)
 template <class F>
 AOTITorchError mm_half(const float* x, int64_t M, int64_t K, const uint16_t* w, int64_t N,
                        float* y) {
   const int64_t nc_max = std::min<int64_t>(
-      N, std::max<int64_t>(16, (1 << 20) / (4 * std::max<int64_t>(K, 1))) / 16 * 16);
+      N, std::max<int64_t>(16, (8 << 20) / (4 * std::max<int64_t>(K, 1))) / 16 * 16);
   float* wbuf = thread_buffer<WidenTag>(nc_max * K);
   Owned xt;
   if (AOTITorchError e = matrix_blob(x, M, K, K, 1, &xt.h)) return e;

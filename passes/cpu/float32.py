@@ -19,7 +19,7 @@ fp32 products: only the order of the sums differs (tests/test_lower_float32.py b
 The bf16 kernel, for the same reason: ATen's bf16 linear read SmolLM2's weights at ~12 GB/s at
 M = 1 on the Zen 4; the native one 2.0-3.5x faster at M = 1, 1.7-2.9x at 4 (by shape, one-off
 timings by hand; bfloat16.cpp has them by M). ATen's fp16 linear falls to ~1/10 of bf16's
-speed from M = 16; the fp16 kernel runs 1.3-1.8x it at M = 1, 2-4x at 4-32 and 128. Their
+speed from M = 16; the fp16 kernel runs 1.2-1.8x it at M = 1, 2-4x at 4-32 and 128. Their
 numerics are the 16-bit linear's: products of the 16-bit values, fp32 sums (in another order),
 one rounding to the dtype after the bias.
 Only nodes whose weight is a stored, contiguous [N, K] constant of x's dtype (fp32, bf16 or
