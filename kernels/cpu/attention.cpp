@@ -34,7 +34,7 @@
 // whose every position is masked gives zeros (eager gives NaN; the causal decode never has
 // one: position 0 is always visible).
 
-#include "native.h"
+#include "float_rows.h"
 
 #include <omp.h>
 
@@ -141,27 +141,15 @@ float masked_exp(float* s, const bool* m, int64_t L, float scale) {
   return mx;
 }
 
-// n bf16 (bf16 = true) or fp16 values to fp32: a bf16 is the top half of its fp32
-void widen(const uint16_t* src, int64_t n, bool bf16, float* dst) {
-  if (bf16) {
-    for (int64_t i = 0; i < n; ++i) {
-      const uint32_t bits = uint32_t(src[i]) << 16;
-      std::memcpy(dst + i, &bits, 4);
-    }
-    return;
-  }
-  int64_t i = 0;
-#if defined(FXQ_AVX2) && defined(__F16C__)
-  for (; i + 8 <= n; i += 8)
-    _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(src + i))));
-#endif
-  for (; i < n; ++i) dst[i] = half_to_float(src[i]);
-}
-
 // `rows` rows of D 16-bit values, `stride` elements apart, into dst [rows, D] fp32
 void widen_rows(const uint16_t* src, int64_t rows, int64_t stride, int64_t D, bool bf16,
                 float* dst) {
-  for (int64_t l = 0; l < rows; ++l) widen(src + l * stride, D, bf16, dst + l * D);
+  for (int64_t l = 0; l < rows; ++l) {
+    if (bf16)
+      widen_row<Bf16Format>(src + l * stride, D, dst + l * D);
+    else
+      widen_row<Fp16Format>(src + l * stride, D, dst + l * D);
+  }
 }
 
 struct Strided4 {  // a 4-D tensor's data, sizes and strides (elements)
@@ -400,7 +388,7 @@ AOTITorchError aoti_torch_cpu_native_gqa_attention(AtenTensorHandle q, AtenTenso
   const bool wide = dt != f32, is_bf16 = dt == bf16;
   const int64_t bytes = wide ? 2 : 4;
   std::vector<float> q32(wide ? B * H * R * D : 0);
-  if (wide) widen((const uint16_t*)qt.data, B * H * R * D, is_bf16, q32.data());
+  if (wide) widen_rows((const uint16_t*)qt.data, 1, 0, B * H * R * D, is_bf16, q32.data());
   const float* qd = wide ? q32.data() : (const float*)qt.data;
   // where batch row b, head h, position l of key or value starts
   auto kv_at = [&](const Strided4& t, int64_t b, int64_t h, int64_t l) {

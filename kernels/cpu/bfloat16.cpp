@@ -27,6 +27,7 @@
 // the bias).
 
 #include "bf16_dot.h"
+#include "float_rows.h"
 
 namespace fxq {
 namespace {
@@ -60,94 +61,9 @@ struct Bf16Weight {
 
 // ---- The widening paths: fp16 weights everywhere, bf16 ones without AVX-512 BF16 -----------
 
-// Up to this many rows the GEMV (each weight row read once for all rows, as float32.cpp's);
-// above, MKL's sgemm on widened chunks.
+// Up to this many rows the GEMV (float_rows.h: each weight row read once for all rows, as for
+// fp32 weights); above, MKL's sgemm on widened chunks.
 constexpr int64_t kGemvMaxMHalf = 32;
-
-// The two 16-bit formats, widened to fp32: one value, or eight (kVector: where the build has
-// the instructions)
-struct Bf16Format {
-  static constexpr bool kVector = true;
-  static float one(uint16_t b) {
-    const uint32_t bits = uint32_t(b) << 16;  // a bf16 is the top half of its fp32
-    float f;
-    std::memcpy(&f, &bits, 4);
-    return f;
-  }
-#if defined(FXQ_AVX2)
-  static __m256 eight(const uint16_t* p) {
-    const __m128i h = _mm_loadu_si128((const __m128i*)p);
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-  }
-#endif
-};
-
-struct Fp16Format {
-#if defined(FXQ_AVX2) && defined(__F16C__)
-  static constexpr bool kVector = true;
-  static __m256 eight(const uint16_t* p) {
-    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p));
-  }
-#else
-  static constexpr bool kVector = false;
-#endif
-  static float one(uint16_t h) { return half_to_float(h); }
-};
-
-// out[r] = x[r] . widen(row) for R activation rows of K (x rows K apart)
-template <class F, int R>
-inline void dot_rows(const float* x, int64_t K, const uint16_t* row, float* out) {
-  int64_t k = 0;
-  float acc[R] = {};
-#if defined(FXQ_AVX2)
-  if constexpr (F::kVector) {
-    __m256 a[R][2];
-    for (int r = 0; r < R; ++r) a[r][0] = a[r][1] = _mm256_setzero_ps();
-    for (; k + 16 <= K; k += 16) {
-      const __m256 w0 = F::eight(row + k), w1 = F::eight(row + k + 8);
-      for (int r = 0; r < R; ++r) {
-        a[r][0] = _mm256_fmadd_ps(_mm256_loadu_ps(x + r * K + k), w0, a[r][0]);
-        a[r][1] = _mm256_fmadd_ps(_mm256_loadu_ps(x + r * K + k + 8), w1, a[r][1]);
-      }
-    }
-    for (int r = 0; r < R; ++r) acc[r] = hsum(_mm256_add_ps(a[r][0], a[r][1]));
-  }
-#endif
-  for (; k < K; ++k)
-    for (int r = 0; r < R; ++r) acc[r] += x[r * K + k] * F::one(row[k]);
-  for (int r = 0; r < R; ++r) out[r] = acc[r];
-}
-
-// y [M, N] for M <= kGemvMaxMHalf: each weight row read once, against four rows at a time
-template <class F>
-void gemv_half(const float* x, int64_t M, int64_t K, const uint16_t* w, int64_t N, float* y) {
-#pragma omp parallel for schedule(static)
-  for (int64_t n = 0; n < N; ++n) {
-    prefetch_row_ahead(w, n, N, K * 2);
-    const uint16_t* row = w + n * K;
-    float dots[4];
-    int64_t m = 0;
-    for (; m + 4 <= M; m += 4) {
-      dot_rows<F, 4>(x + m * K, K, row, dots);
-      for (int i = 0; i < 4; ++i) y[(m + i) * N + n] = dots[i];
-    }
-    for (; m < M; ++m) {
-      dot_rows<F, 1>(x + m * K, K, row, dots);
-      y[m * N + n] = dots[0];
-    }
-  }
-}
-
-// dst [K] = the K values of row, widened
-template <class F>
-inline void widen_row(const uint16_t* row, int64_t K, float* dst) {
-  int64_t k = 0;
-#if defined(FXQ_AVX2)
-  if constexpr (F::kVector)
-    for (; k + 8 <= K; k += 8) _mm256_storeu_ps(dst + k, F::eight(row + k));
-#endif
-  for (; k < K; ++k) dst[k] = F::one(row[k]);
-}
 
 struct WidenTag {};
 
@@ -178,7 +94,7 @@ AOTITorchError mm_half(const float* x, int64_t M, int64_t K, const uint16_t* w, 
 template <class F>
 AOTITorchError widened_linear(const float* x, int64_t M, int64_t K, const uint16_t* w,
                               int64_t N, AtenTensorHandle* ret0) {
-  auto gemv = [&](float* y) { gemv_half<F>(x, M, K, w, N, y); };
+  auto gemv = [&](float* y) { gemv_float_rows<F>(x, M, K, w, N, y); };
   auto mm = [&](float* y) { return mm_half<F>(x, M, K, w, N, y); };
   return run_linear(M, N, kGemvMaxMHalf, ret0, gemv, mm);
 }
