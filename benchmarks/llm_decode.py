@@ -19,6 +19,13 @@ cache in the program). Rows, measured side by side in one run:
   ``benchmarks/setup_llama_cpp.sh`` (once, 10-20 min, cached outside the repo); on AMX Xeons it
   runs with ``--repack 0`` (its AMX repack path crashed there), recorded in the JSON.
 
+``--dtypes fp32,bf16`` adds the model in bf16 (what ``from_pretrained`` gives for most
+checkpoints; ``fxquant generate --dtype bf16``): bf16 Inductor and AOTInductor rows, and every
+recipe's package (and backend row, and torchao's rows) built from the bf16 model, named with a
+``bf16`` suffix; ratios stay against fp32 Inductor, and ``*_speedup_vs_own_dtype_inductor`` puts
+each row beside the Inductor row of its own dtype. ``quantize_dynamic`` runs in fp32 only (fbgemm
+takes fp32 activations).
+
 Timing: every round runs every candidate (prefill, then the 64 decode steps), so load from
 other processes on the shared cores hits all alike; decode tok/s = 1 / median step, prefill
 tok/s = 128 / median prefill (three prefills a round: one 0.3-s call is noisier than 63 steps).
@@ -61,7 +68,7 @@ from machine import machine_info, own_forward, write_results
 import fxquant
 from fxquant import assets
 from fxquant.llm import CachedCausalLM, llm_info
-from fxquant.packages import build_packages, load_tokenizer
+from fxquant.packages import DTYPES, build_packages, load_tokenizer
 from fxquant.runtime import LLMPackage
 
 HERE = Path(__file__).resolve().parent
@@ -125,7 +132,7 @@ def build_fp32_eager(model, program, prompt, cache_len):
     return _no_grad(CachedCausalLM(model, max_cache_len=cache_len).eval()), 0.0, "eager"
 
 
-def build_fp32_inductor(model, program, prompt, cache_len):
+def build_inductor(model, program, prompt, cache_len):
     fn, s = _compiled(program.module(), prompt)
     return fn, s, "torch.compile of the export_llm program"
 
@@ -277,50 +284,65 @@ def run(args) -> dict:
     prompt = torch.tensor([ids[: args.prompt]])
     cache_len = args.cache
     recipes = QUICK if args.quick else tuple(args.recipes.split(","))
+    dtypes = args.dtypes.split(",")
+    if dtypes[0] != "fp32" or any(d not in DTYPES for d in dtypes):
+        raise SystemExit(f"--dtypes {args.dtypes}: fp32 first (the baseline), then of {[*DTYPES]}")
 
-    # AOTInductor packages first, side by side (cached for reruns)
+    # AOTInductor packages first, side by side (cached for reruns): {dtype: {variant: package}}
     t0 = time.perf_counter()
-    variants = {"fp32": None, **{r: r for r in recipes}}
-    built = build_packages(source, variants, max_cache_len=cache_len)
+    variants = {"float": None, **{r: r for r in recipes}}
+    built = {
+        d: build_packages(source, variants, max_cache_len=cache_len, dtype=DTYPES[d])
+        for d in dtypes
+    }
     print(f"packages ready in {time.perf_counter() - t0:.0f} s", flush=True)
-    program = fxquant.export_llm(model, max_cache_len=cache_len)
+    models = {"fp32": model}
+    for d in dtypes[1:]:
+        models[d] = copy.deepcopy(model).to(DTYPES[d])
+    programs = {d: fxquant.export_llm(m, max_cache_len=cache_len) for d, m in models.items()}
 
-    cands: list[tuple[str, str, Callable]] = [
-        ("fp32 eager", "fp32", build_fp32_eager),
-        (BASELINE, "fp32", build_fp32_inductor),
-        ("fp32 aoti", "fp32", build_package(built["fp32"].path)),
-    ]
-    for r in recipes:
-        cands.append((f"fxquant {r} aoti", r, build_package(built[r].path)))
-    if not args.no_backend and not args.quick:
-        for r in (r for r in BACKEND if r in recipes):
-            cands.append((f"fxquant {r} backend", r, build_backend(r)))
+    # (name, scheme, dtype, builder); a dtype past fp32 suffixes its rows' names
+    cands: list[tuple[str, str, str, Callable]] = [("fp32 eager", "fp32", "fp32", build_fp32_eager)]
+    for d in dtypes:
+        sfx = "" if d == "fp32" else f" {d}"
+        cands += [
+            (f"{d} inductor", d, d, build_inductor),
+            (f"{d} aoti", d, d, build_package(built[d]["float"].path)),
+        ]
+        for r in recipes:
+            cands.append((f"fxquant {r} aoti{sfx}", r, d, build_package(built[d][r].path)))
+        if not args.no_backend and not args.quick:
+            for r in (r for r in BACKEND if r in recipes):
+                cands.append((f"fxquant {r} backend{sfx}", r, d, build_backend(r)))
     status = {}
     if not args.no_peers and not args.quick:
         why = torchao_status()
-        for cfg, label in (
-            ("Int8WeightOnlyConfig", "int8wo"),
-            ("Int8DynamicActivationInt8WeightConfig", "w8a8"),
-        ):
-            name = f"torchao {label} compile"
-            if why:
-                status[name] = why
-            else:
-                cands.append((name, label, build_torchao(cfg)))
-        cands.append(("ao quantize_dynamic int8", "w8a8", build_quantize_dynamic))
+        for d in dtypes:
+            sfx = "" if d == "fp32" else f" {d}"
+            for cfg, label in (
+                ("Int8WeightOnlyConfig", "int8wo"),
+                ("Int8DynamicActivationInt8WeightConfig", "w8a8"),
+            ):
+                name = f"torchao {label} compile{sfx}"
+                if why:
+                    status[name] = why
+                else:
+                    cands.append((name, label, d, build_torchao(cfg)))
+        cands.append(("ao quantize_dynamic int8", "w8a8", "fp32", build_quantize_dynamic))
 
     steps: dict[str, Step] = {}
     rows: dict[str, dict] = {}
-    for name, scheme, builder in cands:
+    for name, scheme, d, builder in cands:
         print(f"building {name} ...", flush=True)
         try:
-            step, build_s, note = builder(model, program, prompt, cache_len)
+            step, build_s, note = builder(models[d], programs[d], prompt, cache_len)
             if "aoti" in name:
-                build_s = built["fp32" if scheme == "fp32" else scheme].build_s
+                build_s = built[d][_variant(scheme, d)].build_s
             steps[name] = step
             rows[name] = {
                 "candidate": name,
                 "scheme": scheme,
+                "dtype": d,
                 "status": "ok",
                 "note": note,
                 "build_s": build_s,
@@ -329,6 +351,7 @@ def run(args) -> dict:
             rows[name] = {
                 "candidate": name,
                 "scheme": scheme,
+                "dtype": d,
                 "status": f"failed: {type(e).__name__}: {str(e)[:200]}",
             }
             print(f"  {rows[name]['status']}", flush=True)
@@ -397,15 +420,20 @@ def run(args) -> dict:
         )
     for name in steps:
         row = rows[name]
+        own = rows.get(f"{row['dtype']} inductor", {})
         for ph in ("prefill", "decode"):
             b = base.get(f"{ph}_tokens_per_s")
             row[f"{ph}_speedup_vs_fp32_inductor"] = row[f"{ph}_tokens_per_s"] / b if b else None
+            b = own.get(f"{ph}_tokens_per_s")
+            row[f"{ph}_speedup_vs_own_dtype_inductor"] = (
+                row[f"{ph}_tokens_per_s"] / b if b else None
+            )
     for name, row in rows.items():
         if "aoti" in name and row.get("status") == "ok":
-            v = "fp32" if row["scheme"] == "fp32" else row["scheme"]
-            pkg = LLMPackage(built[v].path)
+            pkg_path = built[row["dtype"]][_variant(row["scheme"], row["dtype"])].path
+            pkg = LLMPackage(pkg_path)
             moved = weight_bytes_per_step(pkg, position=n + new // 2)
-            row["package_bytes"] = built[v].path.stat().st_size
+            row["package_bytes"] = pkg_path.stat().st_size
             row["bytes_per_step"] = moved
             row["effective_gbs"] = moved * row["decode_tokens_per_s"] / 1e9
             row["overhead_ms"] = row["decode_ms"] - moved / (bw * 1e9) * 1e3
@@ -436,6 +464,7 @@ def run(args) -> dict:
     results = [*rows.values(), *llama_rows]
     return {
         "script": "benchmarks/llm_decode.py",
+        "argv": sys.argv[1:],
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "machine": machine_info(),
         "versions": {
@@ -444,11 +473,12 @@ def run(args) -> dict:
             "torchao": _torchao_version(),
         },
         "model": "SmolLM2-135M-Instruct (fp32 from the Q4_1 GGUF)",
+        "dtypes": dtypes,
         "prompt_tokens": n,
         "new_tokens": new,
         "max_cache_len": cache_len,
         # which logits every program returns (results files from before this field: "all")
-        "logits": llm_info(program)["logits"],
+        "logits": llm_info(programs["fp32"])["logits"],
         "rounds": args.rounds,
         "copy_bandwidth_gbs": bw,
         "llama_cpp": llama,
@@ -457,6 +487,11 @@ def run(args) -> dict:
         "parity": parity(results),
         "wall_s": time.perf_counter() - t_start,
     }
+
+
+def _variant(scheme: str, dtype: str) -> str:
+    """A row's package in ``built[dtype]``: the float model's (scheme = its dtype) or a recipe's."""
+    return "float" if scheme == dtype else scheme
 
 
 def parity(results: list[dict]) -> dict:
@@ -548,7 +583,7 @@ def plot(res: dict, path: Path) -> None:
         "tab:blue"
         if n.startswith("fxquant")
         else "tab:gray"
-        if n.startswith("fp32")
+        if n.startswith(tuple(DTYPES))
         else "tab:green"
         if n.startswith("llama")
         else "tab:orange"
@@ -593,6 +628,12 @@ def main() -> None:
     ap.add_argument("--no-backend", action="store_true")
     ap.add_argument("--no-peers", action="store_true")
     ap.add_argument("--no-llama-cpp", action="store_true")
+    ap.add_argument(
+        "--dtypes",
+        default="fp32",
+        help="the model's dtypes, fp32 first (e.g. fp32,bf16): each gets its float rows and "
+        "every recipe's package built from it",
+    )
     ap.add_argument("--out", type=Path, default=HERE / "results" / "llm_decode.json")
     args = ap.parse_args()
     if args.quick:

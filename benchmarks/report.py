@@ -392,17 +392,22 @@ def _llm_decode_run(name: str) -> str:
     out = []
     if rec is None:
         return missing
+    if rec.get("argv"):  # recorded from 2026-12-05 on
+        how = " ".join([how, *(a if " " not in a else repr(a) for a in rec["argv"])])
     vs = rec.get("versions", {})
     m = rec.get("machine", {})
     last = rec.get("logits") == "last"
+    dtypes = rec.get("dtypes", ["fp32"])
+    more = [d for d in dtypes if d != "fp32"]
     out += [
         f"#### {m.get('cpu_model', '?')}, {m.get('cpu_capability', '?')}"
-        + (", prefill returning the last position's logits" if last else ""),
+        + (", prefill returning the last position's logits" if last else "")
+        + (f", {' and '.join(dtypes)} models" if more else ""),
         "",
         f"From `{how}` → `benchmarks/results/{name}`; {_machine(rec)}"
         + ("." if vs.get("torchao") else ", torchao not installed."),
         "",
-        f"SmolLM2-135M, fp32 weights before quantization, batch 1: a "
+        f"SmolLM2-135M, {' and '.join(dtypes)} weights before quantization, batch 1: a "
         f"{rec.get('prompt_tokens', '?')}-token prompt prefilled in one call, then "
         f"{rec.get('new_tokens', '?')} tokens one call each with the KV cache in the program "
         f"(max_cache_len {rec.get('max_cache_len', '?')}"
@@ -422,6 +427,13 @@ def _llm_decode_run(name: str) -> str:
             if rec.get("llama_cpp")
             else "llama.cpp was not run (`--no-llama-cpp`): no peer row in this run. "
         )
+        + (
+            f"Rows suffixed {' / '.join(more)}: the model loaded in that dtype, then exported, "
+            "quantized and packaged (`fxquant generate --dtype`); × own: against the Inductor "
+            "row of the row's own dtype. "
+            if more
+            else ""
+        )
         + "Top-1: decode steps whose argmax equals fp32 eager's (teacher "
         f"forced). GB/s: bytes a decode step reads × tok/s (copy bandwidth here: "
         f"{_f(rec.get('copy_bandwidth_gbs'), '.1f')} GB/s).",
@@ -434,14 +446,17 @@ def _llm_decode_run(name: str) -> str:
     for r in rec.get("results", []):
         if r.get("status") != "ok":
             rows.append([r.get("candidate", "?"), r.get("status", "?")[:70], *["–"] * 5])
+            rows[-1] += ["–"] if more else []
             continue
         size = r.get("package_bytes")
         agree = r.get("top1_agreement")
+        own = [_f(r.get("decode_speedup_vs_own_dtype_inductor"), ".2f")] if more else []
         rows.append(
             [
                 r["candidate"],
                 f"{_f(r.get('decode_tokens_per_s'), '.1f')} "
                 f"({_f(r.get('decode_speedup_vs_fp32_inductor'), '.2f')}×)",
+                *own,
                 f"{_f(r.get('prefill_tokens_per_s'), '.0f')} "
                 f"({_f(r.get('prefill_speedup_vs_fp32_inductor'), '.2f')}×)",
                 "–" if agree is None else f"{agree:.0%}",
@@ -450,7 +465,8 @@ def _llm_decode_run(name: str) -> str:
                 _f(r.get("build_s"), ".0f"),
             ]
         )
-    head = ["candidate", "decode tok/s", "prefill tok/s", "top-1", "MiB", "GB/s", "build s"]
+    head = ["candidate", "decode tok/s", *(["× own"] if more else []), "prefill tok/s", "top-1"]
+    head += ["MiB", "GB/s", "build s"]
     out += [_table(head, rows), ""]
     for width, p in rec.get("parity", {}).items():
         out.append(

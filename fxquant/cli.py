@@ -54,11 +54,12 @@ def _config_from_args(args):
     return QuantConfig.coerce(args.recipe or "int8wo")
 
 
-def load_source(source: str, *, seq_len: int = 16):
+def load_source(source: str, *, seq_len: int = 16, dtype: torch.dtype | None = None):
     """(model, example_inputs, dynamic_shapes) for a GGUF file, an HF directory or module:function.
 
     ``module:function`` must return ``(model, example_inputs)`` or
-    ``(model, example_inputs, dynamic_shapes)``.
+    ``(model, example_inputs, dynamic_shapes)``; its model comes in the dtype it makes, so
+    ``dtype`` (default fp32) is for the other two only.
     """
     path = Path(source)
     if path.suffix == ".gguf" or path.is_dir():
@@ -83,13 +84,18 @@ def load_source(source: str, *, seq_len: int = 16):
         from fxquant.packages import readable
 
         with readable(Path(source)):
-            model = auto.from_pretrained(str(path), dtype=torch.float32, **kwargs).eval()
+            model = auto.from_pretrained(str(path), dtype=dtype or torch.float32, **kwargs).eval()
         wrapped = CausalLMWrapper(model) if causal else _HiddenStates(model)
         vocab = getattr(model.config, "vocab_size", 100)
         # Example sizes >= 2: torch.export specializes dims whose example size is 0 or 1.
         ids = torch.randint(0, vocab, (2, seq_len))
         return wrapped, (ids,), ({0: Dim.DYNAMIC, 1: Dim.DYNAMIC},)
     if ":" in source:
+        if dtype is not None:
+            raise SystemExit(
+                f"fxquant: --dtype is for a .gguf file or a model folder; {source}() makes its "
+                "model in the dtype it chooses"
+            )
         module_name, _, fn_name = source.partition(":")
         # the current directory is searched last: a file there named like an installed package
         # (torch.py, transformers/) cannot shadow it
@@ -127,6 +133,13 @@ class _HiddenStates(torch.nn.Module):
         return self.model(input_ids=input_ids).last_hidden_state
 
 
+def _dtype_arg(args) -> torch.dtype | None:
+    """``--dtype`` as a torch dtype (None when not given)."""
+    from fxquant.packages import DTYPES
+
+    return None if args.dtype is None else DTYPES[args.dtype]
+
+
 def _check_writable(flag: str, out: Path) -> None:
     if out.is_dir():
         raise SystemExit(f"fxquant quantize: {flag} {out} is a directory; give a file path (.pt2)")
@@ -152,6 +165,7 @@ def _cmd_quantize(args) -> int:
     for flag, out in (("--out", args.out), ("--aoti", args.aoti)):
         if out:  # before minutes of loading and quantizing, not after
             _check_writable(flag, Path(out))
+    dtype = _dtype_arg(args)
     if args.llm:
         from fxquant.packages import load_causal_lm
 
@@ -161,7 +175,7 @@ def _cmd_quantize(args) -> int:
                 "fxquant quantize --llm: the source must be a .gguf file or a model folder"
             )
         try:
-            model = load_causal_lm(path)
+            model = load_causal_lm(path, dtype=dtype or torch.float32)
         except FileNotFoundError as e:
             raise SystemExit(str(e)) from e
         print(
@@ -171,7 +185,9 @@ def _cmd_quantize(args) -> int:
             model, max_cache_len=args.max_cache_len, max_batch=args.max_batch, logits=args.logits
         )
     else:
-        model, example_inputs, dynamic_shapes = load_source(args.source, seq_len=args.seq_len)
+        model, example_inputs, dynamic_shapes = load_source(
+            args.source, seq_len=args.seq_len, dtype=dtype
+        )
         print(f"exporting {args.source} ...", file=sys.stderr)
         ep = torch.export.export(model, example_inputs, dynamic_shapes=dynamic_shapes)
     weights = None
@@ -268,9 +284,9 @@ def _cmd_generate(args) -> int:
         raise SystemExit(f"fxquant generate: no file or folder at {source}")
     try:
         if _is_package(source):
-            if args.compare or args.recipe:
+            if args.compare or args.recipe or args.dtype:
                 raise SystemExit(
-                    "fxquant generate: --recipe/--compare build packages from a model; "
+                    "fxquant generate: --recipe/--compare/--dtype build packages from a model; "
                     f"{source} is a package already"
                 )
             pkg = LLMPackage(source)
@@ -300,29 +316,35 @@ def _tokenizer(where, package: Path):
 def _generate_from_model(source: Path, args) -> int:
     import functools
 
-    from fxquant.packages import llm_package, load_causal_lm, load_tokenizer
+    from fxquant.packages import DTYPES, llm_package, load_causal_lm, load_tokenizer
     from fxquant.runtime import LLMPackage
 
-    recipes = [args.recipe or "int8wo"]
-    if args.compare:
-        recipes.append(args.compare)
-    for r in recipes:
-        if r != "fp32":
+    dtype = args.dtype or "fp32"
+    variants = []  # (name, recipe or None for the float model, dtype name)
+    for r in [args.recipe or "int8wo", *([args.compare] if args.compare else [])]:
+        if r in DTYPES:  # fp32 / bf16 / fp16: the float model in that dtype
+            variants.append((r, None, r))
+        else:
             _recipe_config(r)  # a typo fails now, not after minutes of building
+            variants.append((r if dtype == "fp32" else f"{r} ({dtype})", r, dtype))
     needed = len(args.prompt) + args.max_new_tokens  # characters: at least the tokens
     cache_len = args.max_cache_len or max(256, -(-needed // 256) * 256)
     tokenizer = load_tokenizer(args.tokenizer or source)
-    model = functools.cache(lambda: load_causal_lm(source))  # loaded once, only if a build needs it
+    # each dtype's model loaded once, only if a build needs it
+    models = {
+        d: functools.cache(functools.partial(load_causal_lm, source, dtype=DTYPES[d]))
+        for d in DTYPES
+    }
     rows = []
-    for r in recipes:
+    for name, recipe, d in variants:
         built = llm_package(
-            source, None if r == "fp32" else r, max_cache_len=cache_len, model=model
+            source, recipe, max_cache_len=cache_len, model=models[d], dtype=DTYPES[d]
         )
         how = f"built in {built.build_s:.0f} s" if built.built else "from the cache"
-        print(f"[{r}] package {built.path} ({how})", file=sys.stderr)
+        print(f"[{name}] package {built.path} ({how})", file=sys.stderr)
         pkg = LLMPackage(built.path)
         out = _generate_one(pkg, tokenizer, args, stream=not args.compare)
-        rows.append((r, out, built.path.stat().st_size))
+        rows.append((name, out, built.path.stat().st_size))
         if not args.compare:
             print(out.stats.summary())
         del pkg
@@ -386,6 +408,7 @@ def _cmd_demo(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     from fxquant.demo import add_demo_arguments
     from fxquant.llm import LOGITS
+    from fxquant.packages import DTYPES
 
     # the module docstring is RST; --help shows it without the double backticks
     description = __doc__.splitlines()[0].replace("``", "")
@@ -419,6 +442,14 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--out", help="write the quantized torch.export program here (.pt2)")
     q.add_argument("--aoti", help="write an AOTInductor package here (.pt2)")
     q.add_argument("--seq-len", type=int, default=16, help="example sequence length for export")
+    q.add_argument(
+        "--dtype",
+        choices=list(DTYPES),
+        default=None,
+        help="for a .gguf file or a model folder: the dtype to load the model in before it is "
+        "quantized (default fp32; bf16 halves what stays in float, the tied embedding among it, "
+        "and the KV cache)",
+    )
     q.add_argument(
         "--llm",
         action="store_true",
@@ -457,10 +488,23 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--top-k", type=int, default=0, help="sample from the k likeliest (0: all)")
     g.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1: all)")
     g.add_argument("--seed", type=int, default=None, help="makes sampling reproducible")
-    g.add_argument("--recipe", help="with a model source: the recipe to build (default int8wo)")
+    g.add_argument(
+        "--recipe",
+        help="with a model source: the recipe to build (default int8wo), or fp32 / bf16 / fp16 "
+        "for the float model in that dtype",
+    )
     g.add_argument(
         "--compare",
-        help="with a model source: also build this recipe (or fp32) and print both side by side",
+        help="with a model source: also build this recipe (or fp32 / bf16 / fp16) and print "
+        "both side by side",
+    )
+    g.add_argument(
+        "--dtype",
+        choices=list(DTYPES),
+        default=None,
+        help="with a model source: the dtype the model is loaded in before a recipe quantizes "
+        "it (default fp32; bf16 halves what stays in float, the tied embedding among it, and "
+        "the KV cache)",
     )
     g.add_argument(
         "--max-cache-len",

@@ -5,7 +5,8 @@ Hugging Face model (a GGUF file or a model folder), exports it with its KV cache
 (``fxquant.export_llm``), quantizes it (``fxquant.quantize``) and packages it
 (``fxquant.aot_compile``), with a progress bar, because on two cores the AOTInductor build takes
 minutes. The package is kept under ``<cache>/packages/<key>.pt2``, the key made of the model
-file (path, size, modification time), the config, the cache length and batch, the fxquant and
+file (path, size, modification time), the config, the dtype the model is loaded in (fp32, bf16,
+fp16), the cache length and batch, the fxquant and
 torch versions, a digest of fxquant's own source (a changed lowering builds anew, version bump
 or not) and the CPU: a second run with the same inputs starts in seconds. Written
 atomically, so an interrupted build leaves nothing behind.
@@ -29,6 +30,7 @@ import torch
 from fxquant.core.config import QuantConfig
 
 __all__ = [
+    "DTYPES",
     "BuiltPackage",
     "build_packages",
     "converted",
@@ -39,12 +41,31 @@ __all__ = [
 ]
 
 
+# The dtypes a package's model can be loaded in, by the names the CLI takes. fp32 is the
+# default: every benchmark's baseline. bf16 (what `from_pretrained` gives for most checkpoints)
+# halves the bytes of what a recipe keeps in float (the tied embedding, an lm_head left
+# unquantized) and of the KV cache. Zen 4 (AVX-512 BF16), SmolLM2, benchmarks/llm_decode.py
+# --dtypes fp32,bf16: the float package decodes 1.56x faster in bf16, int8wo (its lm_head in
+# float) 1.16x, the recipes that quantize lm_head too 0.98-1.05x their fp32 packages.
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """The CLI's name of a package dtype (``torch.bfloat16`` → ``"bf16"``)."""
+    for name, d in DTYPES.items():
+        if d == dtype:
+            return name
+    raise ValueError(
+        f"fxquant: a package's model dtype must be one of {sorted(DTYPES)}, got {dtype}"
+    )
+
+
 @dataclass
 class BuiltPackage:
     """A package on disk, what it was made from, and whether this call built it."""
 
     path: Path
-    variant: str  # "fp32" or the recipe / config it was quantized with
+    variant: str  # the recipe / config it was quantized with, or the float model's dtype ("fp32")
     built: bool
     build_s: float = 0.0
 
@@ -61,8 +82,9 @@ def package_key(
     max_cache_len: int,
     max_batch: int,
     logits: str = "last",
+    dtype: torch.dtype = torch.float32,
 ) -> str:
-    """The cache key of a package: model file, config, sizes, versions and CPU."""
+    """The cache key of a package: model file, config, dtype, sizes, versions and CPU."""
     from fxquant.passes.cpu.dispatch import machine_class
     from fxquant.runtime import isa_flags
     from fxquant.version import __version__
@@ -70,6 +92,7 @@ def package_key(
     record = {
         "source": _source_identity(Path(source)),
         "config": None if config is None else config.to_dict(),
+        "dtype": dtype_name(dtype),
         "max_cache_len": max_cache_len,
         "max_batch": max_batch,
         "logits": logits,
@@ -269,9 +292,10 @@ def llm_package(
     progress: bool = True,
     only_cached: bool = False,
     variant: str | None = None,
+    dtype: torch.dtype = torch.float32,
 ) -> BuiltPackage | None:
-    """The AOTInductor package of ``source`` quantized with ``config`` (None: fp32), from the
-    cache when it is there, else built now and cached.
+    """The AOTInductor package of ``source`` loaded in ``dtype`` and quantized with ``config``
+    (None: the float model), from the cache when it is there, else built now and cached.
 
     Args:
         source: a ``.gguf`` file or a Hugging Face model folder (the cache key).
@@ -279,12 +303,16 @@ def llm_package(
             or None for the float model.
         max_cache_len, max_batch, logits: as ``fxquant.export_llm``.
         model, program: the loaded model (or a function that loads it) / its ``export_llm``
-            program, when the caller has them already (they must come from ``source``, the
-            program with these sizes); the model is loaded only if a build needs it.
+            program, when the caller has them already (they must come from ``source``, in
+            ``dtype``, the program with these sizes); the model is loaded only if a build needs
+            it.
         cache_dir: default ``$FXQUANT_CACHE_DIR`` or ``~/.cache/fxquant``, then ``packages/``.
         progress: a progress bar over the steps (the AOTInductor build shows elapsed time).
         only_cached: return None instead of building when the package is not cached.
-        variant: the name to list the package under (default: the recipe name, or "fp32").
+        variant: the name to list the package under (default: the recipe name, or the
+            dtype's name, ``"fp32"``, for the float model).
+        dtype: the model's dtype (``DTYPES``' values): the float weights, activations and
+            cache of the package are in it.
     """
     from fxquant.api import aot_compile, quantize
     from fxquant.core.paths import cache_root
@@ -292,8 +320,12 @@ def llm_package(
 
     cfg = None if config is None else QuantConfig.coerce(config)
     if variant is None:
-        variant = config if isinstance(config, str) else ("fp32" if cfg is None else "custom")
-    key = package_key(source, cfg, max_cache_len=max_cache_len, max_batch=max_batch, logits=logits)
+        variant = (
+            config if isinstance(config, str) else (dtype_name(dtype) if cfg is None else "custom")
+        )
+    key = package_key(
+        source, cfg, max_cache_len=max_cache_len, max_batch=max_batch, logits=logits, dtype=dtype
+    )
     root = Path(cache_dir) if cache_dir is not None else cache_root()
     path = root / "packages" / f"{key}.pt2"
     if path.is_file():
@@ -313,9 +345,14 @@ def llm_package(
         if program is None:
             step("load model")
             if model is None:
-                model = load_causal_lm(source)
+                model = load_causal_lm(source, dtype=dtype)
             elif not isinstance(model, torch.nn.Module):
                 model = model()
+            if next(model.parameters()).dtype != dtype:  # the key says dtype: so must the package
+                raise ValueError(
+                    f"llm_package: the model given is {next(model.parameters()).dtype}, "
+                    f"the package asked for is {dtype}"
+                )
             bar.update()
             step("export with KV cache")
             program = export_llm(
@@ -334,7 +371,7 @@ def llm_package(
             # the runtime's default tokenizer: the model file the package was made from
             aot_compile(program, path, metadata={"source": str(Path(source).resolve())}, load=False)
         bar.update()
-    info = {"source": str(Path(source).resolve()), "variant": variant}
+    info = {"source": str(Path(source).resolve()), "variant": variant, "dtype": dtype_name(dtype)}
     path.with_suffix(".json").write_text(json.dumps(info, indent=2))
     return BuiltPackage(path=path, variant=variant, built=True, build_s=time.perf_counter() - t0)
 
@@ -348,6 +385,7 @@ def build_packages(
     logits: str = "last",
     jobs: int | None = None,
     progress: bool = True,
+    dtype: torch.dtype = torch.float32,
 ) -> dict[str, BuiltPackage]:
     """:func:`llm_package` for several variants at once: the cached ones at once, the others
     built side by side, each in its own process (``python -m fxquant.packages``).
@@ -356,8 +394,9 @@ def build_packages(
     on two cores two or three builds in parallel take little longer than one.
 
     Args:
-        configs: ``{variant name: config, recipe name or None (fp32)}``.
+        configs: ``{variant name: config, recipe name or None (the float model)}``.
         max_cache_len, max_batch, logits: as ``fxquant.export_llm``.
+        dtype: the model's dtype, as :func:`llm_package`'s.
         jobs: builds at a time (default: one per core, plus one).
     """
     import subprocess
@@ -379,6 +418,7 @@ def build_packages(
             logits=logits,
             progress=False,
             only_cached=True,
+            dtype=dtype,
         )
         if cached is not None:
             out[name] = cached
@@ -418,6 +458,8 @@ def build_packages(
                     str(max_batch),
                     "--logits",
                     logits,
+                    "--dtype",
+                    dtype_name(dtype),
                 ]
                 cmd += ["--variant", name, "--source-digest", _source_digest()]
                 if cfg is not None:
@@ -453,6 +495,7 @@ def build_packages(
                     logits=logits,
                     progress=False,
                     only_cached=True,
+                    dtype=dtype,
                 )
                 if built is None:
                     raise RuntimeError(f"the {name} build finished but left no package ({log})")
@@ -474,6 +517,7 @@ def _main(argv=None) -> int:
     parser.add_argument("--max-cache-len", type=int, default=2048)
     parser.add_argument("--max-batch", type=int, default=1)
     parser.add_argument("--logits", choices=LOGITS, default="last")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
     parser.add_argument("--variant", default=None, help="the name the package is listed under")
     parser.add_argument("--source-digest", default=None, help="the parent's _source_digest()")
     args = parser.parse_args(argv)
@@ -492,6 +536,7 @@ def _main(argv=None) -> int:
         logits=args.logits,
         progress=False,
         variant=args.variant,
+        dtype=DTYPES[args.dtype],
     )
     return 0
 

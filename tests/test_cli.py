@@ -104,6 +104,10 @@ def test_scheme_as_json(project):
             ["quantize", "mymodel:build", "--out", "q.pt2", "--seq-len", "0"],
             "--seq-len 0 is not supported; allowed: 2 or more",
         ),
+        (
+            ["quantize", "mymodel:build", "--out", "q.pt2", "--dtype", "bf16"],
+            "--dtype is for a .gguf file or a model folder; mymodel:build() makes its model",
+        ),
         (["quantize", "mymodel:build", "--out", "sub"], "--out sub is a directory"),
         (["quantize", "mymodel:build", "--out", "no/such/q.pt2"], "does not exist"),
         (

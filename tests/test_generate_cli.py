@@ -90,6 +90,11 @@ def test_quantize_llm_then_generate_from_the_package(tiny_model_dir, int8_packag
     )  # fmt: skip
     assert long.returncode != 0 and "max_cache_len=64" in long.stderr
     assert "Traceback" not in long.stderr
+    # a package's dtype was fixed when it was built
+    from fxquant.cli import main
+
+    with pytest.raises(SystemExit, match="--recipe/--compare/--dtype build packages from a model"):
+        main(["generate", str(pkg), "--dtype", "bf16"])
 
 
 def test_serving_a_package_imports_no_passes(tiny_model_dir, int8_package, tmp_path):
@@ -122,6 +127,12 @@ def test_package_key_follows_the_inputs_and_fxquant_source(tmp_path, monkeypatch
     int8 = QuantConfig.from_recipe("int8wo")
     assert key != packages.package_key(f, int8, max_cache_len=64, max_batch=1)
     assert key != packages.package_key(f, None, max_cache_len=128, max_batch=1)
+    # the model's dtype is part of what the package computes
+    bf16 = packages.package_key(f, None, max_cache_len=64, max_batch=1, dtype=torch.bfloat16)
+    assert key != bf16
+    assert key == packages.package_key(f, None, max_cache_len=64, max_batch=1, dtype=torch.float32)
+    with pytest.raises(ValueError, match="float64"):
+        packages.package_key(f, None, max_cache_len=64, max_batch=1, dtype=torch.float64)
     # a changed lowering (any Python file of fxquant) is a new package, version bump or not
     monkeypatch.setattr(packages, "_source_digest", lambda: "edited")
     assert key != packages.package_key(f, None, max_cache_len=64, max_batch=1)
