@@ -67,27 +67,15 @@ constexpr int64_t kGemvMaxMHalf = 32;
 
 struct WidenTag {};
 
-// y = x @ widen(w)^T by MKL's sgemm, a chunk of up to 8 MiB of weight rows at a time widened to
-// fp32 into a buffer kept between calls (as linear.cpp's gemm_chunked dequantizes the byte
-// formats)
+// y = x @ widen(w)^T by MKL's sgemm on chunks of up to 8 MiB of weight rows widened to fp32
+// (native.h's mm_chunks, as linear.cpp's gemm_chunked dequantizes the byte formats)
 template <class F>
 AOTITorchError mm_half(const float* x, int64_t M, int64_t K, const uint16_t* w, int64_t N,
                        float* y) {
-  const int64_t nc_max = std::min<int64_t>(
-      N, std::max<int64_t>(16, (8 << 20) / (4 * std::max<int64_t>(K, 1))) / 16 * 16);
-  float* wbuf = thread_buffer<WidenTag>(nc_max * K);
-  Owned xt;
-  if (AOTITorchError e = matrix_blob(x, M, K, K, 1, &xt.h)) return e;
-  for (int64_t n0 = 0; n0 < N; n0 += nc_max) {
-    const int64_t nc = std::min(nc_max, N - n0);
+  return mm_chunks<WidenTag>(x, M, K, N, y, 8 << 20, [&](int64_t n0, int64_t nc, float* buf) {
 #pragma omp parallel for schedule(static) if (nc * K > 65536)
-    for (int64_t r = 0; r < nc; ++r) widen_row<F>(w + (n0 + r) * K, K, wbuf + r * K);
-    Owned wt, yt;  // the chunk as a [K, nc] (transposed) view; y[:, n0 : n0 + nc], row stride N
-    if (AOTITorchError e = matrix_blob(wbuf, K, nc, 1, K, &wt.h)) return e;
-    if (AOTITorchError e = matrix_blob(y + n0, M, nc, N, 1, &yt.h)) return e;
-    if (AOTITorchError e = aoti_torch_cpu_mm_out(yt.h, xt.h, wt.h)) return e;
-  }
-  return AOTI_TORCH_SUCCESS;
+    for (int64_t r = 0; r < nc; ++r) widen_row<F>(w + (n0 + r) * K, K, buf + r * K);
+  });
 }
 
 // y [M, N] = x @ widen(w)^T with x [M, K] fp32 rows as given and w [N, K] of format F

@@ -87,31 +87,15 @@ struct ChunkTag {};
 
 }  // namespace
 
-// y [M, N] = x [M, K] (fp32) @ dequant(w)^T, a chunk of weight rows at a time: the chunk is
-// written to a buffer that stays in cache, and ATen's mm (MKL) writes y's columns in place.
+// y [M, N] = x [M, K] (fp32) @ dequant(w)^T, a chunk of weight rows at a time (mm_chunks)
 AOTITorchError gemm_chunked(Fmt fmt, const float* x, int64_t M, int64_t K, const uint8_t* w,
                             int64_t N, const float* scale, const float* offset, int64_t group,
                             float* y, bool bf16_weight) {
-  if (M == 0 || N == 0) return AOTI_TORCH_SUCCESS;
-  // as few chunks as fit kChunkBytes, of equal width (a multiple of 16): a last sliver of a few
-  // columns would be a GEMM MKL runs at a fraction of its speed
-  const int64_t cap = std::max<int64_t>(16, kChunkBytes / (4 * std::max<int64_t>(K, 1)));
-  const int64_t chunks = (N + cap - 1) / cap;
-  const int64_t nc_max = std::min(N, ((N + chunks - 1) / chunks + 15) / 16 * 16);
-  float* wbuf = thread_buffer<ChunkTag>(nc_max * K);  // dequant_rows writes all of it
-  Owned xt;
-  if (AOTITorchError e = matrix_blob(x, M, K, K, 1, &xt.h)) return e;
-  for (int64_t n0 = 0; n0 < N; n0 += nc_max) {
-    const int64_t nc = std::min(nc_max, N - n0);
-    dequant_rows(fmt, w, K, scale, offset, group, n0, nc, wbuf);
+  return mm_chunks<ChunkTag>(x, M, K, N, y, kChunkBytes, [&](int64_t n0, int64_t nc, float* buf) {
+    dequant_rows(fmt, w, K, scale, offset, group, n0, nc, buf);
     if (bf16_weight)
-      for (int64_t i = 0; i < nc * K; ++i) wbuf[i] = bf16_round(wbuf[i]);
-    Owned wt, yt;  // the chunk as a [K, nc] (transposed) view; y[:, n0 : n0 + nc], row stride N
-    if (AOTITorchError e = matrix_blob(wbuf, K, nc, 1, K, &wt.h)) return e;
-    if (AOTITorchError e = matrix_blob(y + n0, M, nc, N, 1, &yt.h)) return e;
-    if (AOTITorchError e = aoti_torch_cpu_mm_out(yt.h, xt.h, wt.h)) return e;
-  }
-  return AOTI_TORCH_SUCCESS;
+      for (int64_t i = 0; i < nc * K; ++i) buf[i] = bf16_round(buf[i]);
+  });
 }
 
 // ---- Shim plumbing: checks, output allocation ----------------------------------------------

@@ -118,6 +118,33 @@ float* thread_buffer(int64_t n) {
   return buf.get();
 }
 
+// y [M, N] = x [M, K] (fp32) @ W^T for a weight stored in another format, at large M: W made
+// fp32 a chunk of rows at a time, fill(n0, nc, buf) writing rows [n0, n0 + nc) to buf [nc, K]
+// (a per-thread buffer of Tag's that stays in cache), and ATen's mm (MKL) writing y's columns
+// in place. As few chunks as fit chunk_bytes, of equal width (a multiple of 16): a last sliver
+// of a few columns would be a GEMM MKL runs at a fraction of its speed. The quantized formats'
+// (linear.cpp's gemm_chunked) and the 16-bit floats' (bfloat16.cpp) large-M path.
+template <class Tag, class Fill>
+AOTITorchError mm_chunks(const float* x, int64_t M, int64_t K, int64_t N, float* y,
+                         int64_t chunk_bytes, Fill fill) {
+  if (M == 0 || N == 0) return AOTI_TORCH_SUCCESS;
+  const int64_t cap = std::max<int64_t>(16, chunk_bytes / (4 * std::max<int64_t>(K, 1)));
+  const int64_t chunks = (N + cap - 1) / cap;
+  const int64_t nc_max = std::min(N, ((N + chunks - 1) / chunks + 15) / 16 * 16);
+  float* buf = thread_buffer<Tag>(nc_max * K);  // fill writes all of each chunk
+  Owned xt;
+  if (AOTITorchError e = matrix_blob(x, M, K, K, 1, &xt.h)) return e;
+  for (int64_t n0 = 0; n0 < N; n0 += nc_max) {
+    const int64_t nc = std::min(nc_max, N - n0);
+    fill(n0, nc, buf);
+    Owned wt, yt;  // the chunk as a [K, nc] (transposed) view; y[:, n0 : n0 + nc], row stride N
+    if (AOTITorchError e = matrix_blob(buf, K, nc, 1, K, &wt.h)) return e;
+    if (AOTITorchError e = matrix_blob(y + n0, M, nc, N, 1, &yt.h)) return e;
+    if (AOTITorchError e = aoti_torch_cpu_mm_out(yt.h, xt.h, wt.h)) return e;
+  }
+  return AOTI_TORCH_SUCCESS;
+}
+
 // ---- scalar decoders (reference for the vector paths, and the non-AVX2 build) -------------
 
 // fp16 bits -> fp32 (the tails the vector conversion leaves, and builds without F16C): the
