@@ -15,6 +15,7 @@ atomically, so an interrupted build leaves nothing behind.
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import hashlib
 import json
@@ -149,12 +150,22 @@ def load_causal_lm(source: str | os.PathLike, *, dtype: torch.dtype = torch.floa
     import transformers
 
     path = Path(source)
+    kwargs = {}
     if path.suffix == ".gguf":
         path = converted(path, "model")
+        # The folder holds plain fp32 weights; one converted before 2026-12-05 kept the file's
+        # `quantization_config` (gguf) in its config.json, which attaches transformers' GGUF
+        # quantizer to the model and, for a dtype other than fp32, warns that "packed" weights
+        # compute fastest in fp32: neither is true of these weights.
+        config = transformers.AutoConfig.from_pretrained(str(path))
+        if getattr(config, "quantization_config", None) is not None:
+            del config.quantization_config
+        kwargs["config"] = config
     elif not (path / "config.json").is_file():
         raise FileNotFoundError(f"fxquant: {path} is neither a .gguf file nor a model folder")
     with readable(path):
-        return transformers.AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype).eval()
+        model = transformers.AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, **kwargs)
+    return model.eval()
 
 
 def converted(gguf: str | os.PathLike, part: str, *, cache_dir=None) -> Path:
@@ -199,10 +210,14 @@ def converted(gguf: str | os.PathLike, part: str, *, cache_dir=None) -> Path:
                     str(path.parent), gguf_file=path.name, dtype=torch.float32
                 )
                 # transformers marks a model read from GGUF "not serializable" (it was
-                # quantized); its weights are plain fp32 tensors by now, written as such
+                # quantized); its weights are plain fp32 tensors by now, written as such, and
+                # the config says so (no gguf `quantization_config`)
                 from safetensors.torch import save_model
 
-                model.config.save_pretrained(tmp)
+                config = copy.deepcopy(model.config)
+                if getattr(config, "quantization_config", None) is not None:
+                    del config.quantization_config
+                config.save_pretrained(tmp)
                 save_model(model, str(tmp / "model.safetensors"), metadata={"format": "pt"})
             else:
                 tokenizer = transformers.AutoTokenizer.from_pretrained(

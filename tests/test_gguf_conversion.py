@@ -37,6 +37,12 @@ def test_the_converted_model_and_tokenizer_equal_the_gguf_readers(tiny_llama_ggu
         for name, t in want.items():
             assert torch.equal(got[name], t), name
     assert again.lm_head.weight.data_ptr() == again.model.embed_tokens.weight.data_ptr()  # tied
+    # plain weights, a plain model: no GGUF quantizer attached, in any dtype
+    cfg = (converted(path, "model") / "config.json").read_text()
+    assert "quantization_config" not in cfg
+    bf16 = load_causal_lm(path, dtype=torch.bfloat16)
+    assert getattr(again, "hf_quantizer", None) is None is getattr(bf16, "hf_quantizer", None)
+    assert bf16.lm_head.weight.dtype == torch.bfloat16
     ids = torch.tensor([[0, 5, 17, 200]])
     torch.testing.assert_close(again(ids).logits, direct(ids).logits, rtol=0, atol=0)
 
