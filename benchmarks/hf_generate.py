@@ -46,11 +46,11 @@ from machine import machine_info, own_forward, write_results
 
 import fxquant
 from fxquant import assets
+from fxquant.packages import DTYPES
 
 HERE = Path(__file__).resolve().parent
 RECIPES = ("none", "int8wo+lm_head", "w8a8+lm_head", "w4a8-64+lm_head=w8a8")
 NOT_QUANTIZED = "none"  # the backend row with nothing quantized (the model's own dtype)
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 PROMPT_TOKENS = 128
 
 

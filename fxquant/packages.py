@@ -157,10 +157,7 @@ def load_causal_lm(source: str | os.PathLike, *, dtype: torch.dtype = torch.floa
         # `quantization_config` (gguf) in its config.json, which attaches transformers' GGUF
         # quantizer to the model and, for a dtype other than fp32, warns that "packed" weights
         # compute fastest in fp32: neither is true of these weights.
-        config = transformers.AutoConfig.from_pretrained(str(path))
-        if getattr(config, "quantization_config", None) is not None:
-            del config.quantization_config
-        kwargs["config"] = config
+        kwargs["config"] = _plain(transformers.AutoConfig.from_pretrained(str(path)))
     elif not (path / "config.json").is_file():
         raise FileNotFoundError(f"fxquant: {path} is neither a .gguf file nor a model folder")
     with readable(path):
@@ -214,10 +211,7 @@ def converted(gguf: str | os.PathLike, part: str, *, cache_dir=None) -> Path:
                 # the config says so (no gguf `quantization_config`)
                 from safetensors.torch import save_model
 
-                config = copy.deepcopy(model.config)
-                if getattr(config, "quantization_config", None) is not None:
-                    del config.quantization_config
-                config.save_pretrained(tmp)
+                _plain(copy.deepcopy(model.config)).save_pretrained(tmp)
                 save_model(model, str(tmp / "model.safetensors"), metadata={"format": "pt"})
             else:
                 tokenizer = transformers.AutoTokenizer.from_pretrained(
@@ -235,6 +229,14 @@ def converted(gguf: str | os.PathLike, part: str, *, cache_dir=None) -> Path:
         with contextlib.suppress(OSError):
             folder.rmdir()  # only if a failed first conversion left it empty
     return final
+
+
+def _plain(config):
+    """``config`` without the ``quantization_config`` transformers' GGUF reader leaves on it:
+    the converted weights are plain fp32 tensors."""
+    if getattr(config, "quantization_config", None) is not None:
+        del config.quantization_config
+    return config
 
 
 @contextlib.contextmanager

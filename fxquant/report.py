@@ -114,10 +114,9 @@ class Report:
         # the layers kept in fp32, bf16 or fp16 (passes/cpu/float32.py rewrites those of a
         # linear's layout)
         if native:
-            from fxquant.passes.cpu.float32 import KERNEL, KERNEL_BF16, KERNEL_FP16
+            from fxquant.passes.cpu.float32 import KERNELS
 
-            kernels = (("float32", KERNEL), ("bfloat16", KERNEL_BF16), ("float16", KERNEL_FP16))
-            for dtype, kernel in kernels:
+            for dtype, kernel in KERNELS.items():
                 kept = [r.name for r in self.skipped if r.kind == "linear" and r.dtype == dtype]
                 if kept:
                     scheme = f"{dtype} (kept in float)"

@@ -36,7 +36,7 @@ import fxquant.kernels.cpu as native  # noqa: F401  (defines fxquant::native_<dt
 from fxquant.passes.cpu.common import NATIVE, device_op, finish, rows
 from fxquant.passes.plan import find_sites, node_value
 
-__all__ = ["KERNEL", "KERNEL_BF16", "KERNEL_FP16", "lower_float32_linears"]
+__all__ = ["KERNEL", "KERNELS", "lower_float32_linears"]
 
 fxq = torch.ops.fxquant
 
@@ -51,6 +51,8 @@ KERNEL_BF16 = (
 KERNEL_FP16 = (
     "fxquant native fp16 kernel: an fp32 GEMV up to M = 32, then MKL on the widened weight"
 )
+# by the weight's dtype name (a report row's dtype): the one list of the dtypes lowered here
+KERNELS = {"float32": KERNEL, "bfloat16": KERNEL_BF16, "float16": KERNEL_FP16}
 
 
 def _fake(x, weight, bias):
@@ -69,7 +71,7 @@ def _define(dtype: str) -> None:
     device_op(NATIVE, f"cpu_native_{dtype}_linear", schema=schema, fake=_fake)(composition)
 
 
-for _dtype in ("float32", "bfloat16", "float16"):
+for _dtype in KERNELS:
     _define(_dtype)
 
 
@@ -78,11 +80,7 @@ def lower_float32_linears(editor) -> int:
     native device op of that dtype. Returns the nodes rewritten."""
     from fxquant.passes.rewrite import counters
 
-    ops = {
-        torch.float32: fxq.cpu_native_float32_linear.default,
-        torch.bfloat16: fxq.cpu_native_bfloat16_linear.default,
-        torch.float16: fxq.cpu_native_float16_linear.default,
-    }
+    ops = {getattr(torch, d): getattr(fxq, f"cpu_native_{d}_linear").default for d in KERNELS}
     done = 0
     for site in find_sites(editor.graph, editor.weight_of):
         node, weight = site.node, site.weight
