@@ -254,7 +254,8 @@ def test_the_report_says_which_kernel_each_layer_gets(monkeypatch):
     # one kernel at every M on a VNNI class: w8a8's weight in that kernel's own layout
     assert rep.cpu_kernels(CLASS)[0]["kernel"] == (
         "fxquant native kernel at every M, on a weight prepacked in AVX-512 VNNI panels "
-        "(16 columns x 4 k per 64 bytes)"
+        "(16 columns x 4 k per 64 bytes; AMX B tiles, read by AMX int8 tiles from 8 rows "
+        "where the CPU has them)"
     )
 
 

@@ -70,7 +70,7 @@ _KERNEL_SOURCES = (
     "attention.cpp",
 )
 # every file the build reads
-_SOURCES = (*_KERNEL_SOURCES, "native.h", "bf16_dot.h", "float_rows.h", "register.cpp")
+_SOURCES = (*_KERNEL_SOURCES, "native.h", "amx.h", "bf16_dot.h", "float_rows.h", "register.cpp")
 _ARCHIVE = "libfxquant_native.a"
 _SHARED = "libfxquant_native.so"
 INT4_BLOCK = 32  # nibble interleave block of the int4 kernel layout (int4.cpp)

@@ -29,6 +29,7 @@
 
 #include <omp.h>
 
+#include "amx.h"
 #include "native.h"
 
 #pragma GCC visibility push(hidden)
@@ -262,11 +263,47 @@ void gemm_panels_bf16(const Bf16Rows& x, int64_t M, int64_t K, const W& w, int64
   }
 }
 
+#ifdef FXQ_AMX
+// The same product on AMX tiles (amx.h): the panels as above, each padded with zero pairs to
+// whole 32-k tile steps, and the activation rows as A tiles where they lie
+template <class W>
+void gemm_amx_bf16(const Bf16Rows& x, int64_t M, int64_t K, const W& w, int64_t N,
+                   const float* scale, float* y) {
+  const int64_t K2 = (K + 1) / 2, steps = (K2 + 15) / 16, panels = (N + 15) / 16;
+  const int64_t panel_bytes = steps * 1024;
+  auto prepare = [&](int64_t p0, int64_t p1, std::vector<uint8_t>& buf) {
+    buf.resize((p1 - p0) * panel_bytes);
+    for (int64_t p = p0; p < p1; ++p) {
+      uint8_t* out = buf.data() + (p - p0) * panel_bytes;
+      pack_panel_bf16(w, p * 16, std::min<int64_t>(16, N - p * 16), K, (__m512i*)out);
+      std::memset(out + K2 * 64, 0, panel_bytes - K2 * 64);
+    }
+    return (const uint8_t*)buf.data();
+  };
+  auto store = [&](int64_t m0, int64_t rows, int64_t p, int np, const int32_t* c) {
+    const float* cf = reinterpret_cast<const float*>(c);
+    for (int j = 0; j < np; ++j) {
+      const int64_t n = (p + j) * 16, cols = N - n;
+      const __mmask16 mask = cols >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << cols) - 1);
+      const __m512 sv = scale ? _mm512_maskz_loadu_ps(mask, scale + n) : _mm512_set1_ps(1.f);
+      for (int64_t i = 0; i < rows; ++i)
+        _mm512_mask_storeu_ps(y + (m0 + i) * N + n, mask,
+                              _mm512_mul_ps(_mm512_loadu_ps(cf + (i * np + j) * 16), sv));
+    }
+  };
+  amx_gemm<Amx::kBf16>((const uint8_t*)x.data, x.ldx * 2, M, steps, panels, panel_bytes,
+                       prepare, store);
+}
+#endif
+
 // y [M, N] = (bf16(x) [M, K] . w[n]) * scale[n] (scale null: 1), M >= 1
 template <class W>
 void gemm_bf16(const float* x, int64_t M, int64_t K, const W& w, int64_t N, const float* scale,
                float* y) {
   const Bf16Rows xb(x, M, K);
+#ifdef FXQ_AMX
+  if (M >= kAmxMinM && amx_ready()) return gemm_amx_bf16(xb, M, K, w, N, scale, y);
+#endif
   if (M >= kBf16PanelMinM) return gemm_panels_bf16(xb, M, K, w, N, scale, y);
   gemm_rows_bf16(xb, M, K, w, N, scale, y);
 }

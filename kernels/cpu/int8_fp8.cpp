@@ -417,6 +417,36 @@ void gemm_int8_int8_vnni_packed(const uint8_t* xu, const float* xs, int64_t M, i
                              K4, xs + m, scale, y + m * N, N, p * 16);
   }
 }
+
+#ifdef FXQ_AMX
+// The same product on AMX tiles (amx.h), from kAmxMinM rows, where K is whole 64-k tile steps
+// (K4 % 16 == 0; the others keep the AVX-512 tiles): the panels are B tiles as stored, xu's
+// rows the A tiles, and TDPBUSD's u8 x s8 int32 sums the same as vpdpbusd's, less the same
+// column sums; the same output expression, so the same fp32 values.
+void gemm_int8_int8_amx(const uint8_t* xu, const float* xs, int64_t M, int64_t K,
+                        const int8_t* wp, const __m512i* comp, int64_t N, const float* scale,
+                        float* y) {
+  const int64_t K4 = (K + 3) / 4, panels = (N + 15) / 16;
+  auto prepare = [&](int64_t p0, int64_t, std::vector<uint8_t>&) {
+    return (const uint8_t*)(wp + p0 * K4 * 64);
+  };
+  auto store = [&](int64_t m0, int64_t rows, int64_t p, int np, const int32_t* c) {
+    for (int j = 0; j < np; ++j) {
+      const int64_t n = (p + j) * 16, cols = N - n;
+      const __mmask16 mask = cols >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << cols) - 1);
+      const __m512 sv = _mm512_maskz_loadu_ps(mask, scale + n);
+      const __m512i cv = _mm512_loadu_si512(comp + p + j);
+      for (int64_t i = 0; i < rows; ++i) {
+        const __m512i acc = _mm512_loadu_si512(c + (i * np + j) * 16);
+        const __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc, cv)),
+                                       _mm512_set1_ps(xs[m0 + i]));
+        _mm512_mask_storeu_ps(y + (m0 + i) * N + n, mask, _mm512_mul_ps(v, sv));
+      }
+    }
+  };
+  amx_gemm<Amx::kInt8>(xu, K4 * 4, M, K4 / 16, panels, K4 * 64, prepare, store);
+}
+#endif
 #endif
 
 // y[m, n] = (sum_k xq[m, k] * w[n, k]) * xs[m] * scale[n], for M past the GEMV's limit
@@ -648,6 +678,12 @@ AOTITorchError vnni_linear(const uint8_t* xu, const float* xs, int64_t M, int64_
   float* y = nullptr;
   if (AOTITorchError e = new_output(M, N, ret0, &y)) return e;
   if (M == 0 || N == 0) return AOTI_TORCH_SUCCESS;
+#if defined(FXQ_AMX)
+  if (M >= kAmxMinM && (K + 3) / 4 % 16 == 0 && amx_ready()) {
+    gemm_int8_int8_amx(xu, xs, M, K, wm.as<int8_t>(), cm.as<__m512i>(), N, sm.as<float>(), y);
+    return AOTI_TORCH_SUCCESS;
+  }
+#endif
 #if defined(FXQ_VNNI512)
   gemm_int8_int8_vnni_packed(xu, xs, M, K, wm.as<__m512i>(), cm.as<__m512i>(), N, sm.as<float>(),
                              y);

@@ -66,7 +66,8 @@ CANDIDATES = {
     "bf16": "bf16 GEMM (x and the sum rounded to bf16)",
     "bf16_dot": (
         "fxquant native kernel on bf16 dot products from 2 rows (x rounded to bf16 there, "
-        "as is an int4 weight's dequantized value; fp32 sums)"
+        "as is an int4 weight's dequantized value; fp32 sums; on AMX tiles from 8 rows where "
+        "the CPU has them)"
     ),
     "int_mm": "torch._int_mm (int8, exact int32 sums)",
     "int8_act": "W4A8 kernel (x rounded to int8 per token)",

@@ -268,7 +268,10 @@ def _native_int8_scaled(xq, xs, weight, scale, bias, out_dtype):
 packs(
     "native_int8_scaled_linear",
     classes=("avx512_vnni_bf16", "amx"),
-    layout="AVX-512 VNNI panels (16 columns x 4 k per 64 bytes)",
+    layout=(
+        "AVX-512 VNNI panels (16 columns x 4 k per 64 bytes; AMX B tiles, read by AMX int8 "
+        "tiles from 8 rows where the CPU has them)"
+    ),
 )
 
 
