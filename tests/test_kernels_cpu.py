@@ -213,6 +213,16 @@ def test_int8_scaled_on_the_vnni_panels_is_exact(m, n, k):
         assert torch.equal(got, fxq.native_int8_scaled_linear(xq, xs, w, s))
 
 
+@pytest.mark.parametrize(("k", "group"), [(64, 64), (640, 64), (512, 128), (768, 256), (96, 32)])
+def test_w4a8_around_the_amx_tile_blocks(k, group):
+    # W4A8 on AMX tiles (groups of 64 or more; groups of 32 keep the AVX-512 kernel): each
+    # group's sums leave the tiles for its scale and offset; M around the row blocks, panel
+    # counts even and odd, a short last panel
+    for n in (16, 40, 67):
+        for m in (7, 8, 9, 16, 17, 31, 32, 33, 48, 65):
+            _check_w4a8(m, n, k, group, symmetric=False, seed=m * n + k)
+
+
 def _activations(m: int, k: int, g: torch.Generator) -> torch.Tensor:
     # per-token scales from 1e-30 to 1e4, an all-zero row, and a row whose x / scale lands on
     # exact halves (amax 127: scale 1), where round-half-to-even decides

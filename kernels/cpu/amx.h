@@ -76,15 +76,19 @@ struct Tiles {
   Tiles& operator=(const Tiles&) = delete;
 };
 
-enum class Amx { kInt8, kBf16 };  // u8 x s8 into int32; bf16 x bf16 into fp32
+// A x B: u8 x s8 into int32 (w8a8: x + 128 against the weight), s8 x u8 into int32 (W4A8: x
+// against the int4 codes), bf16 x bf16 into fp32
+enum class Amx { kInt8, kInt8Codes, kBf16 };
 
 // C += A . B on tiles named by literals (the intrinsics paste them into the instruction)
-#define FXQ_TILE_DOT(T, C, A, B)   \
-  do {                             \
-    if constexpr (T == Amx::kInt8) \
-      _tile_dpbusd(C, A, B);       \
-    else                           \
-      _tile_dpbf16ps(C, A, B);     \
+#define FXQ_TILE_DOT(T, C, A, B)              \
+  do {                                        \
+    if constexpr (T == Amx::kInt8)            \
+      _tile_dpbusd(C, A, B);                  \
+    else if constexpr (T == Amx::kInt8Codes) \
+      _tile_dpbsud(C, A, B);                  \
+    else                                      \
+      _tile_dpbf16ps(C, A, B);                \
   } while (0)
 
 // c [16 MR rows x 16 NP columns] (int32 / fp32, 64 NP bytes a row) = A . B over `steps` steps:
@@ -123,16 +127,23 @@ inline void amx_block(const uint8_t* a, int64_t lda, const uint8_t* b0, const ui
 //   panel_bytes:  one panel's bytes (steps x 1 KiB, or more)
 //   prepare(p0, p1, buf) -> base: panel p's tiles at base + (p - p0) * panel_bytes (the stored
 //                 panels, or panels packed into the thread's buffer buf)
-//   store(m0, rows, p, np, c): the block's accumulators c (16 np columns a row) into y
+//   chunk:        steps a sum runs before it leaves the tiles (all of them: one sum a block;
+//                 a quantization group's: one sum a group, which store scales)
+//   store(m0, rows, p, np, ci, panel, c, acc): chunk ci's sums c (16 np columns a row) of the
+//                 block into y, or into acc (the thread's fp32 block, laid out as c) until the
+//                 last; panel: panel p's bytes (for what a format keeps after its tiles)
 template <Amx T, class Prepare, class Store>
 void amx_gemm(const uint8_t* a, int64_t lda, int64_t M, int64_t steps, int64_t panels,
-              int64_t panel_bytes, const Prepare& prepare, const Store& store) {
+              int64_t panel_bytes, const Prepare& prepare, const Store& store,
+              int64_t chunk = 0) {
   constexpr int R = 32, P = 2;
+  if (chunk <= 0) chunk = steps;
   const PanelWork work(panels, panel_bytes, M, P, R, omp_get_max_threads());
 #pragma omp parallel
   {
     const Tiles tiles;
     alignas(64) int32_t c[R * 16 * P];
+    alignas(64) float acc[R * 16 * P];
     std::vector<uint8_t> buf, tail;  // packed panels; the last rows, zero-padded to a block
 #pragma omp for schedule(static)
     for (int64_t item = 0; item < work.items(); ++item) {
@@ -157,13 +168,17 @@ void amx_gemm(const uint8_t* a, int64_t lda, int64_t M, int64_t steps, int64_t p
           const bool in_tail = m >= full;
           const uint8_t* am = in_tail ? tail.data() : a + m * lda;
           const int64_t ld = in_tail ? steps * 64 : lda;
-          if (rows > 16)
-            np == 2 ? amx_block<T, 2, 2>(am, ld, b0, b1, steps, c)
-                    : amx_block<T, 2, 1>(am, ld, b0, b1, steps, c);
-          else
-            np == 2 ? amx_block<T, 1, 2>(am, ld, b0, b1, steps, c)
-                    : amx_block<T, 1, 1>(am, ld, b0, b1, steps, c);
-          store(m, rows, p, np, c);
+          for (int64_t s = 0, ci = 0; s < steps; s += chunk, ++ci) {
+            const int64_t n = std::min(chunk, steps - s);
+            const uint8_t *as = am + s * 64, *bs0 = b0 + s * 1024, *bs1 = b1 + s * 1024;
+            if (rows > 16)
+              np == 2 ? amx_block<T, 2, 2>(as, ld, bs0, bs1, n, c)
+                      : amx_block<T, 2, 1>(as, ld, bs0, bs1, n, c);
+            else
+              np == 2 ? amx_block<T, 1, 2>(as, ld, bs0, bs1, n, c)
+                      : amx_block<T, 1, 1>(as, ld, bs0, bs1, n, c);
+            store(m, rows, p, np, ci, b0, (const int32_t*)c, acc);
+          }
         }
       }
     }

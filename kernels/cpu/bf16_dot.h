@@ -280,7 +280,8 @@ void gemm_amx_bf16(const Bf16Rows& x, int64_t M, int64_t K, const W& w, int64_t 
     }
     return (const uint8_t*)buf.data();
   };
-  auto store = [&](int64_t m0, int64_t rows, int64_t p, int np, const int32_t* c) {
+  auto store = [&](int64_t m0, int64_t rows, int64_t p, int np, int64_t, const uint8_t*,
+                   const int32_t* c, float*) {
     const float* cf = reinterpret_cast<const float*>(c);
     for (int j = 0; j < np; ++j) {
       const int64_t n = (p + j) * 16, cols = N - n;

@@ -596,6 +596,56 @@ void gemm_int4_int8_vnni(const int8_t* xq, const float* xs, int64_t M, int64_t K
 }
 #endif
 
+#ifdef FXQ_AMX
+// W4A8 on AMX tiles (amx.h), from kAmxMinM rows, for groups of 64 columns or more (whole tile
+// steps): the 16-column code panels pack_int4_panel16 writes per call are B tiles, xq's rows
+// the A tiles, and TDPBSUD's s8 x u8 int32 sums those of vpdpbusd. Each group's sums leave the
+// tiles (a group is group / 64 tile steps) and meet its scale and offset in the fp32 operations
+// of int4_panel16_tile, in its order: the same outputs. A panel's record: its codes (K4 x 64
+// bytes), then its scales and offsets ([G][16] floats each).
+void gemm_int4_int8_amx(const int8_t* xq, const float* xs, int64_t M, int64_t K,
+                        const uint8_t* w, int64_t N, const float* scale, const float* offset,
+                        int64_t group, float* y) {
+  const int64_t K4 = K / 4, G = K / group, panels = (N + 15) / 16;
+  const int64_t codes_bytes = K4 * 64, panel_bytes = codes_bytes + 2 * G * 16 * 4;
+  const std::vector<float> xsum = group_sums<int32_t>(xq, M, K, group);  // exact in fp32
+  auto prepare = [&](int64_t p0, int64_t p1, std::vector<uint8_t>& buf) {
+    buf.resize((p1 - p0) * panel_bytes + 64);
+    uint8_t* base = (uint8_t*)(((uintptr_t)buf.data() + 63) & ~uintptr_t(63));
+    for (int64_t p = p0; p < p1; ++p) {
+      uint8_t* rec = base + (p - p0) * panel_bytes;
+      float* ps = (float*)(rec + codes_bytes);
+      const int64_t n = p * 16;
+      pack_int4_panel16(w + n * (K / 2), K, std::min<int64_t>(16, N - n), scale + n * G,
+                        offset + n * G, G, (__m512i*)rec, ps, ps + G * 16);
+    }
+    return (const uint8_t*)base;
+  };
+  auto store = [&](int64_t m0, int64_t rows, int64_t p, int np, int64_t g, const uint8_t* panel,
+                   const int32_t* c, float* acc) {
+    for (int j = 0; j < np; ++j) {
+      const float* ps = (const float*)(panel + j * panel_bytes + codes_bytes);
+      const __m512 sv = _mm512_load_ps(ps + g * 16), ov = _mm512_load_ps(ps + (G + g) * 16);
+      const int64_t n = (p + j) * 16, cols = N - n;
+      const __mmask16 mask = cols >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << cols) - 1);
+      for (int64_t i = 0; i < rows; ++i) {
+        float* a = acc + (i * np + j) * 16;
+        __m512 v = g ? _mm512_load_ps(a) : _mm512_setzero_ps();
+        v = _mm512_fmadd_ps(sv, _mm512_cvtepi32_ps(_mm512_load_si512(c + (i * np + j) * 16)), v);
+        v = _mm512_fmadd_ps(ov, _mm512_set1_ps(xsum[(m0 + i) * G + g]), v);
+        if (g + 1 < G)
+          _mm512_store_ps(a, v);
+        else
+          _mm512_mask_storeu_ps(y + (m0 + i) * N + n, mask,
+                                _mm512_mul_ps(v, _mm512_set1_ps(xs[m0 + i])));
+      }
+    }
+  };
+  amx_gemm<Amx::kInt8Codes>((const uint8_t*)xq, K, M, K / 64, panels, panel_bytes, prepare,
+                            store, group / 64);
+}
+#endif
+
 // groups of 32, 64, 128 or 256 columns (the shim checks)
 void gemv_int4_int8(const int8_t* xq, const float* xs, int64_t M, int64_t K, const uint8_t* w,
                     int64_t N, const float* scale, const float* offset, int64_t group, float* y) {
@@ -706,6 +756,12 @@ AOTITorchError int8_int4_linear(const int8_t* xp, const float* xsp, int64_t M, i
   const float* op = om.as<float>();
   auto gemv = [&](float* y) { gemv_int4_int8(xp, xsp, M, K, wp, N, sp, op, group_size, y); };
   auto mm = [&](float* y) {
+#if defined(FXQ_AMX)
+    if (M >= kAmxMinM && group_size % 64 == 0 && amx_ready()) {
+      gemm_int4_int8_amx(xp, xsp, M, K, wp, N, sp, op, group_size, y);
+      return AOTI_TORCH_SUCCESS;
+    }
+#endif
 #if defined(FXQ_VNNI512)
     gemm_int4_int8_vnni(xp, xsp, M, K, wp, N, sp, op, group_size, y);
     return AOTI_TORCH_SUCCESS;

@@ -430,7 +430,8 @@ void gemm_int8_int8_amx(const uint8_t* xu, const float* xs, int64_t M, int64_t K
   auto prepare = [&](int64_t p0, int64_t, std::vector<uint8_t>&) {
     return (const uint8_t*)(wp + p0 * K4 * 64);
   };
-  auto store = [&](int64_t m0, int64_t rows, int64_t p, int np, const int32_t* c) {
+  auto store = [&](int64_t m0, int64_t rows, int64_t p, int np, int64_t, const uint8_t*,
+                   const int32_t* c, float*) {
     for (int j = 0; j < np; ++j) {
       const int64_t n = (p + j) * 16, cols = N - n;
       const __mmask16 mask = cols >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << cols) - 1);
