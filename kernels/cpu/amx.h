@@ -1,21 +1,22 @@
 // AMX tile GEMMs (Intel Xeon Sapphire Rapids and later): the large-M path of the panel GEMMs,
 // on the panels they already lay out.
 //
-// Where this sits: included by bf16_dot.h (the bf16 dot-product GEMM of int8, e4m3 and int4
-// weights) and int8_fp8.cpp (w8a8 on the prepacked VNNI panels), which call amx_gemm from
-// kAmxMinM rows when the CPU and the kernel build have AMX (FXQ_AMX, amx_ready()).
+// Where this sits: included by bf16_dot.h, so by int8_fp8.cpp (w8a8 on the prepacked VNNI
+// panels; the bf16 dot-product GEMM of int8 and e4m3 weights) and int4.cpp (W4A8; the bf16
+// GEMM of int4 weights), which call amx_gemm from kAmxMinM rows when the CPU and the kernel
+// build have AMX (FXQ_AMX, amx_ready()).
 //
-// Both panel layouts are an AMX B tile's already: the VNNI panel (prepack_int8_vnni) is 16
-// columns x 4 k per 64 bytes, K4 rows of them, and the bf16 panel (pack_panel_bf16) is 16
-// columns x 2 k per 64 bytes, K2 rows; 16 consecutive 64-byte rows are one B tile (64 k of
-// int8, 32 k of bf16). The activations are the A tiles where they lie: 16 rows x 64 bytes. One
-// TDPBUSD / TDPBF16PS multiplies 16 x 16 outputs by 64 int8 or 32 bf16 products each: 16 x the
-// work of one vpdpbusd / vdpbf16ps, at a quarter of its throughput (SPR: 16 cycles a tile op),
-// so the same products at ~4x the rate of the AVX-512 panel tiles, whose loads and broadcasts
-// then bound them. Sums as the AVX-512 kernels: int32 exact for int8 (the same bytes, u8 x s8,
-// less 128 x the column sums); fp32 for bf16 (pairs of bf16 products added to fp32, another
-// order of the same sums; the tile unit flushes fp32 denormals, which an fp32 output of these
-// scales does not reach).
+// The panel layouts are an AMX B tile's already: the VNNI panel (prepack_int8_vnni) and W4A8's
+// code panel (pack_int4_panel16) are 16 columns x 4 k per 64 bytes, K4 rows of them, and the
+// bf16 panel (pack_panel_bf16) 16 columns x 2 k per 64 bytes, K2 rows; 16 consecutive 64-byte
+// rows are one B tile (64 k of int8, 32 k of bf16). The activations are the A tiles where they
+// lie: 16 rows x 64 bytes. One TDPBUSD is 256 times the products of one vpdpbusd, issued once
+// every 16 cycles (Sapphire Rapids) where two vpdpbusd issue a cycle: 8x the peak rate of the
+// AVX-512 panel tiles, of which the tile loads leave w8a8 1.2-1.5x here (README, "How the
+// CPU lowering runs"). Sums as the AVX-512 kernels': int32 exact for int8 (the same bytes; u8 x s8
+// less 128 x the column sums for w8a8, s8 x u8 codes for W4A8); fp32 for bf16 (pairs of bf16
+// products added to fp32, another order of the same sums; the tile unit flushes fp32
+// denormals, which an fp32 output of these scales does not reach).
 
 #pragma once
 
@@ -92,7 +93,7 @@ enum class Amx { kInt8, kInt8Codes, kBf16 };
   } while (0)
 
 // c [16 MR rows x 16 NP columns] (int32 / fp32, 64 NP bytes a row) = A . B over `steps` steps:
-// A's 16 MR rows lda bytes apart, 64 bytes a step; B panel j's steps 1 KiB apart from b[j]
+// A's 16 MR rows lda bytes apart, 64 bytes a step; the B panels' steps 1 KiB apart from b0, b1
 template <Amx T, int MR, int NP>
 inline void amx_block(const uint8_t* a, int64_t lda, const uint8_t* b0, const uint8_t* b1,
                       int64_t steps, void* c) {
