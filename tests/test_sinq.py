@@ -23,13 +23,16 @@ FIXTURE = torch.load(Path(__file__).parent / "fixtures" / "sinq_0.2.0.pt")
 
 
 @pytest.mark.parametrize("case", FIXTURE["cases"], ids=lambda c: f"{c['bits']}b-g{c['group_size']}")
-def test_the_quantizer_is_the_sinq_package_bit_for_bit(case):
+def test_the_quantizer_is_the_sinq_package(case):
+    # the codes and zero points bit for bit; the fp32 scales to a few units in the last place:
+    # the Sinkhorn iterations' reductions round in another order on another CPU's vector width
+    # (the fixture's machine and an AVX-512 / AMX Xeon differ by 1-2 ulps, ~2e-7 relative)
     got = sinq.sinq_quantize(case["weight"], bits=case["bits"], group_size=case["group_size"])
     assert torch.equal(got.codes, case["codes"])
-    assert torch.equal(got.scale, case["scale"])
     assert torch.equal(got.zero, case["zero"])
-    assert torch.equal(got.col_scale, case["col_scale"])
-    assert torch.equal(got.dequantize(), case["dequantized"])
+    for name in ("scale", "col_scale"):
+        torch.testing.assert_close(getattr(got, name), case[name], rtol=1e-6, atol=0)
+    torch.testing.assert_close(got.dequantize(), case["dequantized"], rtol=1e-6, atol=1e-6)
 
 
 def test_the_kurtosis_gate_falls_back_to_round_to_nearest():

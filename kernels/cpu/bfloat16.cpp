@@ -14,12 +14,13 @@
 // but falls to ~1/10 of bf16's speed from M = 16 (SmolLM2's shapes, same machine, by hand).
 //
 // How: bf16 with AVX-512 BF16: bf16_dot.h's GEMMs on the weight as it lies (the row kernel up
-// to kRowsMaxMBf16 rows, the packed panels above). fp16, and bf16 without AVX-512 BF16: a GEMV
-// of fp32 products of the widened values (F16C for fp16) up to kGemvMaxMHalf rows, and above,
-// MKL's sgemm on chunks of the weight widened to fp32. fp16 on the Zen 4 against fp16 F.linear
-// (one-off timings by hand, SmolLM2's shapes): 1.2-1.8x at M = 1, 2.1-3.7x at 4-32; the chunks
-// 1.0-1.1x at 33 rows, 1.5-1.7x at 64, 2.1-4.0x at 128 (8 MiB chunks: 1 MiB ones, each an MKL
-// call that packs its part of the weight again, took 1.5 ms against 0.8 at 33 x 1536 x 576).
+// to kRowsMaxMBf16 rows, the packed panels above, on AMX tiles where the CPU has them). fp16,
+// and bf16 without AVX-512 BF16: a GEMV of fp32 products of the widened values (F16C for fp16)
+// up to kGemvMaxMHalf rows, and above, MKL's sgemm on chunks of the weight widened to fp32.
+// fp16 on the Zen 4 against fp16 F.linear (one-off timings by hand, SmolLM2's shapes): 1.2-1.8x
+// at M = 1, 2.1-3.7x at 4-32; the chunks 1.0-1.1x at 33 rows, 1.5-1.7x at 64, 2.1-4.0x at 128
+// (8 MiB chunks: 1 MiB ones, each an MKL call that packs its part of the weight again, took
+// 1.5 ms against 0.8 at 33 x 1536 x 576).
 //
 // Numerics: products of the 16-bit values (exact in fp32), sums in fp32 in another order than
 // ATen's; bf16 rounds x to bf16 first (the dot products' operands; exact for a bf16 model's x),
@@ -111,7 +112,16 @@ AOTITorchError aoti_torch_cpu_native_bfloat16_linear(AtenTensorHandle x, AtenTen
   const Bf16Weight source{(const uint8_t*)wp, 2 * K};
   auto rows = [&](float* y) { gemm_rows_bf16(Bf16Rows(xp, M, K), M, K, source, N, nullptr, y); };
   auto panels = [&](float* y) {
-    gemm_panels_bf16(Bf16Rows(xp, M, K), M, K, source, N, nullptr, y);
+    const Bf16Rows xb(xp, M, K);
+#ifdef FXQ_AMX
+    // AMX CPUs: the same panels on tiles (amx.h); without them the bf16 float package of
+    // SmolLM2 prefilled at 0.36x bf16 Inductor there (results/llm_decode_xeon_amx.json)
+    if (amx_ready()) {
+      gemm_amx_bf16(xb, M, K, source, N, nullptr, y);
+      return AOTI_TORCH_SUCCESS;
+    }
+#endif
+    gemm_panels_bf16(xb, M, K, source, N, nullptr, y);
     return AOTI_TORCH_SUCCESS;
   };
   return run_linear(M, N, kRowsMaxMBf16, ret0, rows, panels);
