@@ -12,7 +12,7 @@
 // rows are one B tile (64 k of int8, 32 k of bf16). The activations are the A tiles where they
 // lie: 16 rows x 64 bytes. One TDPBUSD is 256 times the products of one vpdpbusd, issued once
 // every 16 cycles (Sapphire Rapids) where two vpdpbusd issue a cycle: 8x the peak rate of the
-// AVX-512 panel tiles, of which the tile loads leave w8a8 1.2-1.5x here (README, "How the
+// AVX-512 panel tiles, of which the tile loads leave w8a8 1.2-1.35x here (README, "How the
 // CPU lowering runs"). Sums as the AVX-512 kernels': int32 exact for int8 (the same bytes; u8 x s8
 // less 128 x the column sums for w8a8, s8 x u8 codes for W4A8); fp32 for bf16 (pairs of bf16
 // products added to fp32, another order of the same sums; the tile unit flushes fp32
