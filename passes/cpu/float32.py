@@ -46,7 +46,8 @@ KERNEL = "fxquant native fp32 kernel up to M = 8, then ATen's fp32 GEMM (MKL)"
 # bfloat16.cpp's paths (kRowsMaxMBf16, kGemvMaxMBf16)
 KERNEL_BF16 = (
     "fxquant native bf16 kernel: bf16 dot products, rows up to M = 15, packed panels above "
-    "(without AVX-512 BF16: an fp32 GEMV up to M = 32, then MKL on the widened weight)"
+    "(on AMX tiles where the CPU has them; without AVX-512 BF16: an fp32 GEMV up to M = 32, "
+    "then MKL on the widened weight)"
 )
 KERNEL_FP16 = (
     "fxquant native fp16 kernel: an fp32 GEMV up to M = 32, then MKL on the widened weight"
