@@ -25,6 +25,7 @@ from fxquant import runtime
 from fxquant.core.config import QuantConfig, Scheme
 from fxquant.core.scheme import QuantizedWeight
 from fxquant.llm import decode_bytes, llm_info
+from fxquant.passes.cpu.compiler_check import inductor_patches
 from fxquant.passes.cpu.parallel import keyed as sized_regions_keyed
 from fxquant.passes.cpu.parallel import sized_regions
 from fxquant.passes.float8_regions import inference_config, uses_float8_training
@@ -157,6 +158,7 @@ def aot_compile(
         # and its decode step measured the same (9.9 vs 10.0 ms, interleaved; one-off). The
         # kernels themselves keep -O3.
         configs.setdefault("aot_inductor.compile_wrapper_opt_level", "O0")
+        configs = {**inductor_patches(), **configs}  # where the host compiler needs a mend
     info = llm_info(ep)
     if info is not None:
         # what the runtime checks before serving (fxquant.runtime.LLMPackage)

@@ -26,6 +26,7 @@ import torch
 
 from fxquant.core.config import Float8Recipe, QuantConfig
 from fxquant.passes.cpu.attention import pack_repeated_attention
+from fxquant.passes.cpu.compiler_check import inductor_patches
 from fxquant.passes.cpu.parallel import keyed as sized_regions_keyed
 from fxquant.passes.cpu.parallel import sized_regions
 from fxquant.passes.float8_regions import (
@@ -111,6 +112,10 @@ class _RecompileLimitWatch(logging.Handler):
 _RUNTIME_CHECKS_OFF = {"size_asserts": False, "alignment_asserts": False}
 
 
+def _is_cuda(t) -> bool:
+    return isinstance(t, torch.Tensor) and t.device.type == "cuda"
+
+
 def _watch_recompile_limit() -> None:
     logger = logging.getLogger("torch._dynamo.convert_frame")
     if not any(isinstance(h, _RecompileLimitWatch) for h in logger.handlers):
@@ -134,6 +139,9 @@ def fxquant_backend(
         )
     config = QuantConfig.coerce(options.get("config", DEFAULT_RECIPE))
     inductor_config = dict(options.get("inductor_config") or {})
+    if not any(_is_cuda(t) for t in example_inputs):
+        # where the host compiler needs a mend for Inductor's CPU code (passes.cpu.compiler_check)
+        inductor_config = {**inductor_patches(), **inductor_config}
     _watch_recompile_limit()
     if has_regions(gm.graph) or ("config" not in options and _has_fp8_layers(gm)):
         # regions decide; a model with FP8 layers (convert_model) and no region trains them in

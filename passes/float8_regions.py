@@ -37,6 +37,7 @@ from fxquant.training.numerics import (
     gemm_kind,
     missing_gemm,
     reads_gathered,
+    scaled_gemm_note,
 )
 from fxquant.training.state import state_for
 
@@ -358,6 +359,9 @@ def float8_regions(
             )
         }
         extra = {**row.extra, "fp8_gemms": gemms}
+        note = scaled_gemm_note(recipe, plan.site.weight.device)
+        if note and "_scaled_mm" in gemms.values():
+            extra["fp8_gemm_kernel"] = note
         if (
             not plan.site.transposed  # torch.t of the gathered weight dequantizes it
             and not all(recipe.override_linear_precision[:2])

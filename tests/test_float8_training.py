@@ -357,6 +357,39 @@ def test_scaled_mm_gemms_equal_the_emulated_ones_up_to_summation_order(recipe, m
         assert (a - e).abs().max().item() <= bound, name
 
 
+@pytest.mark.parametrize("rowwise", [False, True], ids=["tensorwise", "rowwise"])
+@pytest.mark.parametrize("b_dtype", [E4M3, torch.float8_e5m2], ids=["e4m3", "e5m2"])
+def test_scaled_gemm_without_onednn_equals_scaled_mm(rowwise, b_dtype, monkeypatch):
+    # Where torch would send the GEMM to oneDNN's reference fp8 matmul (AMX CPUs), scaled_gemm
+    # computes torch's own CPU fallback: the same product as torch._scaled_mm up to fp32
+    # summation order (bound 2e-6 of the largest magnitude, as above).
+    from fxquant.training import numerics
+
+    g = torch.Generator().manual_seed(0)
+    a = (torch.randn(40, 96, generator=g) * 30).to(E4M3)
+    b = (torch.randn(48, 96, generator=g) * 30).to(b_dtype)
+    sa = torch.rand(40, 1, generator=g) + 0.5 if rowwise else torch.tensor(0.75)
+    sb = torch.rand(48, 1, generator=g) + 0.5 if rowwise else torch.tensor(1.25)
+    want = torch._scaled_mm(
+        a, b.t(), scale_a=sa, scale_b=sb.t() if rowwise else sb, out_dtype=torch.float32
+    )
+    monkeypatch.setattr(numerics, "onednn_fp8_is_reference", lambda *dtypes: True)
+    got = numerics.scaled_gemm(a, sa, b, sb)
+    assert (got - want).abs().max().item() <= 2e-6 * want.abs().max().item()
+
+
+def test_onednn_fp8_is_reference_follows_torchs_routing(monkeypatch):
+    from fxquant.training import numerics
+
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True)
+    monkeypatch.setattr(torch.cpu, "_is_amx_fp16_supported", lambda: False)
+    available = torch.backends.mkldnn.is_available()
+    assert numerics.onednn_fp8_is_reference(E4M3, E4M3) == available
+    assert not numerics.onednn_fp8_is_reference(torch.float8_e5m2, E4M3)  # no AMX-fp16
+    monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
+    assert not numerics.onednn_fp8_is_reference(E4M3, E4M3)
+
+
 @pytest.mark.parametrize("recipe", _SCALED, ids=lambda r: f"{r.scaling}-{r.granularity}")
 def test_scaled_mm_saves_x_for_the_backward_in_fp8(recipe):
     x, w, b = _data()

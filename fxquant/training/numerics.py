@@ -12,15 +12,17 @@ never re-quantized: fprop x·Wᵀ casts x and W along K, dgrad g·W casts g and 
 casts g and x along M (the row-wise, column-wise copies of TE/torchao).
 
 The GEMMs of per-tensor and per-row scales (``delayed``, ``current``) are real FP8 GEMMs:
-``torch._scaled_mm`` on the fp8 operands and their dequant scales (fp32 accumulation; the
-second operand column-major; on CUDA K and N zero-padded to multiples of 16), the tensor-core
-path on a GPU and the same code on CPU, where torch runs it too. What the backward needs of x
-is saved as fp8 (1 byte a value: the copy cast along M, or for per-tensor scales the forward's
-own copy), never in high precision. MXFP8 and block scales have no ``_scaled_mm`` layout on
-every device and torch this supports, so those GEMMs are emulated: the fp8 values, dequantized
-exactly to fp32, multiplied with fp32 accumulation, what an FP8 tensor core computes up to
-summation order. The emulated casts (``cast_*``) are also the reference the tests hold the
-``_scaled_mm`` path to (the same fp8 values; sums in another order).
+``torch._scaled_mm`` on the fp8 operands and their dequant scales (fp32 accumulation; the second
+operand column-major; on CUDA K and N zero-padded to multiples of 16), the tensor-core path on a
+GPU and the same code on CPU, where torch runs it too (as an fp32 GEMM of the scaled fp8 values;
+where torch would hand it to oneDNN's reference fp8 matmul instead, on AMX CPUs, fxquant
+computes that fallback itself: :func:`onednn_fp8_is_reference`). What the backward needs of x is
+saved as fp8 (1 byte a value: the copy cast along M, or for per-tensor scales the forward's own
+copy), never in high precision. MXFP8 and block scales have no ``_scaled_mm`` layout on every
+device and torch this supports, so those GEMMs are emulated: the fp8 values, dequantized exactly
+to fp32, multiplied with fp32 accumulation, what an FP8 tensor core computes up to summation
+order. The emulated casts (``cast_*``) are also the reference the tests hold the ``_scaled_mm``
+path to (the same fp8 values; sums in another order).
 
 Scales here follow Transformer Engine where state is kept: a delayed-scaling ``scale`` multiplies
 into fp8 (``q = sat(x * scale)``, dequantized by ``1 / scale``). Current, MX and block scales are
@@ -49,7 +51,9 @@ __all__ = [
     "fp8_max",
     "gemm_kind",
     "quantize_rows",
+    "onednn_fp8_is_reference",
     "scaled_gemm",
+    "scaled_gemm_note",
 ]
 
 E4M3 = torch.float8_e4m3fn
@@ -278,6 +282,35 @@ def _pad16(t: torch.Tensor, dim: int, value: float = 0.0) -> torch.Tensor:
     return F.pad(t, pad, value=value)
 
 
+def onednn_fp8_is_reference(a_dtype: torch.dtype, b_dtype: torch.dtype) -> bool:
+    """Whether ``torch._scaled_mm`` on this CPU would run oneDNN's reference fp8 matmul.
+
+    torch sends a CPU fp8 GEMM to oneDNN where the CPU has AMX-int8 (e4m3 x e4m3) or AMX-fp16
+    (e5m2 x e4m3) and oneDNN is enabled, else to its own fallback (the scaled fp8 values in
+    fp32, an sgemm). The oneDNN of torch 2.13 has no optimized fp8 matmul for those CPUs: it
+    runs ``ref:any``, ~1000x the fallback's time (6 s against 5 ms for a 256 x 576 x 1536 GEMM on
+    a Xeon Emerald Rapids, ``ONEDNN_VERBOSE=1``). There fxquant computes the fallback itself.
+    """
+    if not (torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled):
+        return False
+    if a_dtype == b_dtype:
+        return torch.cpu._is_amx_tile_supported()
+    return torch.cpu._is_amx_fp16_supported()
+
+
+def scaled_gemm_note(recipe: Float8Recipe, device: torch.device) -> str | None:
+    """What a report row says of the recipe's ``_scaled_mm`` GEMMs on ``device`` where
+    :func:`scaled_gemm` computes torch's CPU fallback itself, else None."""
+    if device.type != "cpu" or gemm_kind(recipe) != "_scaled_mm":
+        return None
+    if not any(onednn_fp8_is_reference(g, E4M3) for g in (E4M3, grad_dtype(recipe))):
+        return None
+    return (
+        "torch's CPU _scaled_mm fallback (fp32 GEMM of the scaled fp8 values), run by fxquant: "
+        "torch would send this CPU's fp8 GEMMs to oneDNN's reference matmul, ~1000x slower"
+    )
+
+
 def scaled_gemm(
     a: torch.Tensor,
     sa: torch.Tensor,
@@ -296,6 +329,9 @@ def scaled_gemm(
     get scale 1 and are sliced off), and row-wise scales give a bf16 product there (the only
     output rowwise ``_scaled_mm`` supports), so that path rounds the product to bf16.
     """
+    if a.device.type == "cpu" and onednn_fp8_is_reference(a.dtype, b.dtype):
+        # torch's own CPU _scaled_mm without oneDNN: the scaled fp8 values in fp32, an sgemm
+        return ((a.float() * sa) @ (b.float() * sb).t()).to(out_dtype)
     m, n = a.shape[0], b.shape[0]
     gemm_dtype = torch.float32
     if a.is_cuda:

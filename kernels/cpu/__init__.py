@@ -49,6 +49,7 @@ __all__ = [
     "available",
     "build_dir",
     "cache_root",
+    "cpu_signature",
     "link_path",
     "load",
     "pad_columns",
@@ -355,8 +356,9 @@ def _compiler() -> str:
     return get_cpp_compiler()
 
 
-def _cpu_signature() -> str:
-    # -march=native: the build belongs to this CPU model and flag set
+def cpu_signature() -> str:
+    """The CPU's model and flag set (what ``-march=native`` builds for): part of the cache keys
+    of what is compiled for this machine."""
     flags = ""
     with contextlib.suppress(OSError):
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -373,7 +375,7 @@ def _key() -> str:
     for name in _SOURCES:
         h.update((_HERE / name).read_bytes())
     h.update(torch.__version__.encode())
-    h.update(_cpu_signature().encode())
+    h.update(cpu_signature().encode())
     h.update(_compiler().encode())
     return h.hexdigest()[:20]
 
