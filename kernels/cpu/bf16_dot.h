@@ -76,7 +76,7 @@ struct Bf16Rows {
 
   Bf16Rows(const float* x, int64_t M, int64_t K) : ldx((K + 31) / 32 * 32 + 32) {
     buf.reset(new uint16_t[M * ldx + 32]);
-    data = (uint16_t*)(((uintptr_t)buf.get() + 63) & ~uintptr_t(63));
+    data = line_aligned(buf.get());
 #pragma omp parallel for schedule(static)
     for (int64_t m = 0; m < M; ++m) {
       uint16_t* xr = data + m * ldx;
@@ -217,7 +217,7 @@ __attribute__((optimize("no-tree-pre"))) void panel_bf16_tile(const uint16_t* xb
 #pragma GCC unroll 8
   for (int j = 0; j < P; ++j) {
     const int64_t n = n0 + 16 * j, cols = N - n;
-    const __mmask16 mask = cols >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << cols) - 1);
+    const __mmask16 mask = first_columns16(cols);
     const __m512 sv = scale ? _mm512_maskz_loadu_ps(mask, scale + n) : _mm512_set1_ps(1.f);
 #pragma GCC unroll 8
     for (int i = 0; i < R; ++i)
@@ -285,7 +285,7 @@ void gemm_amx_bf16(const Bf16Rows& x, int64_t M, int64_t K, const W& w, int64_t 
     const float* cf = reinterpret_cast<const float*>(c);
     for (int j = 0; j < np; ++j) {
       const int64_t n = (p + j) * 16, cols = N - n;
-      const __mmask16 mask = cols >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << cols) - 1);
+      const __mmask16 mask = first_columns16(cols);
       const __m512 sv = scale ? _mm512_maskz_loadu_ps(mask, scale + n) : _mm512_set1_ps(1.f);
       for (int64_t i = 0; i < rows; ++i)
         _mm512_mask_storeu_ps(y + (m0 + i) * N + n, mask,
@@ -297,15 +297,31 @@ void gemm_amx_bf16(const Bf16Rows& x, int64_t M, int64_t K, const W& w, int64_t 
 }
 #endif
 
+// The panel GEMM, on AMX tiles where the build has them and Linux granted them (amx.h), else on
+// AVX-512 registers
+template <class W>
+void gemm_large_bf16(const Bf16Rows& xb, int64_t M, int64_t K, const W& w, int64_t N,
+                     const float* scale, float* y) {
+#ifdef FXQ_AMX
+  if (amx_ready()) return gemm_amx_bf16(xb, M, K, w, N, scale, y);
+#endif
+  gemm_panels_bf16(xb, M, K, w, N, scale, y);
+}
+
+// Rows from which gemm_bf16 leaves its row kernel for gemm_large_bf16
+inline int64_t bf16_large_min_m() {
+#ifdef FXQ_AMX
+  if (amx_ready()) return kAmxMinM;
+#endif
+  return kBf16PanelMinM;
+}
+
 // y [M, N] = (bf16(x) [M, K] . w[n]) * scale[n] (scale null: 1), M >= 1
 template <class W>
 void gemm_bf16(const float* x, int64_t M, int64_t K, const W& w, int64_t N, const float* scale,
                float* y) {
   const Bf16Rows xb(x, M, K);
-#ifdef FXQ_AMX
-  if (M >= kAmxMinM && amx_ready()) return gemm_amx_bf16(xb, M, K, w, N, scale, y);
-#endif
-  if (M >= kBf16PanelMinM) return gemm_panels_bf16(xb, M, K, w, N, scale, y);
+  if (M >= bf16_large_min_m()) return gemm_large_bf16(xb, M, K, w, N, scale, y);
   gemm_rows_bf16(xb, M, K, w, N, scale, y);
 }
 #endif

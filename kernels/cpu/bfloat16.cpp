@@ -112,16 +112,9 @@ AOTITorchError aoti_torch_cpu_native_bfloat16_linear(AtenTensorHandle x, AtenTen
   const Bf16Weight source{(const uint8_t*)wp, 2 * K};
   auto rows = [&](float* y) { gemm_rows_bf16(Bf16Rows(xp, M, K), M, K, source, N, nullptr, y); };
   auto panels = [&](float* y) {
-    const Bf16Rows xb(xp, M, K);
-#ifdef FXQ_AMX
     // AMX CPUs: the same panels on tiles (amx.h); without them the bf16 float package of
     // SmolLM2 prefilled at 0.36x bf16 Inductor there (results/llm_decode_xeon_amx.json)
-    if (amx_ready()) {
-      gemm_amx_bf16(xb, M, K, source, N, nullptr, y);
-      return AOTI_TORCH_SUCCESS;
-    }
-#endif
-    gemm_panels_bf16(xb, M, K, source, N, nullptr, y);
+    gemm_large_bf16(Bf16Rows(xp, M, K), M, K, source, N, nullptr, y);
     return AOTI_TORCH_SUCCESS;
   };
   return run_linear(M, N, kRowsMaxMBf16, ret0, rows, panels);

@@ -540,7 +540,7 @@ __attribute__((optimize("no-tree-pre"))) void int4_panel16_tile(
 #pragma GCC unroll 8
   for (int j = 0; j < P; ++j) {
     const int64_t n = n0 + 16 * j, cols = N - n;
-    const __mmask16 mask = cols >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << cols) - 1);
+    const __mmask16 mask = first_columns16(cols);
 #pragma GCC unroll 8
     for (int i = 0; i < R; ++i)
       _mm512_mask_storeu_ps(y + i * N + n, mask, _mm512_mul_ps(acc[i][j], _mm512_set1_ps(xs[i])));
@@ -611,7 +611,7 @@ void gemm_int4_int8_amx(const int8_t* xq, const float* xs, int64_t M, int64_t K,
   const std::vector<float> xsum = group_sums<int32_t>(xq, M, K, group);  // exact in fp32
   auto prepare = [&](int64_t p0, int64_t p1, std::vector<uint8_t>& buf) {
     buf.resize((p1 - p0) * panel_bytes + 64);
-    uint8_t* base = (uint8_t*)(((uintptr_t)buf.data() + 63) & ~uintptr_t(63));
+    uint8_t* base = line_aligned(buf.data());
     for (int64_t p = p0; p < p1; ++p) {
       uint8_t* rec = base + (p - p0) * panel_bytes;
       float* ps = (float*)(rec + codes_bytes);
@@ -627,7 +627,7 @@ void gemm_int4_int8_amx(const int8_t* xq, const float* xs, int64_t M, int64_t K,
       const float* ps = (const float*)(panel + j * panel_bytes + codes_bytes);
       const __m512 sv = _mm512_load_ps(ps + g * 16), ov = _mm512_load_ps(ps + (G + g) * 16);
       const int64_t n = (p + j) * 16, cols = N - n;
-      const __mmask16 mask = cols >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << cols) - 1);
+      const __mmask16 mask = first_columns16(cols);
       for (int64_t i = 0; i < rows; ++i) {
         float* a = acc + (i * np + j) * 16;
         __m512 v = g ? _mm512_load_ps(a) : _mm512_setzero_ps();

@@ -344,7 +344,7 @@ __attribute__((optimize("no-tree-pre"))) void panel16_tile(
 #pragma GCC unroll 8
   for (int j = 0; j < P; ++j) {
     const int64_t n = n0 + 16 * j, cols = N - n;
-    const __mmask16 mask = cols >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << cols) - 1);
+    const __mmask16 mask = first_columns16(cols);
     const __m512 sv = _mm512_maskz_loadu_ps(mask, scale + n);
 #pragma GCC unroll 8
     for (int i = 0; i < R; ++i) {
@@ -434,7 +434,7 @@ void gemm_int8_int8_amx(const uint8_t* xu, const float* xs, int64_t M, int64_t K
                    const int32_t* c, float*) {
     for (int j = 0; j < np; ++j) {
       const int64_t n = (p + j) * 16, cols = N - n;
-      const __mmask16 mask = cols >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << cols) - 1);
+      const __mmask16 mask = first_columns16(cols);
       const __m512 sv = _mm512_maskz_loadu_ps(mask, scale + n);
       const __m512i cv = _mm512_loadu_si512(comp + p + j);
       for (int64_t i = 0; i < rows; ++i) {

@@ -63,6 +63,19 @@ constexpr int64_t kGemvMaxMInt4Int8 = kGemvLimits[4];
 // Rows of weight dequantized per mm call: about 2 MiB of fp32, which stays in cache.
 constexpr int64_t kChunkBytes = 2 * 1024 * 1024;
 
+// p rounded up to the next 64-byte line (a buffer 63 bytes larger than it needs holds that)
+template <class T>
+inline T* line_aligned(T* p) {
+  return (T*)(((uintptr_t)p + 63) & ~uintptr_t(63));
+}
+
+#ifdef FXQ_AVX512BW
+// 16 lanes' mask of the first `cols` (all when cols >= 16): a 16-column panel's last columns
+inline __mmask16 first_columns16(int64_t cols) {
+  return cols >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << cols) - 1);
+}
+#endif
+
 enum class Fmt { kInt8, kInt4, kFp8 };
 
 // The GEMVs read each weight row once, in order. The hardware prefetcher follows that stream,
