@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch._inductor import config as inductor_config
 
@@ -35,3 +36,31 @@ def test_the_backend_compiles_transposed_bf16_nests_right():
         a, b = (torch.randn(128, 128, generator=g).to(dtype) for _ in range(2))
         for got, want in zip(fn(a, b), _two_transposed(a, b), strict=True):
             assert torch.equal(got, want), dtype
+
+
+@pytest.mark.parametrize(
+    ("probe", "want"),
+    [
+        ([True], {}),
+        ([False, True], compiler_check._MENDS[0]),
+        ([False, False, True], compiler_check._MENDS[1]),
+    ],
+)
+def test_the_first_mend_the_probe_finds_right_is_used_and_kept(probe, want, tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(compiler_check, "cache_root", lambda: tmp_path)
+    monkeypatch.setattr(compiler_check, "_applies", lambda: True)
+    monkeypatch.setattr(compiler_check, "_probe", lambda: calls.append(1) or probe)
+    check = compiler_check.inductor_patches.__wrapped__
+    assert check() == want
+    assert check() == want and len(calls) == 1  # the second answer comes from the cache file
+
+
+def test_no_mend_that_works_is_a_warning(tmp_path, monkeypatch):
+    monkeypatch.setattr(compiler_check, "cache_root", lambda: tmp_path)
+    monkeypatch.setattr(compiler_check, "_applies", lambda: True)
+    monkeypatch.setattr(
+        compiler_check, "_probe", lambda: [False] * (1 + len(compiler_check._MENDS))
+    )
+    with pytest.warns(UserWarning, match="no known option mends it"):
+        assert compiler_check.inductor_patches.__wrapped__() == {}

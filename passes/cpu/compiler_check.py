@@ -15,7 +15,7 @@ vectorisation (Inductor's ``at::vec`` code keeps its 512-bit intrinsics), as GCC
 each named Intel ``-march`` does by default.
 
 The check compiles that kernel in a subprocess (a compile cannot start another inside Dynamo's)
-and compares it with eager: ~10 s, once per torch, compiler and CPU, the answer kept in
+and compares it with eager: ~10-20 s, once per torch, compiler and CPU, the answer kept in
 ``$FXQUANT_CACHE_DIR/compiler_check``. Only CPUs whose Inductor code is AVX-512 are checked,
 and only where Inductor's ``cpp.march`` and ``cpp.simdlen`` are at their defaults (a user who
 set them has chosen).
@@ -66,7 +66,12 @@ def right(patch):
             return False
     return True
 
-print(json.dumps([right(p) for p in json.loads(sys.argv[1])]))
+results = []
+for patch in json.loads(sys.argv[1]):  # up to the first that is right
+    results.append(right(patch))
+    if results[-1]:
+        break
+print(json.dumps(results))
 """
 
 
@@ -92,7 +97,8 @@ def _key() -> str:
 
 
 def _probe() -> list[bool]:
-    """Whether the probe kernel is right with Inductor's defaults, then with each mend."""
+    """Whether the probe kernel is right with Inductor's defaults, then with each mend in turn,
+    up to the first that is right."""
     candidates = json.dumps([{}, *_MENDS])
     proc = subprocess.run(
         [sys.executable, "-P", "-c", _PROBE, candidates], capture_output=True, text=True
@@ -120,7 +126,7 @@ def inductor_patches() -> dict:
         os.replace(tmp, path)  # atomic: another process may be checking too
     if results[0]:
         return {}
-    for mend, right in zip(_MENDS, results[1:], strict=True):
+    for mend, right in zip(_MENDS, results[1:], strict=False):
         if right:
             return dict(mend)
     warnings.warn(
