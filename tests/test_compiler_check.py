@@ -64,3 +64,12 @@ def test_no_mend_that_works_is_a_warning(tmp_path, monkeypatch):
     )
     with pytest.warns(UserWarning, match="no known option mends it"):
         assert compiler_check.inductor_patches.__wrapped__() == {}
+
+
+def test_a_probe_that_cannot_run_is_a_warning_and_not_kept(tmp_path, monkeypatch):
+    monkeypatch.setattr(compiler_check, "cache_root", lambda: tmp_path)
+    monkeypatch.setattr(compiler_check, "_applies", lambda: True)
+    monkeypatch.setattr(compiler_check, "_probe", lambda: "g++: not found")
+    with pytest.warns(UserWarning, match="(?s)could not check.*g\\+\\+: not found"):
+        assert compiler_check.inductor_patches.__wrapped__() == {}
+    assert not list(tmp_path.rglob("*.json"))

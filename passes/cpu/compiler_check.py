@@ -96,15 +96,21 @@ def _key() -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:20]
 
 
-def _probe() -> list[bool]:
+def _probe() -> list[bool] | str:
     """Whether the probe kernel is right with Inductor's defaults, then with each mend in turn,
-    up to the first that is right."""
+    up to the first that is right; or why the probe could not run."""
     candidates = json.dumps([{}, *_MENDS])
-    proc = subprocess.run(
-        [sys.executable, "-P", "-c", _PROBE, candidates], capture_output=True, text=True
-    )
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-P", "-c", _PROBE, candidates],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return str(e)
     if proc.returncode:
-        raise RuntimeError(f"the compiler check failed to run:\n{proc.stderr[-2000:]}")
+        return proc.stderr[-2000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
@@ -119,6 +125,14 @@ def inductor_patches() -> dict:
         results = json.loads(path.read_text())
     except (OSError, ValueError):
         results = _probe()
+        if isinstance(results, str):  # not kept: the next process checks again
+            warnings.warn(
+                "fxquant could not check this machine's C++ compiler on Inductor's AVX-512 "
+                "bf16 / fp16 code, so compiles run with Inductor's defaults; the check's "
+                f"error:\n{results}",
+                stacklevel=2,
+            )
+            return {}
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
         with os.fdopen(fd, "w") as f:
