@@ -444,15 +444,19 @@ def build_packages(
     if not todo:
         return out
     # What every build process needs, made once here rather than in each of them: the native
-    # kernels' library (g++, ~10 s, in a thread: the compilers run while Python converts) and,
-    # for a GGUF file, the converted model (GGUF reads slowly)
+    # kernels' library (g++, ~10 s), the check of the compiler on Inductor's code (a subprocess,
+    # ~15 s where it applies; fxquant.passes.cpu.compiler_check), both in threads while Python
+    # converts, and, for a GGUF file, the converted model (GGUF reads slowly)
     import fxquant.kernels.cpu as native
+    from fxquant.passes.cpu.compiler_check import inductor_patches
 
-    with ThreadPoolExecutor(max_workers=1) as pool:
+    with ThreadPoolExecutor(max_workers=2) as pool:
         kernels = pool.submit(native.load)
+        check = pool.submit(inductor_patches)
         if Path(source).suffix == ".gguf":
             converted(source, "model")
         kernels.result()
+        check.result()
     jobs = jobs or (os.cpu_count() or 1) + 1
     logs = Path(tempfile.mkdtemp(prefix="fxquant-build-"))
     # the children run in `logs` (below): paths they are given are absolute

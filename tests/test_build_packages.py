@@ -11,6 +11,7 @@ import pytest
 
 import fxquant.kernels.cpu as native
 from fxquant import packages
+from fxquant.passes.cpu import compiler_check
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -38,6 +39,7 @@ def test_children_run_outside_the_checkout_with_absolute_paths(tmp_path, monkeyp
 
     monkeypatch.setattr(subprocess, "Popen", popen)
     monkeypatch.setattr(native, "load", lambda: None)  # the kernels' library is not needed here
+    monkeypatch.setattr(compiler_check, "inductor_patches", dict)  # nor the compiler check
     monkeypatch.setenv("FXQUANT_CACHE_DIR", "cache")  # relative, as a user may set it
     monkeypatch.chdir(tmp_path)
     with pytest.raises(RuntimeError, match="building the fp32 package failed"):
