@@ -50,8 +50,8 @@ __all__ = [
     "float8_training_linear",
     "fp8_max",
     "gemm_kind",
-    "quantize_rows",
     "onednn_fp8_is_reference",
+    "quantize_rows",
     "scaled_gemm",
     "scaled_gemm_note",
 ]
@@ -289,7 +289,8 @@ def onednn_fp8_is_reference(a_dtype: torch.dtype, b_dtype: torch.dtype) -> bool:
     (e5m2 x e4m3) and oneDNN is enabled, else to its own fallback (the scaled fp8 values in
     fp32, an sgemm). The oneDNN of torch 2.13 has no optimized fp8 matmul for those CPUs: it
     runs ``ref:any``, ~1000x the fallback's time (6 s against 5 ms for a 256 x 576 x 1536 GEMM on
-    a Xeon Emerald Rapids, ``ONEDNN_VERBOSE=1``). There fxquant computes the fallback itself.
+    a Xeon Emerald Rapids, ``ONEDNN_VERBOSE=1``, by hand). There fxquant computes the fallback
+    itself. (A CPU with AMX-FP8 may get a real oneDNN kernel: measure before trusting this.)
     """
     if not (torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled):
         return False
