@@ -14,11 +14,11 @@ pass ``-mprefer-vector-width=256`` (through ``cpp.march``): it limits only the c
 vectorisation (Inductor's ``at::vec`` code keeps its 512-bit intrinsics), as GCC's tuning for
 each named Intel ``-march`` does by default.
 
-The check compiles that kernel in a subprocess (a compile cannot start another inside Dynamo's)
-and compares it with eager: ~10-20 s, once per torch, compiler and CPU, the answer kept in
-``$FXQUANT_CACHE_DIR/compiler_check``. Only CPUs whose Inductor code is AVX-512 are checked,
-and only where Inductor's ``cpp.march`` and ``cpp.simdlen`` are at their defaults (a user who
-set them has chosen).
+The check compiles that kernel in a subprocess (apart from the compile that asks, which may be
+running inside Dynamo's) and compares it with eager: ~10-20 s, once per torch, compiler and CPU,
+the answer kept in ``$FXQUANT_CACHE_DIR/compiler_check``. Only CPUs whose Inductor code is
+AVX-512 are checked, and only where Inductor's ``cpp.march`` and ``cpp.simdlen`` are at their
+defaults (a user who set them has chosen).
 """
 
 from __future__ import annotations
