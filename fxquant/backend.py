@@ -112,10 +112,6 @@ class _RecompileLimitWatch(logging.Handler):
 _RUNTIME_CHECKS_OFF = {"size_asserts": False, "alignment_asserts": False}
 
 
-def _is_cuda(t) -> bool:
-    return isinstance(t, torch.Tensor) and t.device.type == "cuda"
-
-
 def _watch_recompile_limit() -> None:
     logger = logging.getLogger("torch._dynamo.convert_frame")
     if not any(isinstance(h, _RecompileLimitWatch) for h in logger.handlers):
@@ -139,7 +135,9 @@ def fxquant_backend(
         )
     config = QuantConfig.coerce(options.get("config", DEFAULT_RECIPE))
     inductor_config = dict(options.get("inductor_config") or {})
-    if not any(_is_cuda(t) for t in example_inputs):
+    devices = {t.device.type for t in example_inputs if isinstance(t, torch.Tensor)}
+    device = "cuda" if "cuda" in devices else "cpu"
+    if device == "cpu":
         # where the host compiler needs a mend for Inductor's CPU code (passes.cpu.compiler_check)
         inductor_config = {**inductor_patches(), **inductor_config}
     _watch_recompile_limit()
@@ -155,8 +153,6 @@ def fxquant_backend(
     run_passes(editor, config)
     last_reports.append(read_graph(editor.graph)[0])  # the rows, with fusion marked
     del last_reports[:-16]
-    devices = {t.device.type for t in example_inputs if isinstance(t, torch.Tensor)}
-    device = "cuda" if "cuda" in devices else "cpu"
     if device == "cpu" and native_cpu():
         # sdpa over transformers' repeated KV cache: the packed attention on the cache in place
         # (the native kernel for fp32, the composition for bf16 / fp16)
