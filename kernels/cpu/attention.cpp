@@ -11,9 +11,10 @@
 // each key and value row once, in order, for all of a head's rows, and split the positions
 // between the threads (as flash-decoding splits them), so each core reads an equal share of
 // the cache, which comes from memory (the weights evict it between steps). Past 16 rows (a
-// prompt) the products go through ATen's bmm (MKL) on views of the cache, the softmax here.
-// One op for both, not a torch.cond on T in the program choosing this or bmm: that measured a
-// smaller decode gain (1.14x) and cost a 128-token prefill ~10 %.
+// prompt) ATen's flash attention for CPU runs on views of the cache (fp32: 16-bit keys and
+// values widened first). One op for both, not a torch.cond on T in the program choosing this
+// or ATen's attention: that measured a smaller decode gain (1.14x) and cost a 128-token
+// prefill ~10 %.
 // On SmolLM2's w8a8 + lm_head package, one process, old and new package alternated (Zen 4, two
 // cores; one-off A/Bs, the benchmark is benchmarks/llm_decode.py): decode steps (positions
 // 128-228) 1.20x faster than with bmm and Inductor's softmax; a 128-token prefill ~5 % slower
@@ -30,7 +31,8 @@
 // and rounds the probabilities to bf16, this op keeps fp32 from the products on.
 // Numerics: fp32 scores, max-subtracted exponentials (exp_nonpositive: Cephes' expf
 // polynomial), each split's value sum combined with the others' by the usual rescaling, then
-// times 1 / (the exponentials' sum): transformers' eager attention up to fp32 rounding. A row
+// times 1 / (the exponentials' sum): transformers' eager attention up to fp32 rounding (a
+// prompt's: flash attention's fp32 blocks, the same sums in another order). A row
 // whose every position is masked gives zeros (eager gives NaN; the causal decode never has
 // one: position 0 is always visible).
 
@@ -275,56 +277,57 @@ void partial_attention(const float* q, const float* k, int64_t ks, const float* 
   }
 }
 
-// Above this many query rows a head (a prompt's prefill: G x T rows) multiplies through ATen's
-// bmm (MKL), whose per-call cost is then small against the work; at or below it (decode: G
-// rows a head) the loops above.
+// Above this many query rows a head (a prompt's prefill: G x T rows) ATen's flash attention
+// for CPU runs the rows (its per-call cost is then small against the work); at or below it
+// (decode: G rows a head) the loops above.
 constexpr int64_t kLoopMaxRows = 16;
 
-// a [n0, n1, n2] view of fp32 data
-AOTITorchError blob3(const float* data, int64_t n0, int64_t n1, int64_t n2, int64_t s0,
-                     int64_t s1, int64_t s2, AtenTensorHandle* out) {
-  const int64_t sizes[3] = {n0, n1, n2}, strides[3] = {s0, s1, s2};
-  return float_blob(data, 3, sizes, strides, out);
+// a [1, n1, n2, n3] view of fp32 data
+AOTITorchError blob4(const float* data, int64_t n1, int64_t n2, int64_t n3, int64_t s1,
+                     int64_t s2, int64_t s3, AtenTensorHandle* out) {
+  const int64_t sizes[4] = {1, n1, n2, n3}, strides[4] = {n1 * s1, s1, s2, s3};
+  return float_blob(data, 4, sizes, strides, out);
 }
 
-// The scores of a prompt: up to 32 MiB from one buffer per thread kept between calls (a fresh
-// one per call was a page fault per 4 KiB, ~1.5 % of a SmolLM2 prefill), larger ones (a long
-// prompt's: 150 MB for SmolLM2 at 2048 tokens) in `once`, freed after the call
-constexpr int64_t kKeptScores = 8 << 20;
-struct ScoresTag {};
-float* scores_buffer(int64_t n, std::unique_ptr<float[]>* once) {
-  if (n > kKeptScores) {
-    once->reset(new float[n]);  // uninitialised: the bmm writes all of it
+// A prompt's additive mask (0 where a row attends, -inf where not): R x L floats from one buffer
+// per thread kept between calls (a fresh one per call is a page fault per 4 KiB), larger ones
+// (a long prompt's) in `once`, freed after the call
+constexpr int64_t kKeptMask = 8 << 20;
+struct MaskTag {};
+float* mask_buffer(int64_t n, std::unique_ptr<float[]>* once) {
+  if (n > kKeptMask) {
+    once->reset(new float[n]);  // uninitialised: every value is written
     return once->get();
   }
-  return thread_buffer<ScoresTag>(n);
+  return thread_buffer<MaskTag>(n);
 }
 
-// softmax(row · scale, masked) in place over one scores row of L positions (zeros where every
-// position is masked)
-void softmax_row(float* s, const bool* m, int64_t L, float scale) {
-  if (masked_exp(s, m, L, scale) == -INFINITY) return;
-  const float inv = 1.0f / lane_sum(s, L);
-  for (int64_t l = 0; l < L; ++l) s[l] *= inv;
-}
-
-// One batch row's H heads of R query rows each: scores = q kᵀ and out = softmax(scores) v by
-// ATen's bmm on views of the cache as it lies (k [H, L, D] with strides ks0, ks, 1), the
-// softmax here. `scores` holds H x R x L floats.
-AOTITorchError bmm_attention(const float* q, const float* k, int64_t ks0, int64_t ks,
-                             const float* v, int64_t vs0, int64_t vs, const bool* mask,
-                             int64_t ms, int64_t H, int64_t R, int64_t L, int64_t D, float scale,
-                             float* out, float* scores) {
-  Owned qt, kt, st, vt, ot;
-  if (AOTITorchError e = blob3(q, H, R, D, R * D, D, 1, &qt.h)) return e;
-  if (AOTITorchError e = blob3(k, H, D, L, ks0, 1, ks, &kt.h)) return e;  // kᵀ
-  if (AOTITorchError e = blob3(scores, H, R, L, R * L, L, 1, &st.h)) return e;
-  if (AOTITorchError e = aoti_torch_cpu_bmm_out(st.h, qt.h, kt.h)) return e;
-#pragma omp parallel for schedule(static) if (H * R * L > 16384)
-  for (int64_t i = 0; i < H * R; ++i) softmax_row(scores + i * L, mask + (i % R) * ms, L, scale);
-  if (AOTITorchError e = blob3(v, H, L, D, vs0, vs, 1, &vt.h)) return e;
-  if (AOTITorchError e = blob3(out, H, R, D, R * D, D, 1, &ot.h)) return e;
-  return aoti_torch_cpu_bmm_out(ot.h, st.h, vt.h);
+// One batch row's H heads of R query rows each through ATen's flash attention for CPU
+// (`_scaled_dot_product_flash_attention_for_cpu`: blocks of keys with a running max and sum,
+// the scores never written out whole), on views of the cache as it lies (k [H, L, D] with
+// strides ks0, ks, 1). Against the bmm + softmax here it replaced, the op on a SmolLM2 layer's
+// prompt (3 heads x 3 x T packed rows, fp32 or bf16; AMX Xeon, two cores, old and new library
+// by hand, one-off): 3.6 ms against 7.8 at T = 512, 0.49 against 0.68 at T = 128. Its mask is
+// additive fp32 (bool is refused), built in `mask`; a row with no visible position gives
+// zeros, as the loops do (tested).
+AOTITorchError flash_attention(const float* q, const float* k, int64_t ks0, int64_t ks,
+                               const float* v, int64_t vs0, int64_t vs, const bool* m,
+                               int64_t ms, int64_t H, int64_t R, int64_t L, int64_t D,
+                               double scale, float* mask, float* out) {
+#pragma omp parallel for schedule(static) if (R * L > 16384)
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t l = 0; l < L; ++l) mask[r * L + l] = m[r * ms + l] ? 0.0f : -INFINITY;
+  Owned qt, kt, vt, mt, ot, lse, dst;
+  if (AOTITorchError e = blob4(q, H, R, D, R * D, D, 1, &qt.h)) return e;
+  if (AOTITorchError e = blob4(k, H, L, D, ks0, ks, 1, &kt.h)) return e;
+  if (AOTITorchError e = blob4(v, H, L, D, vs0, vs, 1, &vt.h)) return e;
+  if (AOTITorchError e = blob4(mask, 1, R, L, R * L, L, 1, &mt.h)) return e;
+  AtenTensorHandle mask_arg = mt.h;
+  if (AOTITorchError e = aoti_torch_cpu__scaled_dot_product_flash_attention_for_cpu(
+          qt.h, kt.h, vt.h, 0.0, 0, &mask_arg, &scale, &ot.h, &lse.h))
+    return e;
+  if (AOTITorchError e = blob4(out, H, R, D, R * D, D, 1, &dst.h)) return e;
+  return aoti_torch_copy_(dst.h, ot.h, 0);  // into the packed fp32 output, whatever its strides
 }
 
 // 1 + the last position any query row attends to (L where none does): the positions past it
@@ -397,9 +400,9 @@ AOTITorchError aoti_torch_cpu_native_gqa_attention(AtenTensorHandle q, AtenTenso
   auto u16 = [](const char* p) { return (const uint16_t*)p; };
   const bool* md = (const bool*)mt.data;
   const int64_t L = visible_length(md, mt, R, L_all);  // the rows' strides stay the cache's
-  if (R > kLoopMaxRows) {  // a prompt: ATen's bmm, one batch row at a time
+  if (R > kLoopMaxRows) {  // a prompt: ATen's flash attention, one batch row at a time
     std::unique_ptr<float[]> once;
-    float* scores = scores_buffer(H * R * L, &once);
+    float* mask = mask_buffer(R * L, &once);
     std::vector<float> k32(wide ? H * L * D : 0), v32(wide ? H * L * D : 0);
     for (int64_t b = 0; b < B; ++b) {
       const bool* mb = md + (mt.size[0] == 1 ? 0 : b) * mt.stride[0];
@@ -412,9 +415,9 @@ AOTITorchError aoti_torch_cpu_native_gqa_attention(AtenTensorHandle q, AtenTenso
         }
         kb = k32.data(), vb = v32.data(), ks0 = vs0 = L * D, ks = vs = D;
       }
-      if (AOTITorchError e = bmm_attention(qd + b * H * R * D, kb, ks0, ks, vb, vs0, vs, mb,
-                                           mt.stride[2], H, R, L, D, float(scale),
-                                           out + b * H * R * D, scores))
+      if (AOTITorchError e = flash_attention(qd + b * H * R * D, kb, ks0, ks, vb, vs0, vs, mb,
+                                             mt.stride[2], H, R, L, D, scale, mask,
+                                             out + b * H * R * D))
         return e;
     }
     return AOTI_TORCH_SUCCESS;
