@@ -79,7 +79,7 @@ CHILD = textwrap.dedent(
     for recipe in recipes:
         t0 = time.perf_counter()
         qep = fxquant.quantize(ep, recipe)
-        # ExportedProgram.module() unlifts every constant again (~0.5 s for these 200 layers):
+        # ExportedProgram.module() unlifts every constant again (~1.5 s for these 200 layers):
         # once per program, not per M
         ref = qep.module()
         gm = prepacked(qep).module() if device == "cpu" else ref
