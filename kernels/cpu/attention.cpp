@@ -302,6 +302,14 @@ float* mask_buffer(int64_t n, std::unique_ptr<float[]>* once) {
   return thread_buffer<MaskTag>(n);
 }
 
+// A bool mask's R rows (ms apart) of L positions as flash attention takes it: 0 where a row
+// attends, -inf where not, R x L floats
+void additive_mask(const bool* m, int64_t ms, int64_t R, int64_t L, float* mask) {
+#pragma omp parallel for schedule(static) if (R * L > 16384)
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t l = 0; l < L; ++l) mask[r * L + l] = m[r * ms + l] ? 0.0f : -INFINITY;
+}
+
 // One batch row's H heads of R query rows each through ATen's flash attention for CPU
 // (`_scaled_dot_product_flash_attention_for_cpu`: blocks of keys with a running max and sum,
 // the scores never written out whole), on views of the cache as it lies (k [H, L, D] with
@@ -309,14 +317,11 @@ float* mask_buffer(int64_t n, std::unique_ptr<float[]>* once) {
 // prompt (3 heads x 3 x T packed rows, fp32 or bf16; AMX Xeon, two cores, old and new library
 // by hand, one-off): 3.6 ms against 7.8 at T = 512, 0.49 against 0.68 at T = 128. Its mask is
 // additive fp32 (bool is refused), built in `mask`; a row with no visible position gives
-// zeros, as the loops do (tested).
+// zeros, as the loops do (tested). `mask`: additive_mask's R x L.
 AOTITorchError flash_attention(const float* q, const float* k, int64_t ks0, int64_t ks,
-                               const float* v, int64_t vs0, int64_t vs, const bool* m,
-                               int64_t ms, int64_t H, int64_t R, int64_t L, int64_t D,
-                               double scale, float* mask, float* out) {
-#pragma omp parallel for schedule(static) if (R * L > 16384)
-  for (int64_t r = 0; r < R; ++r)
-    for (int64_t l = 0; l < L; ++l) mask[r * L + l] = m[r * ms + l] ? 0.0f : -INFINITY;
+                               const float* v, int64_t vs0, int64_t vs, const float* mask,
+                               int64_t H, int64_t R, int64_t L, int64_t D, double scale,
+                               float* out) {
   Owned qt, kt, vt, mt, ot, lse, dst;
   if (AOTITorchError e = blob4(q, H, R, D, R * D, D, 1, &qt.h)) return e;
   if (AOTITorchError e = blob4(k, H, L, D, ks0, ks, 1, &kt.h)) return e;
@@ -405,7 +410,8 @@ AOTITorchError aoti_torch_cpu_native_gqa_attention(AtenTensorHandle q, AtenTenso
     float* mask = mask_buffer(R * L, &once);
     std::vector<float> k32(wide ? H * L * D : 0), v32(wide ? H * L * D : 0);
     for (int64_t b = 0; b < B; ++b) {
-      const bool* mb = md + (mt.size[0] == 1 ? 0 : b) * mt.stride[0];
+      // one mask for every batch row where they share one
+      if (b == 0 || mt.size[0] != 1) additive_mask(md + b * mt.stride[0], mt.stride[2], R, L, mask);
       const float *kb = (const float*)kv_at(kt, b, 0, 0), *vb = (const float*)kv_at(vt, b, 0, 0);
       int64_t ks0 = kt.stride[1], ks = kt.stride[2], vs0 = vt.stride[1], vs = vt.stride[2];
       if (wide) {  // this batch row's visible keys and values, [H, L, D] fp32
@@ -415,9 +421,8 @@ AOTITorchError aoti_torch_cpu_native_gqa_attention(AtenTensorHandle q, AtenTenso
         }
         kb = k32.data(), vb = v32.data(), ks0 = vs0 = L * D, ks = vs = D;
       }
-      if (AOTITorchError e = flash_attention(qd + b * H * R * D, kb, ks0, ks, vb, vs0, vs, mb,
-                                             mt.stride[2], H, R, L, D, scale, mask,
-                                             out + b * H * R * D))
+      if (AOTITorchError e = flash_attention(qd + b * H * R * D, kb, ks0, ks, vb, vs0, vs, mask,
+                                             H, R, L, D, scale, out + b * H * R * D))
         return e;
     }
     return AOTI_TORCH_SUCCESS;
