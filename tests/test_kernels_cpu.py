@@ -534,6 +534,32 @@ def test_gqa_attention_matches_the_reference(b, h, r, length, d):
         torch.testing.assert_close(got, want, atol=2e-6, rtol=1e-5)
 
 
+@pytest.mark.parametrize(
+    ("b", "r", "rows"), [(1, 3, 1), (2, 6, 2), (2, 96, 32), (1, 51, 17), (1, 192, 64)]
+)
+def test_gqa_attention_repeats_a_mask_of_fewer_rows(b, r, rows):
+    """A mask of T rows for G x T packed query rows (the model's one causal mask, handed to
+    every layer as it is): row i reads mask row i % T, the same result as the mask repeated
+    G times, at decode (the loops) and for a prompt (flash attention; 192 rows x 120
+    positions: its additive mask built by both threads), masks per batch row."""
+    g = torch.Generator().manual_seed(r)
+    length, d = 120, 32
+    q = torch.randn(b, 2, r, d, generator=g)
+    k, v = (torch.randn(b, 2, length, d, generator=g) for _ in range(2))
+    mask = torch.rand(b, 1, rows, length, generator=g) > 0.5
+    mask[..., 0] = True
+    mask[-1, 0, -1] = False  # a row with nothing visible, in every repeat
+    repeated = mask.repeat(1, 1, r // rows, 1)
+    got = fxq.native_gqa_attention(q, k, v, mask, d**-0.5)
+    torch.testing.assert_close(got, fxq.native_gqa_attention(q, k, v, repeated, d**-0.5))
+    torch.testing.assert_close(
+        got, _attention_reference(q, k, v, repeated, d**-0.5), atol=2e-6, rtol=1e-5
+    )
+    from fxquant.core import ops
+
+    torch.testing.assert_close(ops.gqa_attention_reference(q, k, v, mask, d**-0.5), got)
+
+
 @pytest.mark.parametrize(("r", "b"), [(3, 1), (6, 2), (24, 2)])
 def test_gqa_attention_reads_only_the_positions_a_row_attends_to(r, b):
     """Hugging Face's static cache hands attention the whole cache, masked past the positions
@@ -602,6 +628,7 @@ def test_gqa_attention_refuses_inputs_outside_its_contract():
         (q.transpose(2, 3).contiguous().transpose(2, 3), k, k, mask),  # q not packed
         (q, k.transpose(2, 3), k, mask),  # key rows not contiguous
         (q, k, k, mask[..., :9]),
+        (q, k, k, mask[:, :, :2]),  # mask rows that do not divide the query's
     ]
     for args in bad:
         with pytest.raises(RuntimeError, match="native_gqa_attention"):

@@ -147,11 +147,20 @@ torch.library.register_fake(f"{_LIB}::native_gqa_attention", lib=_attention)(
 
 def gqa_attention_reference(q, key, value, mask, scale):
     """softmax(q kᵀ · scale, masked) v over q [B, Hkv, R, D], key and value [B, Hkv, L, D] (all
-    fp32, bf16 or fp16), mask [Bm, 1, R, L] bool (True = attend), in fp32 and returned in fp32;
-    a row with nothing visible gives zeros. The op's kernel wherever the native library has not
-    registered its CPU one: a saved program run in a process that has not loaded the library
-    (any fxquant build or compile loads it), or on another device."""
+    fp32, bf16 or fp16), mask [Bm, 1, Rm, L] bool (True = attend; Rm divides R: row r reads mask
+    row r % Rm, so a prompt's T rows serve the G · T packed rows of a group), in fp32 and
+    returned in fp32; a row with nothing visible gives zeros. The op's kernel wherever the
+    native library has not registered its CPU one: a saved program run in a process that has
+    not loaded the library (any fxquant build or compile loads it), or on another device."""
     q, key, value = q.float(), key.float(), value.float()
+    rows = mask.shape[2]
+    if rows != q.shape[2]:
+        if q.shape[2] % rows:
+            raise ValueError(
+                f"native_gqa_attention: the mask's {rows} rows do not divide the query's "
+                f"{q.shape[2]}"
+            )
+        mask = mask.repeat(1, 1, q.shape[2] // rows, 1)
     scores = (q @ key.transpose(-1, -2) * scale).masked_fill(~mask, float("-inf"))
     return torch.softmax(scores, dim=-1).nan_to_num(0.0) @ value
 
@@ -169,8 +178,10 @@ def packed_gqa_attention(
     The G query heads of a group become G · T query rows of its one key/value head (the mask
     repeats along those rows), so the cache is read as it lies. ``native``: one
     ``fxquant::native_gqa_attention`` (fp32, bf16 or fp16, bool mask, the kernels built; fp32
-    inside, the result rounded to the value's dtype); else two batched matmuls in the tensors'
-    dtype and a softmax in fp32, as transformers' eager attention. Traced by
+    inside, the result rounded to the value's dtype), handed the mask as it is (the op repeats
+    its T rows: the model's one causal mask serves every layer, where a mask expanded here was
+    built again in each); else two batched matmuls in the tensors' dtype and a softmax in fp32,
+    as transformers' eager attention. Traced by
     ``fxquant.export_llm`` (``fxquant.llm``) and put in place of sdpa over a repeated cache by
     the backend's CPU pass (``fxquant.passes.cpu.attention``)."""
     b, h, t, d = query.shape
@@ -178,11 +189,11 @@ def packed_gqa_attention(
     groups = h // hk
     # head hk * G + g, row t → head hk, row g * T + t (contiguous first: a plain view, no guards)
     q = query.contiguous().view(b, hk, groups * t, d)
-    mb, lm = mask.shape[0], mask.shape[-1]
-    mask = mask[:, :, None].expand(mb, 1, groups, t, lm).reshape(mb, 1, groups * t, lm)
     if native:
         out = torch.ops.fxquant.native_gqa_attention(q, key, value, mask, scale).to(value.dtype)
     else:
+        mb, lm = mask.shape[0], mask.shape[-1]
+        mask = mask[:, :, None].expand(mb, 1, groups, t, lm).reshape(mb, 1, groups * t, lm)
         scores = torch.matmul(q, key.transpose(-1, -2)) * scale
         bool_mask = mask.dtype == torch.bool
         scores = scores.masked_fill(~mask, float("-inf")) if bool_mask else scores + mask

@@ -22,7 +22,13 @@
 //
 // Layouts: q [B, Hkv, R, D] packed; key and value [B, Hkv, L, D] with the last dim contiguous and
 // any other strides (a slice of the static cache, read in place); q, key and value all fp32, all
-// bf16 or all fp16; mask [Bm, 1, R, L] bool (Bm = 1 or B; True = attend), last dim contiguous.
+// bf16 or all fp16; mask [Bm, 1, Rm, L] bool (Bm = 1 or B; True = attend; Rm divides R, query
+// row r reading mask row r % Rm), last dim contiguous. Rm = T: the G x T packed rows of a
+// group repeat the prompt's T mask rows, so the program hands every layer the model's one
+// causal mask. The mask expanded to G x T rows in the graph was built again in every layer:
+// ~17 % of a 512-token SmolLM2 prefill of a bf16 int8wo package, profiled on the AMX Xeon;
+// without it, old and new packages alternated in one process (by hand, one-off): 1.16-1.36x
+// at 512 tokens, 1.05-1.12x at 128, fp32 and bf16, float and int8wo. Rm = R: a mask per row.
 // Out [B, Hkv, R, D] fp32 whatever the inputs' dtype (the caller rounds it to the model's).
 // bf16 / fp16 inputs (a model loaded in its checkpoint's dtype, from_pretrained's default) are
 // widened to fp32 as they are read: each work unit's visible key and value rows into a buffer
@@ -244,12 +250,14 @@ void weighted_rows(const float* p, int64_t ldp, const float* v, int64_t vs, int6
 constexpr int kRowBlock = 4;  // query rows per weighted_rows call
 
 // One (batch, head)'s R query rows against the cached positions [0, L) of k, v and mask (the
-// caller offsets them to a split's first position): o [R, D] = sum_l e[r][l] v[l] unnormalised,
-// with e = exp(score - mx[r]) and total[r] = sum_l e[r][l] (mx = -inf, o and total zeros where
-// every position is masked). `scores` holds R x L floats.
+// caller offsets them to a split's first position; row r reads mask row r % mrows, ms apart):
+// o [R, D] = sum_l e[r][l] v[l] unnormalised, with e = exp(score - mx[r]) and total[r] =
+// sum_l e[r][l] (mx = -inf, o and total zeros where every position is masked). `scores` holds
+// R x L floats.
 void partial_attention(const float* q, const float* k, int64_t ks, const float* v, int64_t vs,
-                       const bool* mask, int64_t ms, int64_t R, int64_t L, int64_t D,
-                       float scale, float* o, float* mx, float* total, float* scores) {
+                       const bool* mask, int64_t ms, int64_t mrows, int64_t R, int64_t L,
+                       int64_t D, float scale, float* o, float* mx, float* total,
+                       float* scores) {
   // every dot product first, four keys at a time for each query row in turn: the keys are
   // read once (from memory: the cache is evicted by the weights between steps), the four
   // products overlap, and no masked choice sits between them
@@ -263,7 +271,7 @@ void partial_attention(const float* q, const float* k, int64_t ks, const float* 
     }
   }
   for (int64_t r = 0; r < R; ++r) {
-    mx[r] = masked_exp(scores + r * L, mask + r * ms, L, scale);
+    mx[r] = masked_exp(scores + r * L, mask + r % mrows * ms, L, scale);
     total[r] = lane_sum(scores + r * L, L);
   }
   for (int64_t r0 = 0; r0 < R; r0 += kRowBlock) {
@@ -302,12 +310,14 @@ float* mask_buffer(int64_t n, std::unique_ptr<float[]>* once) {
   return thread_buffer<MaskTag>(n);
 }
 
-// A bool mask's R rows (ms apart) of L positions as flash attention takes it: 0 where a row
-// attends, -inf where not, R x L floats
-void additive_mask(const bool* m, int64_t ms, int64_t R, int64_t L, float* mask) {
+// A bool mask's Rm rows (ms apart) of L positions as flash attention takes it for R query rows
+// (row r: mask row r % Rm): 0 where a row attends, -inf where not, R x L floats
+void additive_mask(const bool* m, int64_t ms, int64_t Rm, int64_t R, int64_t L, float* mask) {
 #pragma omp parallel for schedule(static) if (R * L > 16384)
-  for (int64_t r = 0; r < R; ++r)
-    for (int64_t l = 0; l < L; ++l) mask[r * L + l] = m[r * ms + l] ? 0.0f : -INFINITY;
+  for (int64_t r = 0; r < R; ++r) {
+    const bool* from = m + r % Rm * ms;
+    for (int64_t l = 0; l < L; ++l) mask[r * L + l] = from[l] ? 0.0f : -INFINITY;
+  }
 }
 
 // One batch row's H heads of R query rows each through ATen's flash attention for CPU
@@ -339,10 +349,10 @@ AOTITorchError flash_attention(const float* q, const float* k, int64_t ks0, int6
 // add nothing to any row. Hugging Face's static cache under torch.compile hands attention the
 // whole cache (max_cache_len positions, 2048 say), masked past the current one; reading only
 // what is visible keeps a decode step's cost to the positions written so far.
-int64_t visible_length(const bool* m, const Strided4& mt, int64_t R, int64_t L) {
+int64_t visible_length(const bool* m, const Strided4& mt, int64_t L) {
   int64_t last = -1;
   for (int64_t b = 0; b < mt.size[0]; ++b)
-    for (int64_t r = 0; r < R; ++r) {
+    for (int64_t r = 0; r < mt.size[2]; ++r) {
       const bool* row = m + b * mt.stride[0] + r * mt.stride[2];
       for (int64_t l = L - 1; l > last; --l)
         if (row[l]) {
@@ -382,7 +392,8 @@ AOTITorchError aoti_torch_cpu_native_gqa_attention(AtenTensorHandle q, AtenTenso
   for (int i = 0; i < 4; ++i)
     if (vt.size[i] != kt.size[i]) return AOTI_TORCH_FAILURE;
   if (kt.size[0] != B || kt.size[1] != H || kt.size[3] != D) return AOTI_TORCH_FAILURE;
-  if ((mt.size[0] != 1 && mt.size[0] != B) || mt.size[1] != 1 || mt.size[2] != R ||
+  const int64_t Rm = mt.size[2];  // mask rows: R, or T repeated along the G x T packed rows
+  if ((mt.size[0] != 1 && mt.size[0] != B) || mt.size[1] != 1 || Rm < 1 || R % Rm != 0 ||
       mt.size[3] != L_all)
     return AOTI_TORCH_FAILURE;
   const int64_t sizes[4] = {B, H, R, D}, strides[4] = {H * R * D, R * D, D, 1};
@@ -404,14 +415,15 @@ AOTITorchError aoti_torch_cpu_native_gqa_attention(AtenTensorHandle q, AtenTenso
   };
   auto u16 = [](const char* p) { return (const uint16_t*)p; };
   const bool* md = (const bool*)mt.data;
-  const int64_t L = visible_length(md, mt, R, L_all);  // the rows' strides stay the cache's
+  const int64_t L = visible_length(md, mt, L_all);  // the rows' strides stay the cache's
   if (R > kLoopMaxRows) {  // a prompt: ATen's flash attention, one batch row at a time
     std::unique_ptr<float[]> once;
     float* mask = mask_buffer(R * L, &once);
     std::vector<float> k32(wide ? H * L * D : 0), v32(wide ? H * L * D : 0);
     for (int64_t b = 0; b < B; ++b) {
       // one mask for every batch row where they share one
-      if (b == 0 || mt.size[0] != 1) additive_mask(md + b * mt.stride[0], mt.stride[2], R, L, mask);
+      if (b == 0 || mt.size[0] != 1)
+        additive_mask(md + b * mt.stride[0], mt.stride[2], Rm, R, L, mask);
       const float *kb = (const float*)kv_at(kt, b, 0, 0), *vb = (const float*)kv_at(vt, b, 0, 0);
       int64_t ks0 = kt.stride[1], ks = kt.stride[2], vs0 = vt.stride[1], vs = vt.stride[2];
       if (wide) {  // this batch row's visible keys and values, [H, L, D] fp32
@@ -455,7 +467,7 @@ AOTITorchError aoti_torch_cpu_native_gqa_attention(AtenTensorHandle q, AtenTenso
         kh = k32.data(), vh = v32.data(), ks = vs = D;
       }
       partial_attention(qd + bh * R * D, kh, ks, vh, vs, md + bm * mt.stride[0] + l0,
-                        mt.stride[2], R, l1 - l0, D, float(scale), &part[u * R * D],
+                        mt.stride[2], Rm, R, l1 - l0, D, float(scale), &part[u * R * D],
                         &mx[u * R], &total[u * R], scores.data());
     }
   }
