@@ -44,6 +44,7 @@ import fxquant.core.ops  # noqa: F401  (registers the fxquant:: ops)
 from fxquant.core.registry import lowering_table
 from fxquant.core.scheme import named_args
 from fxquant.passes import cpu
+from fxquant.passes.cpu.attention import share_attention_masks
 from fxquant.passes.cpu.common import NATIVE
 from fxquant.passes.cpu.float32 import lower_float32_linears
 from fxquant.passes.cpu.prepack import prepack_table, unique_name
@@ -145,6 +146,8 @@ def prepacked(ep: ExportedProgram, *, device: str | torch.device = "cpu") -> Exp
     editor = ProgramEditor(ep)
     prepack(editor, device=device)
     drop_no_ops(editor.graph)
+    if _device_type(device) == "cpu":
+        share_attention_masks(editor.graph)
     return editor.finish()
 
 

@@ -625,14 +625,60 @@ def test_gqa_attention_refuses_inputs_outside_its_contract():
         (q.bfloat16(), k, k, mask),  # one dtype for all three
         (q, k.half(), k.half(), mask),
         (q, k, k[:, :, :9], mask),
-        (q.transpose(2, 3).contiguous().transpose(2, 3), k, k, mask),  # q not packed
-        (q, k.transpose(2, 3), k, mask),  # key rows not contiguous
         (q, k, k, mask[..., :9]),
         (q, k, k, mask[:, :, :2]),  # mask rows that do not divide the query's
     ]
     for args in bad:
         with pytest.raises(RuntimeError, match="native_gqa_attention"):
             fxq.native_gqa_attention(*args, 0.25)
+
+
+def test_gqa_attention_reads_inputs_in_any_layout():
+    """Inductor may hand the op (flexible_layout) a query that is not packed, key rows or mask
+    rows that are not contiguous: the kernel copies what it cannot read as it lies."""
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(1, 2, 6, 16, generator=g)
+    k, v = torch.randn(2, 1, 2, 10, 16, generator=g)
+    mask = torch.rand(1, 1, 6, 10, generator=g) > 0.4
+    mask[..., 0] = True
+    want = fxq.native_gqa_attention(q, k, v, mask, 0.25)
+    odd = (
+        q.transpose(2, 3).contiguous().transpose(2, 3),  # q not packed
+        k.transpose(2, 3).contiguous().transpose(2, 3),  # key rows not contiguous
+        v.transpose(2, 3).contiguous().transpose(2, 3),
+        mask.transpose(2, 3).contiguous().transpose(2, 3),  # mask rows not contiguous
+    )
+    for i in range(4):
+        args = [q, k, v, mask]
+        args[i] = odd[i]
+        torch.testing.assert_close(fxq.native_gqa_attention(*args, 0.25), want)
+    prompt = torch.randn(1, 2, 40, 16, generator=g)  # the flash-attention path too
+    pmask = torch.ones(1, 1, 40, 10, dtype=torch.bool)
+    torch.testing.assert_close(
+        fxq.native_gqa_attention(prompt, odd[1], odd[2], pmask, 0.25),
+        fxq.native_gqa_attention(prompt, k, v, pmask, 0.25),
+    )
+
+
+def test_a_mask_every_layer_shares_is_computed_once_under_inductor():
+    """Three calls that share one mask computed in the graph (as the 30 layers of an exported
+    LLM share the model's causal mask): Inductor builds it once, not once per call (the op's
+    flexible_layout tag; the exact-strides default copied it for each)."""
+    from torch._inductor import config
+    from torch._inductor.utils import run_and_get_code
+
+    def f(q, k, v, pos):
+        mask = (torch.arange(64)[None, :] <= pos[:, None])[None, None]
+        return sum(fxq.native_gqa_attention(q * (i + 1), k, v, mask, 0.125) for i in range(3))
+
+    g = torch.Generator().manual_seed(4)
+    q = torch.randn(1, 2, 60, 32, generator=g)
+    k, v = torch.randn(2, 1, 2, 64, 32, generator=g)
+    pos = torch.arange(20)
+    with config.patch(fx_graph_cache=False):
+        got, (code, *_) = run_and_get_code(torch.compile(f, fullgraph=True), q, k, v, pos)
+    torch.testing.assert_close(got, f(q, k, v, pos))
+    assert code.count("torch.bool)") == 1, code
 
 
 def test_opcheck():

@@ -412,6 +412,19 @@ def test_the_package_kernels_run_serial_at_decode_sizes(llm_package):
 
 
 @pytest.mark.slow
+def test_the_package_computes_the_causal_mask_once_for_all_layers(llm_package):
+    # every layer's attention reads the model's one causal mask: one kernel call writes it (the
+    # op's flexible layout and fxquant.passes.cpu.attention.share_attention_masks; before, each
+    # layer's call got a copy of its own, computed again)
+    path, _, _ = llm_package
+    with zipfile.ZipFile(path) as z:
+        wrapper = "".join(z.read(n).decode() for n in z.namelist() if n.endswith("wrapper.cpp"))
+    calls = wrapper.count("aoti_torch_cpu_native_gqa_attention(") - 1  # less its declaration
+    assert calls == _COMMON["num_hidden_layers"] > 1
+    assert wrapper.count("(bool*)(") == 1
+
+
+@pytest.mark.slow
 def test_sampling_with_a_seed_is_reproducible(llm_package):
     path, prompt, _ = llm_package
     pkg = LLMPackage(path)

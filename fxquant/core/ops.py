@@ -136,9 +136,14 @@ _scaled_linear(
 # Packed grouped-query attention over the KV cache (fxquant.llm). Declared here, with import
 # fxquant, so that a program export_llm made can be loaded (torch.export.load) by a process that
 # never imported fxquant.kernels.cpu; the C shim is in fxquant.kernels.cpu.NATIVE_OPS.
+# flexible_layout: under the default (the exact strides of the trace) Inductor met the layout with
+# a copy of each input for each call, and an input several calls share, the model's causal mask
+# handed to every layer, was computed again for each (30 times a SmolLM2 step); the kernel reads
+# any layout (kernels/cpu/attention.cpp copies what its loops cannot read as it lies).
 _attention = torch.library.Library(_LIB, "FRAGMENT")
 _attention.define(
-    "native_gqa_attention(Tensor q, Tensor key, Tensor value, Tensor mask, float scale) -> Tensor"
+    "native_gqa_attention(Tensor q, Tensor key, Tensor value, Tensor mask, float scale) -> Tensor",
+    tags=(torch.Tag.flexible_layout,),
 )
 torch.library.register_fake(f"{_LIB}::native_gqa_attention", lib=_attention)(
     lambda q, key, value, mask, scale: q.new_empty(q.shape, dtype=torch.float32)

@@ -24,11 +24,12 @@
 // any other strides (a slice of the static cache, read in place); q, key and value all fp32, all
 // bf16 or all fp16; mask [Bm, 1, Rm, L] bool (Bm = 1 or B; True = attend; Rm divides R, query
 // row r reading mask row r % Rm), last dim contiguous. Rm = T: the G x T packed rows of a
-// group repeat the prompt's T mask rows, so the program hands every layer the model's one
-// causal mask. The mask expanded to G x T rows in the graph was built again in every layer:
-// ~17 % of a 512-token SmolLM2 prefill of a bf16 int8wo package, profiled on the AMX Xeon;
-// without it, old and new packages alternated in one process (by hand, one-off): 1.16-1.36x
-// at 512 tokens, 1.05-1.12x at 128, fp32 and bf16, float and int8wo. Rm = R: a mask per row.
+// group repeat the prompt's T mask rows, so every layer reads the model's one causal mask as
+// it is (with the op's flexible layout and fxquant.passes.cpu.attention.share_attention_masks,
+// one buffer computed once a call). The mask expanded to G x T rows in the graph, and copied
+// for each call by Inductor, was computed again in every layer: ~17 % of a 512-token SmolLM2
+// prefill of a bf16 int8wo package (profiled on the AMX Xeon). Rm = R: a mask per row. Any
+// other layout of the inputs is copied into one the loops read (`readable`).
 // Out [B, Hkv, R, D] fp32 whatever the inputs' dtype (the caller rounds it to the model's).
 // bf16 / fp16 inputs (a model loaded in its checkpoint's dtype, from_pretrained's default) are
 // widened to fp32 as they are read: each work unit's visible key and value rows into a buffer
@@ -179,6 +180,33 @@ bool strided4(AtenTensorHandle t, int32_t dtype, Strided4* out) {
   out->data = data;
   for (int i = 0; i < 4; ++i) out->size[i] = sizes[i], out->stride[i] = strides[i];
   return true;
+}
+
+// t, or a contiguous copy of it (held by `hold`) where its layout is not one the kernel reads:
+// rows (the last dim) contiguous and, with `packed`, the whole tensor. The op's schema lets
+// Inductor hand it inputs in any layout (flexible_layout, fxquant/core/ops.py): a layout it
+// required was met by a copy of the input for each call, the model's one mask computed again
+// for every layer. The program's own inputs are in these layouts already: nothing is copied.
+AOTITorchError readable(AtenTensorHandle t, bool packed, Owned* hold, AtenTensorHandle* out) {
+  int64_t dim = 0;
+  int64_t *sizes = nullptr, *strides = nullptr;
+  int32_t dtype = 0;
+  if (aoti_torch_get_dim(t, &dim) || aoti_torch_get_sizes(t, &sizes) ||
+      aoti_torch_get_strides(t, &strides) || aoti_torch_get_dtype(t, &dtype))
+    return AOTI_TORCH_FAILURE;
+  std::vector<int64_t> dense(dim);
+  bool ok = true;
+  for (int64_t i = dim - 1, n = 1; i >= 0; n *= sizes[i], --i) {
+    dense[i] = n;
+    if (sizes[i] > 1 && strides[i] != n && (packed || i == dim - 1)) ok = false;
+  }
+  *out = t;
+  if (ok) return AOTI_TORCH_SUCCESS;
+  if (AOTITorchError e = aoti_torch_empty_strided(dim, sizes, dense.data(), dtype,
+                                                  aoti_torch_device_type_cpu(), 0, &hold->h))
+    return e;
+  *out = hold->h;
+  return aoti_torch_copy_(hold->h, t, 0);
 }
 
 // o[r] [D] = sum_l p[r][l] v[l] for RB query rows at once (p's rows ldp apart, v's
@@ -378,6 +406,10 @@ AOTITorchError aoti_torch_cpu_native_gqa_attention(AtenTensorHandle q, AtenTenso
   const int32_t f32 = aoti_torch_dtype_float32(), bf16 = aoti_torch_dtype_bfloat16();
   int32_t dt = 0;
   if (aoti_torch_get_dtype(q, &dt)) return AOTI_TORCH_FAILURE;
+  Owned q_hold, k_hold, v_hold, m_hold;
+  if (readable(q, true, &q_hold, &q) || readable(key, false, &k_hold, &key) ||
+      readable(value, false, &v_hold, &value) || readable(mask, false, &m_hold, &mask))
+    return AOTI_TORCH_FAILURE;
   if (dt != f32 && dt != bf16 && dt != aoti_torch_dtype_float16()) return AOTI_TORCH_FAILURE;
   Strided4 qt, kt, vt, mt;
   if (!strided4(q, dt, &qt) || !strided4(key, dt, &kt) || !strided4(value, dt, &vt) ||

@@ -26,6 +26,7 @@ cache and a softmax in fp32: its bmm was a third of the step), 7.9 with the kern
 
 from __future__ import annotations
 
+import contextlib
 import operator
 
 import torch
@@ -35,7 +36,7 @@ from torch.fx.experimental.symbolic_shapes import statically_known_true
 from fxquant.core.ops import packed_gqa_attention
 from fxquant.passes.plan import node_value
 
-__all__ = ["pack_repeated_attention"]
+__all__ = ["pack_repeated_attention", "share_attention_masks"]
 
 _SDPA = torch.nn.functional.scaled_dot_product_attention
 _SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
@@ -73,6 +74,41 @@ def pack_repeated_attention(graph: fx.Graph) -> int:
         counters["attention.packed"] += 1
         done += 1
     return done
+
+
+def share_attention_masks(graph: fx.Graph) -> int:
+    """Hand the native attention calls that share a mask one copy of it (not a view), computed
+    once after the mask; returns how many masks. Where it sits: ``fxquant.passes.lower.prepacked``,
+    on the program ``aot_compile`` packages (an ``export_llm`` program's 30-odd layers all read
+    the model's one causal mask).
+
+    The op lets Inductor hand it inputs in any layout (``flexible_layout``: under the default,
+    exact strides, Inductor copied a shared input once per call, recomputing the mask for every
+    layer). In such a program the mask reaches each call as views (unsqueeze, expand) of a
+    computation whose last size is data-dependent (the visible positions), and Inductor cannot
+    order the strides of such a view to pass it as it lies (``GuardOnDataDependentSymNode``); a
+    copy that is not a view is computed into one buffer, which every call reads. Only for a
+    bool mask (the native kernel's)."""
+    target = torch.ops.fxquant.native_gqa_attention.default
+    calls: dict[fx.Node, list[fx.Node]] = {}
+    for node in graph.nodes:
+        if node.op == "call_function" and node.target is target:
+            mask = node.args[3]
+            if not (isinstance(mask, fx.Node) and mask.op == "call_function"):
+                continue
+            if getattr(mask.meta.get("val"), "dtype", None) == torch.bool:
+                calls.setdefault(mask, []).append(node)
+    for mask, users in calls.items():
+        # mask != 0: a computation (Inductor drops a clone as a no-op), equal to the bool mask
+        with graph.inserting_after(mask):
+            copy = graph.call_function(torch.ops.aten.ne.Scalar, (mask, 0))
+        val = mask.meta.get("val")
+        if isinstance(val, torch.Tensor):
+            with val.fake_mode if hasattr(val, "fake_mode") else contextlib.nullcontext():
+                copy.meta["val"] = torch.ops.aten.ne.Scalar(val, 0)
+        for user in users:
+            user.replace_input_with(mask, copy)
+    return len(calls)
 
 
 def _repeated(node) -> tuple[fx.Node, int] | None:
