@@ -180,15 +180,14 @@ def packed_gqa_attention(
     [B, H, T, D], key and value [B, Hkv, L, D] (H = G · Hkv), mask [Bm, 1, T, L] (bool: True =
     attend, or additive) → [B, H, T, Dv], what sdpa gives on the repeated cache.
 
-    The G query heads of a group become G · T query rows of its one key/value head (the mask
-    repeats along those rows), so the cache is read as it lies. ``native``: one
+    The G query heads of a group become G · T query rows of its one key/value head (the mask repeats
+    along those rows), so the cache is read as it lies. ``native``: one
     ``fxquant::native_gqa_attention`` (fp32, bf16 or fp16, bool mask, the kernels built; fp32
-    inside, the result rounded to the value's dtype), handed the mask as it is (the op repeats
-    its T rows: the model's one causal mask serves every layer, where a mask expanded here was
-    built again in each); else two batched matmuls in the tensors' dtype and a softmax in fp32,
-    as transformers' eager attention. Traced by
-    ``fxquant.export_llm`` (``fxquant.llm``) and put in place of sdpa over a repeated cache by
-    the backend's CPU pass (``fxquant.passes.cpu.attention``)."""
+    inside, the result rounded to the value's dtype), handed the mask as it is (the op repeats its T
+    rows: the model's one causal mask serves every layer, where a mask expanded here was built again
+    in each); else two batched matmuls in the tensors' dtype and a softmax in fp32, as transformers'
+    eager attention. Traced by ``fxquant.export_llm`` (``fxquant.llm``) and put in place of sdpa
+    over a repeated cache by the backend's CPU pass (``fxquant.passes.cpu.attention``)."""
     b, h, t, d = query.shape
     hk = key.shape[1]
     groups = h // hk
