@@ -419,6 +419,13 @@ def export_llm(
         "logits": logits,
     }
     set_llm_info(ep, info)
+    # every layer's attention reads one computed copy of the causal mask, not views of it: under
+    # torch.compile with the attended length captured (docs/llm.md) or AOTInductor its size is
+    # data-dependent, and Inductor cannot hand such a view to the op (passes/cpu/attention.py)
+    from fxquant.passes.cpu.attention import share_attention_masks
+
+    if share_attention_masks(ep.graph_module.graph):
+        ep.graph_module.recompile()
     return ep
 
 

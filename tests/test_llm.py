@@ -235,6 +235,23 @@ def test_the_compiled_wrapper_packs_its_attention_in_one_graph():
     torch._dynamo.reset()
 
 
+def test_the_program_compiles_with_the_attended_length_captured():
+    """docs/llm.md's setting for a generation loop under torch.compile: the attended length is a
+    data-dependent size in the graph. Every layer reads one computed copy of the causal mask
+    (share_attention_masks, in export_llm), which Inductor hands to the native op as it is;
+    views of it made Inductor fail (GuardOnDataDependentSymNode)."""
+    from torch._inductor import config
+
+    ep = export_llm(_model(), max_cache_len=40)
+    ids = torch.randint(0, VOCAB, (1, 20), generator=torch.Generator().manual_seed(0))
+    want = ep.module()(ids, torch.arange(20))
+    torch._dynamo.reset()
+    captured = torch._dynamo.config.patch(capture_scalar_outputs=True)
+    with captured, config.patch(fx_graph_cache=False), torch.no_grad():
+        got = torch.compile(ep.module())(ids, torch.arange(20))
+    torch.testing.assert_close(got, want)
+
+
 def test_a_saved_program_runs_in_a_fresh_process(tmp_path):
     """`import fxquant` declares the attention op for torch.export.load; without the native
     library loaded it runs the reference math."""

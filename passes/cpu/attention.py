@@ -78,9 +78,10 @@ def pack_repeated_attention(graph: fx.Graph) -> int:
 
 def share_attention_masks(graph: fx.Graph) -> int:
     """Hand the native attention calls that share a mask one copy of it (not a view), computed
-    once after the mask; returns how many masks. Where it sits: ``fxquant.passes.lower.prepacked``,
-    on the program ``aot_compile`` packages (an ``export_llm`` program's 30-odd layers all read
-    the model's one causal mask).
+    once after the mask; returns how many masks. Where it sits: ``fxquant.export_llm`` (its
+    program, whatever compiles it) and ``fxquant.passes.lower.prepacked`` (any program
+    ``aot_compile`` packages); an ``export_llm`` program's 30-odd layers all read the model's one
+    causal mask.
 
     The op lets Inductor hand it inputs in any layout (``flexible_layout``: under the default,
     exact strides, Inductor copied a shared input once per call, recomputing the mask for every
@@ -95,6 +96,8 @@ def share_attention_masks(graph: fx.Graph) -> int:
         if node.op == "call_function" and node.target is target:
             mask = node.args[3]
             if not (isinstance(mask, fx.Node) and mask.op == "call_function"):
+                continue
+            if mask.target is torch.ops.aten.ne.Scalar:  # shared already (fxquant.export_llm)
                 continue
             if getattr(mask.meta.get("val"), "dtype", None) == torch.bool:
                 calls.setdefault(mask, []).append(node)
