@@ -406,21 +406,18 @@ AOTITorchError aoti_torch_cpu_native_gqa_attention(AtenTensorHandle q, AtenTenso
   const int32_t f32 = aoti_torch_dtype_float32(), bf16 = aoti_torch_dtype_bfloat16();
   int32_t dt = 0;
   if (aoti_torch_get_dtype(q, &dt)) return AOTI_TORCH_FAILURE;
+  if (dt != f32 && dt != bf16 && dt != aoti_torch_dtype_float16()) return AOTI_TORCH_FAILURE;
+  // from here q is packed and every input's rows are contiguous
   Owned q_hold, k_hold, v_hold, m_hold;
   if (readable(q, true, &q_hold, &q) || readable(key, false, &k_hold, &key) ||
       readable(value, false, &v_hold, &value) || readable(mask, false, &m_hold, &mask))
     return AOTI_TORCH_FAILURE;
-  if (dt != f32 && dt != bf16 && dt != aoti_torch_dtype_float16()) return AOTI_TORCH_FAILURE;
   Strided4 qt, kt, vt, mt;
   if (!strided4(q, dt, &qt) || !strided4(key, dt, &kt) || !strided4(value, dt, &vt) ||
       !strided4(mask, aoti_torch_dtype_bool(), &mt))
     return AOTI_TORCH_FAILURE;
   const int64_t B = qt.size[0], H = qt.size[1], R = qt.size[2], D = qt.size[3];
   const int64_t L_all = kt.size[2];
-  // q packed (its last dim's stride is checked by strided4)
-  if ((R > 1 && qt.stride[2] != D) || (H > 1 && qt.stride[1] != R * D) ||
-      (B > 1 && qt.stride[0] != H * R * D))
-    return AOTI_TORCH_FAILURE;
   for (int i = 0; i < 4; ++i)
     if (vt.size[i] != kt.size[i]) return AOTI_TORCH_FAILURE;
   if (kt.size[0] != B || kt.size[1] != H || kt.size[3] != D) return AOTI_TORCH_FAILURE;
