@@ -105,10 +105,9 @@ def share_attention_masks(graph: fx.Graph) -> int:
         # mask != 0: a computation (Inductor drops a clone as a no-op), equal to the bool mask
         with graph.inserting_after(mask):
             copy = graph.call_function(torch.ops.aten.ne.Scalar, (mask, 0))
-        val = mask.meta.get("val")
-        if isinstance(val, torch.Tensor):
-            with val.fake_mode if hasattr(val, "fake_mode") else contextlib.nullcontext():
-                copy.meta["val"] = torch.ops.aten.ne.Scalar(val, 0)
+        val = mask.meta["val"]  # a bool tensor: the calls were gathered by its dtype
+        with getattr(val, "fake_mode", None) or contextlib.nullcontext():
+            copy.meta["val"] = torch.ops.aten.ne.Scalar(val, 0)
         for user in users:
             user.replace_input_with(mask, copy)
     return len(calls)
