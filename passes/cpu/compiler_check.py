@@ -12,7 +12,8 @@ that wgrad reads is such a kernel). One such nest alone is right; so are ``-O2``
 (16 x 16), and Inductor's AVX2 code (``cpp.simdlen=256``). Where it fails, fxquant's compiles
 pass ``-mprefer-vector-width=256`` (through ``cpp.march``): it limits only the compiler's own
 vectorisation (Inductor's ``at::vec`` code keeps its 512-bit intrinsics), as GCC's tuning for
-each named Intel ``-march`` does by default.
+each named Intel ``-march`` does by default. A torch without ``cpp.march`` (2.11) gets the
+next mend, Inductor's AVX2 code (``cpp.simdlen=256``), where the check fails.
 
 The check compiles that kernel in a subprocess (apart from the compile that asks, which may be
 running inside Dynamo's) and compares it with eager: ~10-20 s, once per torch, compiler and CPU,
@@ -39,10 +40,21 @@ from fxquant.kernels.cpu import cpu_signature
 
 __all__ = ["inductor_patches"]
 
-# Candidates in order of preference: the first the probe finds right is used.
-_MENDS = (
-    {"cpp.march": "native -mprefer-vector-width=256"},
-    {"cpp.simdlen": 256},
+
+def _known(option: str) -> bool:
+    from torch._inductor import config
+
+    section, name = option.split(".")
+    return hasattr(getattr(config, section), name)
+
+
+# Candidates in order of preference: the first the probe finds right is used. Only those this
+# torch has an option for: torch 2.11's Inductor has no cpp.march (it passes -march=native
+# itself), and reading it there raised AttributeError in every CPU compile.
+_MENDS = tuple(
+    mend
+    for mend in ({"cpp.march": "native -mprefer-vector-width=256"}, {"cpp.simdlen": 256})
+    if all(_known(option) for option in mend)
 )
 
 # Two nests that each read a 128 x 128 bf16 / fp16 tensor transposed: the failing kernel's shape.
@@ -79,7 +91,7 @@ def _applies() -> bool:
     from torch._inductor import config
     from torch._inductor.cpu_vec_isa import VecAVX512, pick_vec_isa
 
-    if config.cpp.march is not None or config.cpp.simdlen is not None:
+    if getattr(config.cpp, "march", None) is not None or config.cpp.simdlen is not None:
         return False
     return isinstance(pick_vec_isa(), VecAVX512)
 
