@@ -113,7 +113,11 @@ class CachedCausalLM(nn.Module):
         self.model = model
         self.max_cache_len, self.max_batch, self.logits = max_cache_len, max_batch, logits
         # transformers' causal LMs slice the hidden states before their head when asked
-        self._keep = "logits_to_keep" in inspect.signature(model.forward).parameters
+        params = inspect.signature(model.forward).parameters
+        self._keep = "logits_to_keep" in params
+        # the cache's keyword: `cache` in transformers 5.25, `past_key_values` before (5.17, the
+        # lent GPU image's, takes any other keyword into **kwargs and runs without the cache)
+        self._cache_arg = "cache" if "cache" in params else "past_key_values"
         self.cache = StaticCache(config=config, max_cache_len=max_cache_len)
         # every layer becomes a _VisibleLayer: sliding-window layers have data-dependent control
         # flow (a full layer is the same attention while max_cache_len <= the window, which
@@ -135,7 +139,7 @@ class CachedCausalLM(nn.Module):
         # decode step at position p reads p + 1 keys whatever max_cache_len is. The length is
         # data (an unbacked size in the exported program), bounded by the cache.
         visible = cache_position[-1].item() + 1
-        torch._check(visible >= input_ids.shape[1])
+        torch._check(visible >= 1)
         torch._check(visible <= self.max_cache_len)
         for i, layer in enumerate(self.cache.layers):
             layer.keys = getattr(self, f"cache_key_{i}")
@@ -152,7 +156,7 @@ class CachedCausalLM(nn.Module):
             out = self.model(
                 input_ids=input_ids,
                 position_ids=position_ids,
-                cache=self.cache,
+                **{self._cache_arg: self.cache},
                 use_cache=True,
                 **({"logits_to_keep": 1} if last and self._keep else {}),
             )
@@ -235,8 +239,10 @@ def _packed_gqa_attention(
         )  # fmt: skip
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     native = query.device.type == "cpu" and _native_attention(query, key, value, attention_mask)
-    out = packed_gqa_attention(query, key, value, attention_mask, scale, native=native)
-    return out.transpose(1, 2).contiguous(), None
+    out = packed_gqa_attention(
+        query, key, value, attention_mask, scale, native=native, heads_first=False
+    )
+    return out, None
 
 
 def _native_attention(q, key, value, mask) -> bool:

@@ -170,7 +170,13 @@ def test_native_attention_equals_the_uncached_model(native, monkeypatch):
     products = (torch.ops.aten.matmul.default, torch.ops.aten.bmm.default)
     layers = _COMMON["num_hidden_layers"]
     assert targets.count(kernel) == (layers if native else 0)
-    assert sum(t in products for t in targets) == (0 if native else 2 * layers)
+    # in attention (transformers 5.17's rotary embedding is one more matmul)
+    in_attention = [
+        n.target
+        for n in ep.graph.nodes
+        if n.op == "call_function" and "self_attn" in str(n.meta.get("nn_module_stack"))
+    ]
+    assert sum(t in products for t in in_attention) == (0 if native else 2 * layers)
     ids = torch.randint(0, VOCAB, (1, 14))
     want = model(ids, use_cache=False).logits
     m = ep.module()
@@ -537,6 +543,13 @@ def test_the_runtime_serves_without_fxquant_passes_or_transformers(llm_package, 
 
 
 @pytest.mark.slow
+def _assert_packed_layers(packed: int, native: bool) -> None:
+    """Every layer of the decode graph packed where the native kernels are built: 2, or 4 under
+    transformers 5.17 (the lent GPU's), whose prefill graph attends over the static cache too."""
+    layers = _COMMON["num_hidden_layers"]
+    assert packed in (layers, 2 * layers) if native else packed == 0, packed
+
+
 def test_hf_generate_under_the_backend_matches_the_program_and_quantizes_once():
     """Hugging Face's own generate with a static cache, the forward compiled by the fxquant
     backend: the exported program's greedy tokens, each weight quantized once however many
@@ -565,7 +578,7 @@ def test_hf_generate_under_the_backend_matches_the_program_and_quantizes_once():
     assert out[0, 6:].tolist() == want and ids == out[0, :6].tolist()
     assert counters["quantize.computed"] == 14  # 2 layers × 7 linears, once
     # the decode graph's attention over the repeated static cache: the packed native kernel
-    assert counters["attention.packed"] == (2 if native_kernels.available() else 0)
+    _assert_packed_layers(counters["attention.packed"], native_kernels.available())
     compiles = counters["quantize.reused"]
     served.generate(prompt, max_new_tokens=12, **kwargs)  # a longer cache: Dynamo recompiles
     assert counters["quantize.computed"] == 14 and counters["quantize.reused"] > compiles
@@ -596,7 +609,7 @@ def test_hf_generate_of_a_bf16_model_under_the_backend_packs_its_attention():
     )
     counters.clear()
     got = served.generate(prompt, **kwargs)
-    assert counters["attention.packed"] == (2 if native_kernels.available() else 0)
+    _assert_packed_layers(counters["attention.packed"], native_kernels.available())
     # step i's logits are comparable while the tokens before it agree
     for i, (a, b) in enumerate(zip(got.logits, want.logits, strict=True)):
         torch.testing.assert_close(a.float(), b.float(), atol=0.02, rtol=0.02)  # seen: 3e-3

@@ -174,11 +174,19 @@ _attention.impl("native_gqa_attention", gqa_attention_reference, "CompositeExpli
 
 
 def packed_gqa_attention(
-    query: Tensor, key: Tensor, value: Tensor, mask: Tensor, scale: float, *, native: bool
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    mask: Tensor,
+    scale: float,
+    *,
+    native: bool,
+    heads_first: bool = True,
 ) -> Tensor:
     """Grouped-query attention with the query heads packed, not the cache repeated: query
     [B, H, T, D], key and value [B, Hkv, L, D] (H = G · Hkv), mask [Bm, 1, T, L] (bool: True =
-    attend, or additive) → [B, H, T, Dv], what sdpa gives on the repeated cache.
+    attend, or additive) → [B, H, T, Dv], what sdpa gives on the repeated cache, or with
+    ``heads_first=False`` [B, T, H, Dv], what transformers' attention functions return.
 
     The G query heads of a group become G · T query rows of its one key/value head (the mask repeats
     along those rows), so the cache is read as it lies. ``native``: one
@@ -204,7 +212,10 @@ def packed_gqa_attention(
         # softmax in fp32 whatever the model's dtype, as transformers' eager attention does
         probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)
         out = torch.matmul(probs, value)
-    # back to [B, H, T, Dv]: the G row blocks stacked as heads (splitting the G * T rows with a
-    # view guards on T, which export refuses)
-    out = torch.stack([out[:, :, g * t : (g + 1) * t] for g in range(groups)], dim=2)
-    return out.view(b, h, t, value.shape[-1])
+    # the G row blocks stacked as heads, in [B, T, Hkv, G, Dv] so that the merge of Hkv and G is
+    # a view whose strides hold no T: splitting the G * T rows with a view guards on T, which
+    # export refuses, and merging [Hkv, G] axes strided by T made torch 2.11's export guard on T
+    # (its collapse_view takes a min of the strides)
+    out = torch.stack([out[:, :, g * t : (g + 1) * t].transpose(1, 2) for g in range(groups)], 3)
+    out = out.flatten(2, 3)
+    return out.transpose(1, 2).contiguous() if heads_first else out
