@@ -23,6 +23,7 @@ import os
 import pickle
 import re
 import threading
+import warnings
 import zipfile
 import zlib
 from collections.abc import Iterator
@@ -161,11 +162,16 @@ def _restricted_unpickling(path: Path) -> Iterator:
 
     quiet = [logging.getLogger(n) for n in ("torch.export", "torch._export.serde.serialize")]
     levels = [lg.level for lg in quiet]
-    with _LOCK:
+    with _LOCK, warnings.catch_warnings():
+        # torch 2.11's reader makes tensors over the archive's read-only bytes, and says so
+        warnings.filterwarnings("ignore", message="The given buffer is not writable")
         reader.read_bytes = read_bytes
         torch.load = torch_load
         torch._C._pickle_load_obj = refuse
-        real_pickle_module, _package.pickle = _package.pickle, _NoPickle
+        # torch 2.13's reader unpickles some constants with its module's `pickle`; 2.11's has none
+        real_pickle_module = getattr(_package, "pickle", None)
+        if real_pickle_module is not None:
+            _package.pickle = _NoPickle
         for lg in quiet:
             lg.setLevel(logging.CRITICAL)
         try:
@@ -174,6 +180,7 @@ def _restricted_unpickling(path: Path) -> Iterator:
             reader.read_bytes = real_read
             torch.load = real_torch_load
             torch._C._pickle_load_obj = real_pickle_obj
-            _package.pickle = real_pickle_module
+            if real_pickle_module is not None:
+                _package.pickle = real_pickle_module
             for lg, level in zip(quiet, levels, strict=True):
                 lg.setLevel(level)

@@ -182,7 +182,10 @@ def test_the_cpu_lowering_computes_the_reference(recipe, dtype):
         # model rounds each layer's output too
         floor = 80.0 if dtype == torch.float32 else 35.0
         assert got.dtype == want.dtype and sqnr(want.float(), got.float()) >= floor, m
-        assert sqnr(model(x).float(), got.float()) > 8.0  # and it is still the model
+        # and it is still the model: over six inputs, 13.9-16.0 dB for nvfp4 and 7.3-9.3 dB for
+        # mxfp4 (power-of-two scales per 32) on this random two-layer model, ~0 dB if broken
+        model_floor = 12.0 if recipe == "fp-quant-nvfp4" else 6.0
+        assert sqnr(model(x).float(), got.float()) > model_floor
 
 
 def test_layers_fp_quant_cannot_take_are_skipped_and_reported():

@@ -25,6 +25,7 @@ from fxquant.kernels import (  # noqa: E402
     int4_weight_only,
     int8_weight_only,
 )
+from fxquant.training.numerics import cpu_scaled_mm_takes_row_scales  # noqa: E402
 
 # imported for their ops
 assert float8_dynamic and float8_weight_only and int4_weight_only and int8_weight_only
@@ -42,9 +43,14 @@ def library(monkeypatch):
     monkeypatch.setattr(gemm, "_library_device", lambda t: True)
     scaled_mm, linear = torch._scaled_mm, F.linear
 
-    def record_scaled_mm(*args, **kwargs):
+    def record_scaled_mm(a, b, *, scale_a, scale_b, bias=None, out_dtype=None):
         calls.append("_scaled_mm")
-        return scaled_mm(*args, **kwargs)
+        if (scale_a.dim() or scale_b.dim()) and not cpu_scaled_mm_takes_row_scales():
+            # torch 2.11's CPU _scaled_mm takes no row-wise scales (its CUDA one, which this
+            # path serves, does): its CPU fallback's math, the scaled fp8 values in fp32
+            y = (a.float() * scale_a) @ (b.float() * scale_b)
+            return (y if bias is None else y + bias.float()).to(out_dtype or a.dtype)
+        return scaled_mm(a, b, scale_a=scale_a, scale_b=scale_b, bias=bias, out_dtype=out_dtype)
 
     def record_linear(*args, **kwargs):
         calls.append("linear")
@@ -172,11 +178,13 @@ def test_inductor_compiles_the_library_paths(monkeypatch):
 
     monkeypatch.setattr(gemm, "_library_device", lambda t: True)
     x, w, _ = _data(40, 48, 64)
-    wq, ws = ref.quantize_fp8_per_channel(w)
+    # row-wise where this torch's CPU _scaled_mm takes it (2.13), else per tensor (2.11)
+    rows = cpu_scaled_mm_takes_row_scales()
+    wq, ws = (ref.quantize_fp8_per_channel if rows else ref.quantize_fp8_per_tensor)(w)
     iq, iscale = ref.quantize_int8_per_channel(w)
 
     def fp8(x):
-        xq, xs = ref.quantize_fp8_per_token(x)
+        xq, xs = (ref.quantize_fp8_per_token if rows else ref.quantize_fp8_per_tensor)(x)
         return fxq.triton_float8_scaled_mm(xq, xs, wq, ws, None, BF16, False)
 
     def int8wo(x):

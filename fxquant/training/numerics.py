@@ -299,6 +299,12 @@ def onednn_fp8_is_reference(a_dtype: torch.dtype, b_dtype: torch.dtype) -> bool:
     return torch.cpu._is_amx_fp16_supported()
 
 
+def cpu_scaled_mm_takes_row_scales() -> bool:
+    """Whether this torch's CPU ``torch._scaled_mm`` takes per-row scales: 2.13's does, 2.11's
+    refuses them ("only supports per-tensor scaling"; its CUDA one takes them)."""
+    return torch.__version__ >= "2.13"
+
+
 def scaled_gemm_note(recipe: Float8Recipe, device: torch.device) -> str | None:
     """What a report row says of the recipe's ``_scaled_mm`` GEMMs on ``device`` where
     :func:`scaled_gemm` computes torch's CPU fallback itself, else None."""
@@ -330,7 +336,10 @@ def scaled_gemm(
     get scale 1 and are sliced off), and row-wise scales give a bf16 product there (the only
     output rowwise ``_scaled_mm`` supports), so that path rounds the product to bf16.
     """
-    if a.device.type == "cpu" and onednn_fp8_is_reference(a.dtype, b.dtype):
+    if a.device.type == "cpu" and (
+        onednn_fp8_is_reference(a.dtype, b.dtype)
+        or ((sa.dim() or sb.dim()) and not cpu_scaled_mm_takes_row_scales())
+    ):
         # torch's own CPU _scaled_mm without oneDNN: the scaled fp8 values in fp32, an sgemm
         return ((a.float() * sa) @ (b.float() * sb).t()).to(out_dtype)
     m, n = a.shape[0], b.shape[0]
