@@ -174,16 +174,18 @@ def _run_variant(
         run = torch.compile(model, backend="fxquant")
     else:
         run = torch.compile(model, backend="fxquant", options={"config": config(scaling)})
-    # The bytes each all-gather receives (FSDP2 calls dist.all_gather_single through the module
-    # attribute, once per fully_shard group and unshard), per step.
+    # The bytes each all-gather receives (FSDP2 calls dist.all_gather_single, in torch 2.11
+    # dist.all_gather_into_tensor, through the module attribute, once per fully_shard group and
+    # unshard), per step.
     gathered: list[int] = []
-    real = dist.all_gather_single
+    name = "all_gather_single" if hasattr(dist, "all_gather_single") else "all_gather_into_tensor"
+    real = getattr(dist, name)
 
-    def all_gather_single(output_tensor, input_tensor, group=None, async_op=False):
+    def all_gather(output_tensor, input_tensor, group=None, async_op=False):
         gathered.append(output_tensor.numel() * output_tensor.element_size())
         return real(output_tensor, input_tensor, group=group, async_op=async_op)
 
-    dist.all_gather_single = all_gather_single
+    setattr(dist, name, all_gather)
     reports = new_reports()
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     losses, step_bytes = [], []
@@ -197,7 +199,7 @@ def _run_variant(
             losses.append(loss.item())
             step_bytes.append(sum(gathered[n:]))
     finally:
-        dist.all_gather_single = real
+        setattr(dist, name, real)
     return {
         "losses": losses,
         "params": {n: p.full_tensor().detach().clone() for n, p in model.named_parameters()},
