@@ -18,29 +18,6 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
-def _interpreted(kernel) -> bool:
-    """A @triton.jit kernel under the interpreter, or an autotuner / heuristics over one."""
-    from triton.runtime.interpreter import InterpretedFunction
-
-    while not isinstance(kernel, InterpretedFunction) and hasattr(kernel, "fn"):
-        kernel = kernel.fn
-    return isinstance(kernel, InterpretedFunction)
-
-
-# torch 2.11's wrap_triton refuses the interpreter's kernels, where 2.13's hands them back to be
-# called as they are: the same here, so the kernel tests also run under the lent GPU image's torch
-# (scripts/setup_torch211.sh; on the GPU the kernels are compiled, not interpreted)
-if os.environ.get("TRITON_INTERPRET") == "1" and torch.__version__ < "2.13":
-    import torch._library.triton as _library_triton
-
-    _real_wrap_triton = _library_triton.wrap_triton
-
-    def _wrap_triton(kernel):
-        return kernel if _interpreted(kernel) else _real_wrap_triton(kernel)
-
-    torch.library.wrap_triton = _library_triton.wrap_triton = _wrap_triton
-
-
 # The checkout's root holds kernels/ (installed as fxquant.kernels), and transformers imports the
 # Hugging Face distribution named `kernels`: Python with the root on sys.path imports ours in its
 # place and every model load fails. `python -m pytest` puts the root there (and pytest-xdist
@@ -55,6 +32,13 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
     if p and os.path.realpath(p) != ROOT
 )  # fmt: skip
 os.environ["PYTHONSAFEPATH"] = "1"
+
+# under torch 2.11 (scripts/setup_torch211.sh, the lent GPU image's torch) the interpreter's
+# kernels need this before any kernel module is imported (fxquant.kernels.interpreter says why);
+# fxquant imports from its installed finder, the checkout's root now off sys.path
+from fxquant.kernels.interpreter import allow_interpreted_kernels  # noqa: E402
+
+allow_interpreted_kernels()
 
 # pytest-xdist runs one worker per core, and each worker's torch would start one OpenMP thread
 # per core: oversubscribed, the threads spin-wait on each other (the 200-step fp32 training

@@ -215,6 +215,8 @@ def test_the_backend_dispatches_an_unbacked_m(forced):
     # torch.compile(backend="fxquant") with M unbacked, one graph for every M: int4's three
     # ranges nest a cond in the first one's large branch, whose boundary reads M off the
     # branch's own operand (the outer trace's unbacked M cannot enter it)
+    if torch.__version__ < "2.13":
+        pytest.skip("torch 2.11's Dynamo cannot trace a torch.cond over an unbacked size")
     model, qep = _quantized("int4wo-64")
     torch._dynamo.reset()
     run = torch.compile(model, backend="fxquant", options={"config": "int4wo-64"})

@@ -41,6 +41,9 @@ CHILD = textwrap.dedent(
     import json, sys, time
     import torch
     import fxquant
+    from fxquant.kernels.interpreter import allow_interpreted_kernels
+
+    allow_interpreted_kernels()  # under torch 2.11: before the lowering imports the kernels
     from fxquant.passes.lower import lowerings, prepacked
     from fxquant.core.reference import sqnr
 

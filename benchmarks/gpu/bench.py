@@ -931,6 +931,9 @@ def main() -> None:
     a = ap.parse_args()
     if a.smoke:
         os.environ["TRITON_INTERPRET"] = "1"  # before any kernel module is imported
+        from fxquant.kernels.interpreter import allow_interpreted_kernels
+
+        allow_interpreted_kernels()  # under torch 2.11 (see that module)
     device = "cpu" if a.smoke else "cuda"
     if not a.smoke and not torch.cuda.is_available():
         raise SystemExit("no CUDA device: run with --smoke to check the script on CPU")
