@@ -412,3 +412,26 @@ def test_scaled_mm_saves_x_for_the_backward_in_fp8(recipe):
     assert [t.dtype for t in big] == [E4M3]  # x's copy: one byte a value, no fp32 copy of x
     y.sum().backward()
     assert x.grad is not None and w.grad is not None
+
+
+def test_without_cpu_row_scales_scaled_gemm_computes_the_fallback_and_says_so(monkeypatch):
+    # torch 2.11's CPU _scaled_mm refuses row-wise scales: scaled_gemm computes torch's CPU
+    # fallback there (never calling _scaled_mm), and the report row says so
+    from fxquant.training import numerics
+
+    monkeypatch.setattr(numerics, "cpu_scaled_mm_takes_row_scales", lambda: False)
+    monkeypatch.setattr(numerics, "onednn_fp8_is_reference", lambda *dtypes: False)
+    refused = []
+    monkeypatch.setattr(torch, "_scaled_mm", lambda *a, **k: refused.append(1))
+    g = torch.Generator().manual_seed(0)
+    a = (torch.randn(8, 32, generator=g) * 30).to(E4M3)
+    b = (torch.randn(16, 32, generator=g) * 30).to(E4M3)
+    sa, sb = torch.rand(8, 1, generator=g) + 0.5, torch.rand(16, 1, generator=g) + 0.5
+    got = numerics.scaled_gemm(a, sa, b, sb)
+    assert not refused
+    torch.testing.assert_close(got, (a.float() * sa) @ (b.float() * sb).t())
+    note = numerics.scaled_gemm_note(
+        Float8Recipe(scaling="current", granularity="row"), torch.device("cpu")
+    )
+    assert "takes no row-wise scales" in note
+    assert numerics.scaled_gemm_note(Float8Recipe(scaling="current"), torch.device("cpu")) is None

@@ -310,6 +310,11 @@ def scaled_gemm_note(recipe: Float8Recipe, device: torch.device) -> str | None:
     :func:`scaled_gemm` computes torch's CPU fallback itself, else None."""
     if device.type != "cpu" or gemm_kind(recipe) != "_scaled_mm":
         return None
+    if recipe.granularity == "row" and not cpu_scaled_mm_takes_row_scales():
+        return (
+            "torch's CPU _scaled_mm fallback (fp32 GEMM of the scaled fp8 values), run by fxquant: "
+            f"torch {torch.__version__}'s CPU _scaled_mm takes no row-wise scales"
+        )
     if not any(onednn_fp8_is_reference(g, E4M3) for g in (E4M3, grad_dtype(recipe))):
         return None
     return (
