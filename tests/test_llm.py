@@ -542,7 +542,6 @@ def test_the_runtime_serves_without_fxquant_passes_or_transformers(llm_package, 
     shutil.rmtree(tmp_path, ignore_errors=True)
 
 
-@pytest.mark.slow
 def _assert_packed_layers(packed: int, native: bool) -> None:
     """Every layer of the decode graph packed where the native kernels are built: 2, or 4 under
     transformers 5.17 (the lent GPU's), whose prefill graph attends over the static cache too."""
@@ -550,6 +549,7 @@ def _assert_packed_layers(packed: int, native: bool) -> None:
     assert packed in (layers, 2 * layers) if native else packed == 0, packed
 
 
+@pytest.mark.slow
 def test_hf_generate_under_the_backend_matches_the_program_and_quantizes_once():
     """Hugging Face's own generate with a static cache, the forward compiled by the fxquant
     backend: the exported program's greedy tokens, each weight quantized once however many
