@@ -139,6 +139,8 @@ class CachedCausalLM(nn.Module):
         # decode step at position p reads p + 1 keys whatever max_cache_len is. The length is
         # data (an unbacked size in the exported program), bounded by the cache.
         visible = cache_position[-1].item() + 1
+        # not checked against the prompt's length: torch 2.11's AOTInductor wrote that runtime
+        # assert with a size symbol it never declared (the wrapper did not compile)
         torch._check(visible >= 1)
         torch._check(visible <= self.max_cache_len)
         for i, layer in enumerate(self.cache.layers):

@@ -311,16 +311,13 @@ def scaled_gemm_note(recipe: Float8Recipe, device: torch.device) -> str | None:
     if device.type != "cpu" or gemm_kind(recipe) != "_scaled_mm":
         return None
     if recipe.granularity == "row" and not cpu_scaled_mm_takes_row_scales():
-        return (
-            "torch's CPU _scaled_mm fallback (fp32 GEMM of the scaled fp8 values), run by fxquant: "
-            f"torch {torch.__version__}'s CPU _scaled_mm takes no row-wise scales"
-        )
-    if not any(onednn_fp8_is_reference(g, E4M3) for g in (E4M3, grad_dtype(recipe))):
+        why = f"torch {torch.__version__}'s CPU _scaled_mm takes no row-wise scales"
+    elif any(onednn_fp8_is_reference(g, E4M3) for g in (E4M3, grad_dtype(recipe))):
+        why = "torch would send this CPU's fp8 GEMMs to oneDNN's reference matmul, ~1000x slower"
+    else:
         return None
-    return (
-        "torch's CPU _scaled_mm fallback (fp32 GEMM of the scaled fp8 values), run by fxquant: "
-        "torch would send this CPU's fp8 GEMMs to oneDNN's reference matmul, ~1000x slower"
-    )
+    fallback = "torch's CPU _scaled_mm fallback (fp32 GEMM of the scaled fp8 values)"
+    return f"{fallback}, run by fxquant: {why}"
 
 
 def scaled_gemm(
