@@ -585,8 +585,11 @@ def test_gqa_attention_reads_only_the_positions_a_row_attends_to(r, b):
 def test_gqa_attention_of_a_half_precision_cache_is_fp32_math_on_its_values(dtype, r, d):
     """A bf16 / fp16 cache (a model in its checkpoint's dtype) is widened as it is read: the
     result is the fp32 attention of the same values, in fp32, at decode (the loops, split
-    keys: 300 positions on two threads) and for a prompt (24 rows: the bmm path); head dims
-    off the conversion's 8 lanes; NaN past the visible positions is never read."""
+    keys: 300 positions on two threads) and for a prompt (24 rows: flash attention; a bf16
+    prompt on AMX runs in bf16: the next test); head dims off the conversion's 8 lanes; NaN past
+    the visible positions is never read."""
+    if dtype == torch.bfloat16 and r > 16 and _bf16_prompts():
+        pytest.skip("a bf16 prompt on AMX runs ATen's bf16 flash attention (tested below)")
     g = torch.Generator().manual_seed(r + d)
     b, length, visible = 2, 300, 211
     q = torch.randn(b, 3, r, d, generator=g).to(dtype)
@@ -599,6 +602,50 @@ def test_gqa_attention_of_a_half_precision_cache_is_fp32_math_on_its_values(dtyp
     got = fxq.native_gqa_attention(q, k, v, mask, d**-0.5)
     assert got.dtype == torch.float32 and got.shape == (b, 3, r, d)
     torch.testing.assert_close(got, want, atol=2e-6, rtol=1e-5)
+
+
+def _bf16_prompts() -> bool:
+    """Whether the kernel runs a bf16 prompt in bf16 (attention.cpp's prompt_in_bf16: a CPU with
+    AMX tiles, which the native build then has)."""
+    return torch.cpu._is_amx_tile_supported()
+
+
+@pytest.mark.parametrize(("b", "t", "d"), [(2, 8, 64), (1, 40, 20)])
+def test_a_bf16_prompt_runs_in_bf16_on_amx_and_in_fp32_elsewhere(b, t, d):
+    """A bf16 prompt (more than 16 packed rows a head) on a CPU with AMX tiles: ATen's bf16 flash
+    attention on q and the cache as they lie, bit for bit, within bf16 rounding of the fp32
+    math (its probabilities are rounded to bf16 for the product with v, as transformers' sdpa
+    on a bf16 model does); elsewhere the fp32 math on the widened values. Strided cache
+    slices, masks per batch row, a row with nothing visible (zeros), NaN past the visible
+    positions never read."""
+    g = torch.Generator().manual_seed(t + d)
+    h, groups, length, visible = 3, 3, 90, 61
+    q = torch.randn(b, h, groups * t, d, generator=g).bfloat16()
+    cache = torch.randn(2, b, h, length + 4, d, generator=g).bfloat16()
+    k, v = cache[0, :, :, :length], cache[1, :, :, :length]
+    mask = torch.rand(b, 1, t, length, generator=g) > 0.3
+    mask[..., 0], mask[..., visible:] = True, False
+    mask[-1, 0, -1] = False  # a row with nothing visible, in every group
+    repeated = mask.repeat(1, 1, groups, 1)
+    want = _attention_reference(q.float(), k.float(), v.float(), repeated, d**-0.5)
+    k[:, :, visible:], v[:, :, visible:] = float("nan"), float("nan")
+    got = fxq.native_gqa_attention(q, k, v, mask, d**-0.5)
+    assert got.dtype == torch.float32 and got.shape == (b, h, groups * t, d)
+    if not _bf16_prompts():
+        torch.testing.assert_close(got, want, atol=2e-6, rtol=1e-5)
+        return
+    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    additive = torch.zeros(repeated.shape).masked_fill(~repeated, float("-inf"))
+    aten = torch.cat([
+        flash(q[i : i + 1], k[i : i + 1, :, :visible], v[i : i + 1, :, :visible], 0.0, False,
+              attn_mask=additive[i : i + 1, :, :, :visible], scale=d**-0.5)[0]
+        for i in range(b)
+    ]).float()  # fmt: skip
+    seen = repeated.any(-1, keepdim=True)  # ATen's row with nothing visible: NaN; the op's zeros
+    torch.testing.assert_close(got, torch.where(seen, aten, 0.0), atol=0, rtol=0)
+    assert (got[~seen.expand_as(got)] == 0).all()
+    torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
+    assert (got - want).norm() / want.norm() < 1e-2
 
 
 def test_gqa_attention_without_the_library_is_the_same_math():

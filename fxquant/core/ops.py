@@ -191,11 +191,12 @@ def packed_gqa_attention(
     The G query heads of a group become G · T query rows of its one key/value head (the mask repeats
     along those rows), so the cache is read as it lies. ``native``: one
     ``fxquant::native_gqa_attention`` (fp32, bf16 or fp16, bool mask, the kernels built; fp32
-    inside, the result rounded to the value's dtype), handed the mask as it is (the op repeats its T
-    rows: the model's one causal mask serves every layer, where a mask expanded here was built again
-    in each); else two batched matmuls in the tensors' dtype and a softmax in fp32, as transformers'
-    eager attention. Traced by ``fxquant.export_llm`` (``fxquant.llm``) and put in place of sdpa
-    over a repeated cache by the backend's CPU pass (``fxquant.passes.cpu.attention``)."""
+    inside but for a bf16 prompt on AMX, the result rounded to the value's dtype), handed the
+    mask as it is (the op repeats its T rows: the model's one causal mask serves every layer,
+    where a mask expanded here was built again in each); else two batched matmuls in the tensors'
+    dtype and a softmax in fp32, as transformers' eager attention. Traced by
+    ``fxquant.export_llm`` (``fxquant.llm``) and put in place of sdpa over a repeated cache by the
+    backend's CPU pass (``fxquant.passes.cpu.attention``)."""
     b, h, t, d = query.shape
     hk = key.shape[1]
     groups = h // hk
