@@ -635,6 +635,9 @@ def main() -> None:
         "every recipe's package built from it",
     )
     ap.add_argument("--out", type=Path, default=HERE / "results" / "llm_decode.json")
+    ap.add_argument(
+        "--note", default="", help="what this run is for, kept in the JSON and printed by report.py"
+    )
     args = ap.parse_args()
     if args.quick:
         args.rounds = min(args.rounds, 2)
@@ -645,6 +648,8 @@ def main() -> None:
             file=sys.stderr,
         )
     res = run(args)
+    if args.note:
+        res["note"] = args.note
     print_table(res)
     write_results(res, args.out)
     plot(res, args.out.with_suffix(".png"))

@@ -407,6 +407,7 @@ def _llm_decode_run(name: str) -> str:
         f"From `{how}` → `benchmarks/results/{name}`; {_machine(rec)}"
         + ("." if vs.get("torchao") else ", torchao not installed."),
         "",
+        *([rec["note"], ""] if rec.get("note") else []),  # what the run was for (--note)
         f"SmolLM2-135M, {' and '.join(dtypes)} weights before quantization, batch 1: a "
         f"{rec.get('prompt_tokens', '?')}-token prompt prefilled in one call, then "
         f"{rec.get('new_tokens', '?')} tokens one call each with the KV cache in the program "
