@@ -12,9 +12,9 @@
 // between the threads (as flash-decoding splits them), so each core reads an equal share of
 // the cache, which comes from memory (the weights evict it between steps). Past 16 rows (a
 // prompt) ATen's flash attention for CPU runs on views of the cache (fp32: 16-bit keys and
-// values widened first; a bf16 prompt on a CPU with AMX tiles in bf16: prompt_in_bf16). One op for both, not a torch.cond on T in the program choosing this
-// or ATen's attention: that measured a smaller decode gain (1.14x) and cost a 128-token
-// prefill ~10 %.
+// values widened first; a bf16 prompt on a CPU with AMX tiles in bf16: prompt_in_bf16). One op
+// for both, not a torch.cond on T in the program choosing this or ATen's attention: that
+// measured a smaller decode gain (1.14x) and cost a 128-token prefill ~10 %.
 // On SmolLM2's w8a8 + lm_head package, one process, old and new package alternated (Zen 4, two
 // cores; one-off A/Bs, the benchmark is benchmarks/llm_decode.py): decode steps (positions
 // 128-228) 1.20x faster than with bmm and Inductor's softmax; a 128-token prefill ~5 % slower
