@@ -121,6 +121,14 @@ inline void amx_block(const uint8_t* a, int64_t lda, const uint8_t* b0, const ui
   if constexpr (MR == 2 && NP == 2) _tile_stored(3, out + 16 * ldc + 64, ldc);
 }
 
+// Tried against this on 2026-12-06 (Xeon Emerald Rapids, two threads, SmolLM2's four linear
+// shapes, one-off timings by hand), neither kept: the item's A rows copied into a tile-ordered
+// buffer (each A tile load 1 KiB in a row instead of 16 rows lda apart): no faster (1.5x the
+// time of ATen's bf16 F.linear at 512 x 1536 x 576, against 1.4x before, separate runs); and,
+// from some M on, ATen's bf16 mm (oneDNN) through aoti_torch_cpu_mm_out on the weight decoded to
+// bf16 in a kept buffer, its bf16 product widened and scaled: 0.72-0.92x these tiles' speed at
+// M = 32-512 on int8 weights, 0.66-1.02x on bf16 ones, where F.linear on a stored bf16 weight
+// had looked ~1.3x faster at M = 512.
 // Every output of an [M, 16 panels] product, 32 rows x 2 panels a block, the blocks split
 // between the threads as the panel GEMMs split them (PanelWork: blocks of panels that fit in
 // L2, rows too when there are many).
