@@ -278,6 +278,26 @@ def test_float8_dynamic_ops_quantize_as_the_reference(m, k, ub):
     assert not got.isnan().any()
 
 
+@pytest.mark.parametrize("m", MS)
+@pytest.mark.parametrize(
+    ("n", "k", "block"), [(1, 3, 32), (37, 100, 32), (130, 576, 128), (300, 257, 64)]
+)
+def test_float8_block(m, n, k, block):
+    # DeepSeek-V3 blocks, the tiles and groups ragged at N's and K's ends: the GEMV applies a
+    # span's two scales once (fp32 rounding away from the reference), the large-M path the
+    # reference's dequantized operands; x quantized in the op to the reference's groups, so the
+    # scaled op on those is the same result bit for bit
+    g = torch.Generator().manual_seed(m * 1000 + n + k)
+    w, x = torch.randn(n, k, generator=g), _activations(m, k, g)
+    q, s = ref.quantize_fp8_blocks(w, block_size=block)
+    q = q.contiguous()
+    got = fxq.native_float8_block_linear(x, q, s, block)
+    _close(got, ref.float8_block_linear(x, q, s, block_size=block))
+    xq, xs = ref.quantize_fp8_groups(x, group_size=block)
+    assert torch.equal(fxq.native_float8_block_scaled_linear(xq.float(), xs, q, s, block), got)
+    assert not got.isnan().any()
+
+
 def test_prepack_int8_vnni_layout():
     w = torch.arange(-60, 60, dtype=torch.int8).reshape(20, 6)  # 2 panels (one of 4 rows), K4 2
     panels, comp = native.prepack_int8_vnni(w)
@@ -469,6 +489,8 @@ def test_all_zero_weights_and_inputs_give_zeros_not_nan():
             xq, xs.reshape(-1), *native.prepack_int4(p, s4, z4, group_size=32), 32
         )
         assert torch.equal(y48, torch.zeros(m, 8))
+        q8, s8 = ref.quantize_fp8_blocks(torch.zeros(8, 64), block_size=32)
+        assert torch.equal(fxq.native_float8_block_linear(x, q8, s8, 32), torch.zeros(m, 8))
 
 
 def test_inputs_outside_the_contract_raise_not_crash():
@@ -485,6 +507,11 @@ def test_inputs_outside_the_contract_raise_not_crash():
     )
     with pytest.raises(RuntimeError, match="native_int4_to_bfloat16: inputs outside"):
         fxq.native_int4_to_bfloat16(kw, ks, ko, 64)  # scales are per 32 columns
+    q8, s8 = ref.quantize_fp8_blocks(torch.randn(8, 64), block_size=32)
+    with pytest.raises(RuntimeError, match="native_float8_block_linear: inputs outside"):
+        fxq.native_float8_block_linear(torch.randn(2, 64), q8, s8, 64)  # scales are per 32
+    with pytest.raises(RuntimeError, match="native_float8_block_scaled_linear: inputs outside"):
+        fxq.native_float8_block_scaled_linear(torch.randn(2, 64), torch.ones(2, 1), q8, s8, 32)
     with pytest.raises(RuntimeError, match="native_float8_to_bfloat16: inputs outside"):
         fxq.native_float8_to_bfloat16(torch.zeros(4, 8, dtype=torch.uint8))
 
@@ -755,6 +782,10 @@ def test_opcheck():
     cases.append((fxq.native_float8_dynamic_linear, (x, f8, fs, 2.0)))
     cases.append((fxq.native_float8_dynamic_bf16dot_linear, (x, f8, fs, float("inf"))))
     cases.append((fxq.native_float8_to_bfloat16, (f8,)))
+    b8, bs = ref.quantize_fp8_blocks(w, block_size=32)
+    cases.append((fxq.native_float8_block_linear, (x, b8, bs, 32)))
+    xg, xgs = ref.quantize_fp8_groups(x, group_size=32)
+    cases.append((fxq.native_float8_block_scaled_linear, (xg.float(), xgs, b8, bs, 32)))
     cases.append((fxq.native_int8_bf16dot_linear, (x, q, s)))
     cases.append((fxq.native_float8_bf16dot_linear, (x, f8, fs)))
     cases.append((fxq.native_int4_bf16dot_linear, (x, kw, ks, ko, 32)))

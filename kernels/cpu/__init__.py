@@ -10,7 +10,9 @@ neither fxquant nor this library to run.
 The library is compiled with the C++ compiler AOTInductor itself uses, for this machine
 (``-march=native``), once per source, torch version and CPU, into ``$FXQUANT_CACHE_DIR``
 (default ``~/.cache/fxquant``)/native/<key>; a build takes a few seconds and is reused by every
-later process. Where no compiler works, :func:`available` is False with the reason, and the
+later process. ``FXQUANT_NATIVE_MARCH`` names another ``-march`` (``x86-64-v3``: AVX2 only), so
+that the kernels' paths for a CPU class the machine is not can be tested here (for correctness,
+not speed). Where no compiler works, :func:`available` is False with the reason, and the
 lowering keeps its aten compositions (slower, same numerics).
 
 The sources: ``linear.cpp`` (the large-M path and the shims' checks, shared by every format;
@@ -115,6 +117,24 @@ NATIVE_OPS = {
         "AOTITorchError aoti_torch_cpu_native_float8_dynamic_bf16dot_linear(AtenTensorHandle x, "
         "AtenTensorHandle weight, AtenTensorHandle scale, double scale_ub, "
         "AtenTensorHandle* ret0)",
+    ),
+    # fp8 with DeepSeek-V3 block scales (int8_fp8.cpp): weight tiles of block_size², scale
+    # [ceil(N/b), ceil(K/b)]; x quantized in 1 × block_size groups inside the op (the
+    # reference's quantize_fp8_groups), or, for the scaled op, by a fused norm (xq e4m3 values as
+    # fp32, xs [M, ceil(K/b)])
+    "native_float8_block_linear": (
+        "native_float8_block_linear(Tensor x, Tensor weight, Tensor scale, int block_size) "
+        "-> Tensor",
+        "AOTITorchError aoti_torch_cpu_native_float8_block_linear(AtenTensorHandle x, "
+        "AtenTensorHandle weight, AtenTensorHandle scale, int64_t block_size, "
+        "AtenTensorHandle* ret0)",
+    ),
+    "native_float8_block_scaled_linear": (
+        "native_float8_block_scaled_linear(Tensor xq, Tensor xs, Tensor weight, Tensor scale, "
+        "int block_size) -> Tensor",
+        "AOTITorchError aoti_torch_cpu_native_float8_block_scaled_linear(AtenTensorHandle xq, "
+        "AtenTensorHandle xs, AtenTensorHandle weight, AtenTensorHandle scale, "
+        "int64_t block_size, AtenTensorHandle* ret0)",
     ),
     "native_int8_scaled_linear": (
         "native_int8_scaled_linear(Tensor xq, Tensor xs, Tensor weight, Tensor scale) -> Tensor",
@@ -244,6 +264,12 @@ torch.library.register_fake("fxquant::native_float8_dynamic_linear", lib=_lib)(
 torch.library.register_fake("fxquant::native_float8_dynamic_bf16dot_linear", lib=_lib)(
     lambda x, weight, scale, scale_ub: _out(x, weight)
 )
+torch.library.register_fake("fxquant::native_float8_block_linear", lib=_lib)(
+    lambda x, weight, scale, block_size: _out(x, weight)
+)
+torch.library.register_fake("fxquant::native_float8_block_scaled_linear", lib=_lib)(
+    lambda xq, xs, weight, scale, block_size: _out(xq, weight)
+)
 torch.library.register_fake("fxquant::native_int8_scaled_linear", lib=_lib)(
     lambda xq, xs, weight, scale: _out(xq, weight)
 )
@@ -369,9 +395,14 @@ def cpu_signature() -> str:
     return platform.machine() + flags
 
 
+def _march() -> str:
+    return os.environ.get("FXQUANT_NATIVE_MARCH", "native")
+
+
 @functools.cache
 def _key() -> str:
     h = hashlib.sha256()
+    h.update(_march().encode())
     for name in _SOURCES:
         h.update((_HERE / name).read_bytes())
     h.update(torch.__version__.encode())
@@ -390,7 +421,7 @@ def _build(target: Path) -> None:
 
     cxx = _compiler()
     includes = [f"-I{p}" for p in include_paths()]
-    flags = ["-O3", "-march=native", "-fopenmp", "-fPIC", "-std=c++17", "-DNDEBUG"]
+    flags = ["-O3", f"-march={_march()}", "-fopenmp", "-fPIC", "-std=c++17", "-DNDEBUG"]
     torch_lib = Path(torch.__file__).parent / "lib"
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".build-", dir=target.parent))

@@ -89,6 +89,10 @@ struct Bf16Rows {
       for (; k < ldx; ++k) xr[k] = k < K ? bf16_bits(x[m * K + k]) : 0;
     }
   }
+  // columns k0.. of `rows` (k0 a multiple of 32: still 64-byte aligned), a view, not a copy;
+  // what a GEMM reads past its own K there (whole 32-column steps) is the next columns' values
+  // or the rows' zero padding, and meets zero weights
+  Bf16Rows(const Bf16Rows& rows, int64_t k0) : data(rows.data + k0), ldx(rows.ldx) {}
 };
 
 // ---- The row kernel -------------------------------------------------------------------------

@@ -4,6 +4,8 @@
 
 #include <omp.h>
 
+#include <type_traits>
+
 #include "bf16_dot.h"
 #include "native.h"
 
@@ -45,6 +47,19 @@ inline float dot_bytes(const float* x, const uint8_t* row, int64_t K) {
   // (An AVX-512 loop, 16 int8 weights widened a vector, ran 1.07-1.24x this one on weights in
   // cache but made a SmolLM2 int8wo+lm_head decode step, weights from memory, 1.39x slower on
   // the Zen 4: 8.16 vs 5.87 ms, packages interleaved in one process; not kept.)
+#ifdef FXQ_VBMI
+  if constexpr (F == Fmt::kFp8) {  // 64 weights a step, decoded by table lookup (native.h)
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (; k + 64 <= K; k += 64) {
+      const Fp8Bytes b = fp8_bf16_bytes(_mm512_loadu_si512(row + k));
+      a0 = _mm512_fmadd_ps(_mm512_loadu_ps(x + k), fp8_quarter_f32<0>(b), a0);
+      a1 = _mm512_fmadd_ps(_mm512_loadu_ps(x + k + 16), fp8_quarter_f32<1>(b), a1);
+      a2 = _mm512_fmadd_ps(_mm512_loadu_ps(x + k + 32), fp8_quarter_f32<2>(b), a2);
+      a3 = _mm512_fmadd_ps(_mm512_loadu_ps(x + k + 48), fp8_quarter_f32<3>(b), a3);
+    }
+    out = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+  }
+#endif
 #ifdef FXQ_AVX2
   auto load = [](const uint8_t* p) {
     return F == Fmt::kInt8 ? load_int8x8((const int8_t*)p) : load_fp8x8(p);
@@ -57,7 +72,7 @@ inline float dot_bytes(const float* x, const uint8_t* row, int64_t K) {
     a3 = _mm256_fmadd_ps(_mm256_loadu_ps(x + k + 24), load(row + k + 24), a3);
   }
   for (; k + 8 <= K; k += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + k), load(row + k), a0);
-  out = hsum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+  out += hsum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
 #endif
   for (; k < K; ++k)
     out += x[k] * (F == Fmt::kInt8 ? float(int8_t(row[k])) : fp8_e4m3_to_float(row[k]));
@@ -65,11 +80,31 @@ inline float dot_bytes(const float* x, const uint8_t* row, int64_t K) {
 }
 
 // Four activation rows against one weight row: each 8 weights are decoded once and meet the four
-// rows from L1 (x[m] is K floats apart), so the decode is paid once per weight, not per row.
+// rows from L1 (x[m] is ld floats apart), so the decode is paid once per weight, not per row.
 template <Fmt F>
-inline void dot_bytes_x4(const float* x, int64_t K, const uint8_t* row, float out[4]) {
+inline void dot_bytes_x4(const float* x, int64_t ld, int64_t K, const uint8_t* row,
+                         float out[4]) {
   int64_t k = 0;
   for (int m = 0; m < 4; ++m) out[m] = 0.f;
+#ifdef FXQ_VBMI
+  if constexpr (F == Fmt::kFp8) {  // 64 weights a step, decoded by table lookup (native.h)
+    __m512 a[4], b[4];
+    for (int m = 0; m < 4; ++m) a[m] = b[m] = _mm512_setzero_ps();
+    for (; k + 64 <= K; k += 64) {
+      const Fp8Bytes wb = fp8_bf16_bytes(_mm512_loadu_si512(row + k));
+      const __m512 w0 = fp8_quarter_f32<0>(wb), w1 = fp8_quarter_f32<1>(wb);
+      const __m512 w2 = fp8_quarter_f32<2>(wb), w3 = fp8_quarter_f32<3>(wb);
+      for (int m = 0; m < 4; ++m) {
+        const float* xm = x + m * ld + k;
+        a[m] = _mm512_fmadd_ps(_mm512_loadu_ps(xm), w0, a[m]);
+        b[m] = _mm512_fmadd_ps(_mm512_loadu_ps(xm + 16), w1, b[m]);
+        a[m] = _mm512_fmadd_ps(_mm512_loadu_ps(xm + 32), w2, a[m]);
+        b[m] = _mm512_fmadd_ps(_mm512_loadu_ps(xm + 48), w3, b[m]);
+      }
+    }
+    for (int m = 0; m < 4; ++m) out[m] = _mm512_reduce_add_ps(_mm512_add_ps(a[m], b[m]));
+  }
+#endif
 #ifdef FXQ_AVX2
   __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
                  _mm256_setzero_ps()};
@@ -80,15 +115,15 @@ inline void dot_bytes_x4(const float* x, int64_t K, const uint8_t* row, float ou
     const __m256 w1 =
         F == Fmt::kInt8 ? load_int8x8((const int8_t*)row + k + 8) : load_fp8x8(row + k + 8);
     for (int m = 0; m < 4; ++m) {
-      a[m] = _mm256_fmadd_ps(_mm256_loadu_ps(x + m * K + k), w0, a[m]);
-      b[m] = _mm256_fmadd_ps(_mm256_loadu_ps(x + m * K + k + 8), w1, b[m]);
+      a[m] = _mm256_fmadd_ps(_mm256_loadu_ps(x + m * ld + k), w0, a[m]);
+      b[m] = _mm256_fmadd_ps(_mm256_loadu_ps(x + m * ld + k + 8), w1, b[m]);
     }
   }
-  for (int m = 0; m < 4; ++m) out[m] = hsum(_mm256_add_ps(a[m], b[m]));
+  for (int m = 0; m < 4; ++m) out[m] += hsum(_mm256_add_ps(a[m], b[m]));
 #endif
   for (; k < K; ++k) {
     const float wv = F == Fmt::kInt8 ? float(int8_t(row[k])) : fp8_e4m3_to_float(row[k]);
-    for (int m = 0; m < 4; ++m) out[m] += x[m * K + k] * wv;
+    for (int m = 0; m < 4; ++m) out[m] += x[m * ld + k] * wv;
   }
 }
 
@@ -103,7 +138,7 @@ void gemv_bytes(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t 
     int64_t m = 0;
     for (; m + 4 <= M; m += 4) {
       float out[4];
-      dot_bytes_x4<F>(x + m * K, K, row, out);
+      dot_bytes_x4<F>(x + m * K, K, K, row, out);
       for (int i = 0; i < 4; ++i) y[(m + i) * N + n] = out[i] * scale[n];
     }
     for (; m < M; ++m) y[m * N + n] = dot_bytes<F>(x + m * K, row, K) * scale[n];
@@ -530,6 +565,10 @@ inline __m512bh load_bytes_bf16(const uint8_t* p, __mmask32 mask) {
     return _mm512_cvtne2ps_pbh(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b1)),
                                _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b0)));
   } else {
+#ifdef FXQ_VBMI
+    // the table lookup (native.h) on the 32 bytes, the upper half of the vector zeros
+    return (__m512bh)fp8_half_bf16<0>(fp8_bf16_bytes(_mm512_zextsi256_si512(b)));
+#endif
     // as load_fp8x8, 16 lanes: magnitude bits to the top of an fp32, rebiased by 2^120
     auto dec = [](__m128i q) {
       const __m512i v = _mm512_cvtepu8_epi32(q);
@@ -555,6 +594,190 @@ struct ByteWeight {
   };
   Row row(int64_t n) const { return {base + n * row_bytes, row_bytes}; }
 };
+
+// ---- fp8 blocks on bf16 dot products (from 2 rows) ------------------------------------------
+// xq's e4m3 values and the e4m3 weight are both exact in bf16, so the products are the
+// reference's; each b-wide span's fp32 sums meet their two scales, as in the GEMV.
+
+// R activation rows (bf16, ldx apart, zero past K) against weight row `row`: out[m] =
+// sum_kb (x[m] . w over span kb) * xs[m, kb] * s[kb]. Each span's vector sums are scaled into a
+// second set of accumulators, reduced once at the end (2R + 2 registers).
+template <int R>
+inline void dot_rows_fp8_block(const uint16_t* xb, int64_t ldx, const uint8_t* row, int64_t K,
+                               int64_t b, const float* xs, int64_t KB, const float* s,
+                               float* out) {
+  __m512 tot[R];
+  for (int m = 0; m < R; ++m) tot[m] = _mm512_setzero_ps();
+  for (int64_t kb = 0; kb < KB; ++kb) {
+    const int64_t k1 = std::min(K, (kb + 1) * b);
+    __m512 acc[R];
+    for (int m = 0; m < R; ++m) acc[m] = _mm512_setzero_ps();
+    for (int64_t k = kb * b; k < k1; k += 32) {
+      const __m512bh wv = load_bytes_bf16<Fmt::kFp8>(row + k, first_columns(k1 - k));
+      for (int m = 0; m < R; ++m)
+        acc[m] = _mm512_dpbf16_ps(acc[m], (__m512bh)_mm512_load_si512(xb + m * ldx + k), wv);
+    }
+    for (int m = 0; m < R; ++m)
+      tot[m] = _mm512_fmadd_ps(acc[m], _mm512_set1_ps(xs[m * KB + kb] * s[kb]), tot[m]);
+  }
+  for (int m = 0; m < R; ++m) out[m] = _mm512_reduce_add_ps(tot[m]);
+}
+
+void gemm_rows_fp8_block(const Bf16Rows& x, const float* xs, int64_t M, int64_t K,
+                         const uint8_t* w, int64_t N, const float* ws, int64_t b, float* y) {
+  const int64_t KB = (K + b - 1) / b;
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    prefetch_row_ahead(w, n, N, K);
+    const uint8_t* row = w + n * K;
+    const float* s = ws + (n / b) * KB;
+    float out[8];
+    auto rows = [&](auto r, int64_t m) {
+      constexpr int R = decltype(r)::value;
+      dot_rows_fp8_block<R>(x.data + m * x.ldx, x.ldx, row, K, b, xs + m * KB, KB, s, out);
+      for (int i = 0; i < R; ++i) y[(m + i) * N + n] = out[i];
+      return m + R;
+    };
+    int64_t m = 0;
+    while (M - m >= 8) m = rows(std::integral_constant<int, 8>(), m);
+    if (M - m >= 4) m = rows(std::integral_constant<int, 4>(), m);
+    if (M - m >= 2) m = rows(std::integral_constant<int, 2>(), m);
+    if (M - m >= 1) rows(std::integral_constant<int, 1>(), m);
+  }
+}
+
+#ifdef FXQ_AMX
+// columns [k0, k0 + len) of e4m3 weight rows [N, K] (base = w + k0) as a weight source: one
+// span column of a block-scaled weight, for the AMX tile GEMM (which does not prefetch rows)
+struct Fp8Span {
+  const uint8_t* base;
+  int64_t row_bytes;  // K
+  int64_t len;
+  ByteWeight<Fmt::kFp8>::Row row(int64_t n) const { return {base + n * row_bytes, len}; }
+};
+#endif
+
+// The packed-panel GEMM (bf16_dot.h's panels and tiles) with the spans' scales: an R x P tile
+// sums one span (b / 2 k-pairs) at a time, then adds its sums times xs[i, kb] * ws[nb, kb] into y
+// (R x 16P floats, which stay in L1 across the spans; a 16-column panel lies in one weight tile,
+// b being a multiple of 16). The first span stores, the others add.
+template <int R, int P>
+__attribute__((optimize("no-tree-pre"))) void panel_fp8_block_tile(
+    const uint16_t* xb, int64_t ldx, const __m512i* wp, int64_t K2, int64_t b, const float* xs,
+    int64_t KB, const float* ws, float* y, int64_t N, int64_t n0) {
+  for (int64_t kb = 0, g0 = 0; g0 < K2; ++kb, g0 += b / 2) {
+    const int64_t g1 = std::min(K2, g0 + b / 2);
+    __m512 acc[R][P];
+#pragma GCC unroll 8
+    for (int i = 0; i < R; ++i)
+#pragma GCC unroll 8
+      for (int j = 0; j < P; ++j) acc[i][j] = _mm512_setzero_ps();
+    for (int64_t g = g0; g < g1; ++g) {
+      __m512bh wv[P];
+#pragma GCC unroll 8
+      for (int j = 0; j < P; ++j) wv[j] = (__m512bh)_mm512_loadu_si512(wp + j * K2 + g);
+#pragma GCC unroll 8
+      for (int i = 0; i < R; ++i) {
+        int32_t pair;
+        std::memcpy(&pair, xb + i * ldx + 2 * g, 4);
+        const __m512bh xv = (__m512bh)_mm512_set1_epi32(pair);
+#pragma GCC unroll 8
+        for (int j = 0; j < P; ++j) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], xv, wv[j]);
+      }
+    }
+#pragma GCC unroll 8
+    for (int j = 0; j < P; ++j) {
+      const int64_t n = n0 + 16 * j;
+      const __mmask16 mask = first_columns16(N - n);
+      const float wsj = ws[(n / b) * KB + kb];
+#pragma GCC unroll 8
+      for (int i = 0; i < R; ++i) {
+        const __m512 v = _mm512_mul_ps(acc[i][j], _mm512_set1_ps(xs[i * KB + kb] * wsj));
+        float* out = y + i * N + n;
+        _mm512_mask_storeu_ps(
+            out, mask, kb == 0 ? v : _mm512_add_ps(_mm512_maskz_loadu_ps(mask, out), v));
+      }
+    }
+  }
+}
+
+// up to R rows x up to P panels, both counts runtime values (the last tiles)
+template <int R, int P>
+inline void panel_fp8_block_tile_n(int64_t rows, int64_t panels, const uint16_t* xb, int64_t ldx,
+                                   const __m512i* wp, int64_t K2, int64_t b, const float* xs,
+                                   int64_t KB, const float* ws, float* y, int64_t N, int64_t n0) {
+  if constexpr (R > 1)
+    if (rows < R)
+      return panel_fp8_block_tile_n<R - 1, P>(rows, panels, xb, ldx, wp, K2, b, xs, KB, ws, y, N,
+                                              n0);
+  if constexpr (P > 1)
+    if (panels < P)
+      return panel_fp8_block_tile_n<R, P - 1>(rows, panels, xb, ldx, wp, K2, b, xs, KB, ws, y, N,
+                                              n0);
+  panel_fp8_block_tile<R, P>(xb, ldx, wp, K2, b, xs, KB, ws, y, N, n0);
+}
+
+void gemm_panels_fp8_block(const Bf16Rows& x, const float* xs, int64_t M, int64_t K,
+                           const uint8_t* w, int64_t N, const float* ws, int64_t b, float* y) {
+  constexpr int R = 6, P = 4;  // as gemm_panels_bf16
+  const int64_t K2 = (K + 1) / 2, KB = (K + b - 1) / b, panels = (N + 15) / 16;
+  const ByteWeight<Fmt::kFp8> src{w, K};
+  const PanelWork work(panels, K2 * 64, M, P, R, omp_get_max_threads());
+#pragma omp parallel
+  {
+    std::vector<__m512i> buf(work.block_panels * K2);
+#pragma omp for schedule(static)
+    for (int64_t item = 0; item < work.items(); ++item) {
+      int64_t p0, p1, m0, m1;
+      work.item(item, M, &p0, &p1, &m0, &m1);
+      for (int64_t p = p0; p < p1; ++p)
+        pack_panel_bf16(src, p * 16, std::min<int64_t>(16, N - p * 16), K, &buf[(p - p0) * K2]);
+      for (int64_t m = m0; m < m1; m += R)
+        for (int64_t p = p0; p < p1; p += P)
+          panel_fp8_block_tile_n<R, P>(m1 - m, p1 - p, x.data + m * x.ldx, x.ldx,
+                                       &buf[(p - p0) * K2], K2, b, xs + m * KB, KB, ws,
+                                       y + m * N, N, p * 16);
+    }
+  }
+}
+
+#ifdef FXQ_AMX
+struct BlockPartTag {};
+
+// On AMX tiles (where Linux granted them): one tile GEMM (bf16_dot.h) per span column, its
+// columns times that column's tile scales, added into y times each row's group scale (the
+// tiles keep their sums inside amx_gemm; not measured against the AVX-512 panels above)
+void gemm_amx_fp8_block(const Bf16Rows& x, const float* xs, int64_t M, int64_t K,
+                        const uint8_t* w, int64_t N, const float* ws, int64_t b, float* y) {
+  const int64_t KB = (K + b - 1) / b;
+  float* part = thread_buffer<BlockPartTag>(M * N);  // each span's product, written whole
+  std::vector<float> col(N);
+  for (int64_t kb = 0; kb < KB; ++kb) {
+    const int64_t k0 = kb * b, len = std::min(b, K - k0);
+    for (int64_t n = 0; n < N; ++n) col[n] = ws[(n / b) * KB + kb];
+    gemm_amx_bf16(Bf16Rows(x, k0), M, len, Fp8Span{w + k0, K, len}, N, col.data(), part);
+#pragma omp parallel for schedule(static)
+    for (int64_t m = 0; m < M; ++m) {
+      const float f = xs[m * KB + kb];
+      float* ym = y + m * N;
+      const float* pm = part + m * N;
+      if (kb == 0)
+        for (int64_t n = 0; n < N; ++n) ym[n] = pm[n] * f;
+      else
+        for (int64_t n = 0; n < N; ++n) ym[n] += pm[n] * f;
+    }
+  }
+}
+#endif
+
+// From the panel GEMM's M
+void gemm_large_fp8_block(const Bf16Rows& x, const float* xs, int64_t M, int64_t K,
+                          const uint8_t* w, int64_t N, const float* ws, int64_t b, float* y) {
+#ifdef FXQ_AMX
+  if (amx_ready()) return gemm_amx_fp8_block(x, xs, M, K, w, N, ws, b, y);
+#endif
+  gemm_panels_fp8_block(x, xs, M, K, w, N, ws, b, y);
+}
 #endif
 
 // ---- Shims' shared body: int8 and fp8 weights, fp32 activations ---------------------------
@@ -634,6 +857,159 @@ AOTITorchError float8_dynamic_linear(AtenTensorHandle x, AtenTensorHandle w,
   std::vector<float> xs(M);
   quantize_fp8_rows(xm.as<float>(), M, K, float(scale_ub), xq.get(), xs.data());
   return bytes_rows(Fmt::kFp8, xq.get(), M, K, wm, sm, ret0, bf16_x, xs.data());
+}
+
+// ---- fp8 with block scales (DeepSeek-V3's): b x b weight tiles, 1 x b activation groups ------
+// The reference (float8_block_scaled_linear) multiplies the dequantized x (xq * xs, each group's
+// scale) by the dequantized weight (w * ws, each tile's scale) in fp32. Here, up to the GEMV
+// limit, each b-wide span of a weight row is decoded once and meets up to four activation rows,
+// its fp32 sums times xs[m, kb] * ws[n / b, kb]: the same products (e4m3 x e4m3 is exact in
+// fp32) with the scales applied once a span rather than once a value, a difference of fp32
+// rounding. Above it both operands are dequantized as the reference does and go to ATen's mm
+// a chunk of weight rows at a time. xq holds e4m3 values as fp32; xs [M, KB], ws [NB, KB].
+
+#ifdef FXQ_VBMI
+// One activation row against one weight row in b-wide spans (b a multiple of 64): each span's
+// vector sums times its two scales into a vector total, summed across lanes once a row (a
+// horizontal sum a span cost a third of the GEMV's time at M = 1)
+inline float dot_fp8_spans(const float* x, const uint8_t* row, int64_t K, int64_t b,
+                           const float* xs, const float* s) {
+  __m512 tot = _mm512_setzero_ps();
+  float tail = 0.f;
+  for (int64_t kb = 0, k0 = 0; k0 < K; ++kb, k0 += b) {
+    const int64_t k1 = std::min(K, k0 + b);
+    const float f = xs[kb] * s[kb];
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0;
+    int64_t k = k0;
+    for (; k + 64 <= k1; k += 64) {
+      const Fp8Bytes wb = fp8_bf16_bytes(_mm512_loadu_si512(row + k));
+      a0 = _mm512_fmadd_ps(_mm512_loadu_ps(x + k), fp8_quarter_f32<0>(wb), a0);
+      a1 = _mm512_fmadd_ps(_mm512_loadu_ps(x + k + 16), fp8_quarter_f32<1>(wb), a1);
+      a0 = _mm512_fmadd_ps(_mm512_loadu_ps(x + k + 32), fp8_quarter_f32<2>(wb), a0);
+      a1 = _mm512_fmadd_ps(_mm512_loadu_ps(x + k + 48), fp8_quarter_f32<3>(wb), a1);
+    }
+    tot = _mm512_fmadd_ps(_mm512_add_ps(a0, a1), _mm512_set1_ps(f), tot);
+    if (k < k1) tail += dot_bytes<Fmt::kFp8>(x + k, row + k, k1 - k) * f;  // a ragged last span
+  }
+  return _mm512_reduce_add_ps(tot) + tail;
+}
+#endif
+
+void gemv_fp8_block(const float* xq, const float* xs, int64_t M, int64_t K, const uint8_t* w,
+                    int64_t N, const float* ws, int64_t b, float* y) {
+  const int64_t KB = (K + b - 1) / b;
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    prefetch_row_ahead(w, n, N, K);
+    const uint8_t* row = w + n * K;
+    const float* s = ws + (n / b) * KB;
+    int64_t m = 0;
+    for (; m + 4 <= M; m += 4) {
+      float acc[4] = {0.f, 0.f, 0.f, 0.f};
+      for (int64_t kb = 0; kb < KB; ++kb) {
+        const int64_t k0 = kb * b;
+        float out[4];
+        dot_bytes_x4<Fmt::kFp8>(xq + m * K + k0, K, std::min(b, K - k0), row + k0, out);
+        for (int i = 0; i < 4; ++i) acc[i] += out[i] * (xs[(m + i) * KB + kb] * s[kb]);
+      }
+      for (int i = 0; i < 4; ++i) y[(m + i) * N + n] = acc[i];
+    }
+    for (; m < M; ++m) {
+#ifdef FXQ_VBMI
+      if (b % 64 == 0) {
+        y[m * N + n] = dot_fp8_spans(xq + m * K, row, K, b, xs + m * KB, s);
+        continue;
+      }
+#endif
+      float acc = 0.f;
+      for (int64_t kb = 0; kb < KB; ++kb) {
+        const int64_t k0 = kb * b;
+        const float d = dot_bytes<Fmt::kFp8>(xq + m * K + k0, row + k0, std::min(b, K - k0));
+        acc += d * (xs[m * KB + kb] * s[kb]);
+      }
+      y[m * N + n] = acc;
+    }
+  }
+}
+
+struct BlockChunkTag {};
+
+// Large M: x dequantized once (xq * xs), the weight a chunk of rows at a time (w * ws), ATen's mm
+AOTITorchError gemm_fp8_block(const float* xq, const float* xs, int64_t M, int64_t K,
+                              const uint8_t* w, int64_t N, const float* ws, int64_t b, float* y) {
+  const int64_t KB = (K + b - 1) / b;
+  std::unique_ptr<float[]> xd(new float[M * K]);  // every value written below
+#pragma omp parallel for schedule(static) if (M * K > 65536)
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t k = 0; k < K; ++k) xd[m * K + k] = xq[m * K + k] * xs[m * KB + k / b];
+  return mm_chunks<BlockChunkTag>(xd.get(), M, K, N, y, kChunkBytes,
+                                  [&](int64_t n0, int64_t nc, float* buf) {
+#pragma omp parallel for schedule(static)
+                                    for (int64_t r = 0; r < nc; ++r) {
+                                      const int64_t n = n0 + r;
+                                      const uint8_t* row = w + n * K;
+                                      const float* s = ws + (n / b) * KB;
+                                      for (int64_t k = 0; k < K; ++k)
+                                        buf[r * K + k] = fp8_e4m3_to_float(row[k]) * s[k / b];
+                                    }
+                                  });
+}
+
+// the block shims' body: xq (e4m3 values as fp32) [M, K], xs [M, KB]
+AOTITorchError float8_block_rows(const float* xq, const float* xs, int64_t M, int64_t K,
+                                 AtenTensorHandle w, AtenTensorHandle scale, int64_t b,
+                                 AtenTensorHandle* ret0) {
+  Mat wm, sm;
+  if (b <= 0 || !view(w, 2, aoti_torch_dtype_float8_e4m3fn(), &wm) ||
+      !view(scale, 2, aoti_torch_dtype_float32(), &sm) || wm.cols != K ||
+      sm.rows != (wm.rows + b - 1) / b || sm.cols != (K + b - 1) / b)
+    return AOTI_TORCH_FAILURE;
+  const int64_t N = wm.rows;
+  const uint8_t* wp = wm.as<uint8_t>();
+  const float* sp = sm.as<float>();
+#ifdef FXQ_BF16_512
+  // from 2 rows, bf16 dot products (exact here: e4m3 x e4m3); one row keeps the fp32 GEMV,
+  // which reads the weight as fast
+  if (M >= kBf16MinM && b % 32 == 0) {
+    float* y = nullptr;
+    if (AOTITorchError e = new_output(M, N, ret0, &y)) return e;
+    if (N == 0) return AOTI_TORCH_SUCCESS;
+    const Bf16Rows xb(xq, M, K);
+    if (M >= bf16_large_min_m())
+      gemm_large_fp8_block(xb, xs, M, K, wp, N, sp, b, y);
+    else
+      gemm_rows_fp8_block(xb, xs, M, K, wp, N, sp, b, y);
+    return AOTI_TORCH_SUCCESS;
+  }
+#endif
+  auto gemv = [&](float* y) { gemv_fp8_block(xq, xs, M, K, wp, N, sp, b, y); };
+  auto mm = [&](float* y) { return gemm_fp8_block(xq, xs, M, K, wp, N, sp, b, y); };
+  return run_linear(M, N, kGemvMaxM[int(Fmt::kFp8)], ret0, gemv, mm);
+}
+
+// fp8 block with dynamic activations: x quantized in 1 x b groups here (quantize_fp8_groups: the
+// reference's quantize_fp8_groups values and scales)
+AOTITorchError float8_block_linear(AtenTensorHandle x, AtenTensorHandle w, AtenTensorHandle scale,
+                                   int64_t b, AtenTensorHandle* ret0) {
+  Mat xm;
+  if (b <= 0 || !view(x, 2, aoti_torch_dtype_float32(), &xm)) return AOTI_TORCH_FAILURE;
+  const int64_t M = xm.rows, K = xm.cols, KB = (K + b - 1) / b;
+  std::unique_ptr<float[]> xq(new float[M * K]);  // every value written by the quantizer
+  std::vector<float> xs(M * KB);
+  quantize_fp8_groups(xm.as<float>(), M, K, b, xq.get(), xs.data());
+  return float8_block_rows(xq.get(), xs.data(), M, K, w, scale, b, ret0);
+}
+
+// ... and on an activation a fused norm quantized: xq e4m3 values as fp32, xs [M, KB]
+AOTITorchError float8_block_scaled_linear(AtenTensorHandle xq, AtenTensorHandle xs,
+                                          AtenTensorHandle w, AtenTensorHandle scale, int64_t b,
+                                          AtenTensorHandle* ret0) {
+  Mat xm, sm;
+  if (b <= 0 || !view(xq, 2, aoti_torch_dtype_float32(), &xm) ||
+      !view(xs, 2, aoti_torch_dtype_float32(), &sm) || sm.rows != xm.rows ||
+      sm.cols != (xm.cols + b - 1) / b)
+    return AOTI_TORCH_FAILURE;
+  return float8_block_rows(xm.as<float>(), sm.as<float>(), xm.rows, xm.cols, w, scale, b, ret0);
 }
 
 // y = (xq . w) * xs * scale on the stored [N, K] int8 weight: the w8a8 shims' body
@@ -728,6 +1104,21 @@ AOTITorchError aoti_torch_cpu_native_float8_bf16dot_linear(AtenTensorHandle x,
                                                            AtenTensorHandle scale,
                                                            AtenTensorHandle* ret0) {
   return bytes_linear(Fmt::kFp8, aoti_torch_dtype_float8_e4m3fn(), x, w, scale, ret0, true);
+}
+
+AOTITorchError aoti_torch_cpu_native_float8_block_linear(AtenTensorHandle x, AtenTensorHandle w,
+                                                       AtenTensorHandle scale, int64_t block_size,
+                                                       AtenTensorHandle* ret0) {
+  return float8_block_linear(x, w, scale, block_size, ret0);
+}
+
+AOTITorchError aoti_torch_cpu_native_float8_block_scaled_linear(AtenTensorHandle xq,
+                                                              AtenTensorHandle xs,
+                                                              AtenTensorHandle w,
+                                                              AtenTensorHandle scale,
+                                                              int64_t block_size,
+                                                              AtenTensorHandle* ret0) {
+  return float8_block_scaled_linear(xq, xs, w, scale, block_size, ret0);
 }
 
 AOTITorchError aoti_torch_cpu_native_float8_dynamic_linear(AtenTensorHandle x, AtenTensorHandle w,

@@ -110,8 +110,10 @@ bool view(AtenTensorHandle t, int64_t dim, int32_t dtype, Mat* out) {
   if (aoti_torch_get_dtype(t, &dt) || dt != dtype) return false;
   if (aoti_torch_get_device_type(t, &dev) || dev != aoti_torch_device_type_cpu()) return false;
   if (aoti_torch_get_sizes(t, &sizes) || aoti_torch_get_strides(t, &strides)) return false;
+  // an empty tensor is contiguous whatever its strides (a slice of a padded one keeps them)
+  const bool empty = std::find(sizes, sizes + dim, int64_t(0)) != sizes + dim;
   int64_t expect = 1;
-  for (int64_t i = dim - 1; i >= 0; --i) {
+  for (int64_t i = dim - 1; i >= 0 && !empty; --i) {
     if (sizes[i] != 1 && strides[i] != expect) return false;
     expect *= sizes[i];
   }
@@ -265,6 +267,17 @@ bool int8_rows(AtenTensorHandle x, int64_t align, uint8_t flip, Int8Rows* out) {
 void quantize_fp8_rows(const float* x, int64_t M, int64_t K, float ub, float* xq, float* xs) {
 #pragma omp parallel for schedule(static) if (M * K > 65536)
   for (int64_t m = 0; m < M; ++m) quantize_fp8_row(x + m * K, K, ub, xq + m * K, xs + m);
+}
+
+void quantize_fp8_groups(const float* x, int64_t M, int64_t K, int64_t group, float* xq,
+                         float* xs) {
+  const int64_t G = (K + group - 1) / group;
+#pragma omp parallel for schedule(static) if (M * K > 65536)
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t g = 0; g < G; ++g) {
+      const int64_t k0 = g * group, at = m * K + k0;
+      quantize_fp8_row(x + at, std::min(group, K - k0), INFINITY, xq + at, xs + m * G + g);
+    }
 }
 
 }  // namespace fxq

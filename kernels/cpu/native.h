@@ -29,6 +29,9 @@
 #if defined(FXQ_AVX2) && defined(__AVX512VNNI__) && defined(__AVX512BW__)
 #define FXQ_VNNI512 1  // int8 x int8 dot products in one instruction (vpdpbusd)
 #endif
+#if defined(FXQ_AVX512BW) && defined(__AVX512VBMI__)
+#define FXQ_VBMI 1  // byte permutes across a whole vector (vpermi2b): table lookups of 128 bytes
+#endif
 #if defined(FXQ_AVX2) && defined(__AVX512BF16__) && defined(__AVX512BW__) && \
     defined(__AVX512VL__)
 #define FXQ_BF16_512 1  // bf16 pair dot products into fp32 lanes (vdpbf16ps)
@@ -220,6 +223,80 @@ inline __m256 load_fp8x8(const uint8_t* p) {
                        _mm256_set1_ps(0x1p120f));
 }
 
+#ifdef FXQ_VBMI
+// ---- e4m3 by table lookup (AVX-512 VBMI) ---------------------------------------------------
+// Every e4m3 value is exact in bf16, so a byte's value is its bf16 bits: two 128-entry byte
+// tables (high and low byte of the magnitude's bf16 bits) looked up with vpermi2b, 64 bytes a
+// lookup, the sign bit copied over, then the bytes placed into bf16 words or fp32 lanes by one
+// permute each. 64 weights: 3 instructions for the bf16 bits, 4 more for fp32 lanes, where
+// load_fp8x8 spends 7 for 8 (the fp8 GEMVs at M = 1 were bound by that decode, not by memory).
+
+// bf16 bits of the e4m3 magnitude m (7 bits; 0x7F, NaN, never occurs in a weight)
+constexpr uint16_t e4m3_bf16_bits(int m) {
+  const int e = m >> 3, f = m & 7;
+  if (e > 0) return uint16_t(((e + 120) << 7) | (f << 4));
+  if (f == 0) return 0;
+  const int t = f >= 4 ? 2 : f >= 2 ? 1 : 0;  // f * 2^-9 = 2^(t - 9) * (f / 2^t)
+  return uint16_t(((118 + t) << 7) | ((f - (1 << t)) << (7 - t)));
+}
+
+struct Fp8Tables {
+  alignas(64) uint8_t hi[128];
+  alignas(64) uint8_t lo[128];
+  constexpr Fp8Tables() : hi(), lo() {
+    for (int m = 0; m < 128; ++m) {
+      hi[m] = uint8_t(e4m3_bf16_bits(m) >> 8);
+      lo[m] = uint8_t(e4m3_bf16_bits(m) & 0xFF);
+    }
+  }
+};
+inline constexpr Fp8Tables kFp8Tables{};
+
+// 64 e4m3 bytes -> the high and low bytes of their bf16 bits (sign included in hi)
+struct Fp8Bytes {
+  __m512i hi, lo;
+};
+inline Fp8Bytes fp8_bf16_bytes(__m512i w) {
+  const __m512i h = _mm512_permutex2var_epi8(_mm512_load_si512(kFp8Tables.hi), w,
+                                             _mm512_load_si512(kFp8Tables.hi + 64));
+  const __m512i l = _mm512_permutex2var_epi8(_mm512_load_si512(kFp8Tables.lo), w,
+                                             _mm512_load_si512(kFp8Tables.lo + 64));
+  // hi | (w & 0x80): ternary-logic truth table A | (B & C)
+  return {_mm512_ternarylogic_epi32(h, w, _mm512_set1_epi8(char(0x80)), 0xF8), l};
+}
+
+// values 16q .. 16q + 15 of the 64 as fp32 (bytes 2 and 3 of each lane, zeros below)
+template <int Q>
+inline __m512 fp8_quarter_f32(const Fp8Bytes& b) {
+  alignas(64) static constexpr struct Idx {
+    uint8_t v[64];
+    constexpr Idx() : v() {
+      for (int i = 0; i < 16; ++i) {
+        v[4 * i + 2] = uint8_t(16 * Q + i);       // lo (first table)
+        v[4 * i + 3] = uint8_t(64 + 16 * Q + i);  // hi (second table)
+      }
+    }
+  } idx{};
+  return _mm512_castsi512_ps(_mm512_maskz_permutex2var_epi8(
+      0xCCCCCCCCCCCCCCCCull, b.lo, _mm512_load_si512(idx.v), b.hi));
+}
+
+// values 32h .. 32h + 31 of the 64 as bf16
+template <int H>
+inline __m512i fp8_half_bf16(const Fp8Bytes& b) {
+  alignas(64) static constexpr struct Idx {
+    uint8_t v[64];
+    constexpr Idx() : v() {
+      for (int i = 0; i < 32; ++i) {
+        v[2 * i] = uint8_t(32 * H + i);           // lo
+        v[2 * i + 1] = uint8_t(64 + 32 * H + i);  // hi
+      }
+    }
+  } idx{};
+  return _mm512_permutex2var_epi8(b.lo, _mm512_load_si512(idx.v), b.hi);
+}
+#endif
+
 // The packed-panel GEMMs' weight packing (int8_fp8.cpp, int4.cpp), 8 weight rows' next 32
 // bytes to the 8 k-quads of a panel: r[i] = 8 int32 of row i -> r[j] = the j-th int32 of rows
 // 0..7
@@ -410,6 +487,12 @@ bool int8_rows(AtenTensorHandle x, int64_t align, uint8_t flip, Int8Rows* out);
 // grid, kept as fp32 values (the kernels read them so; exact): s = max(min(amax(|x|), ub),
 // 1e-12) / 448, xq = e4m3(clamp(x / s, -448, 448)) rounded half to even, xs [M] = s.
 void quantize_fp8_rows(const float* x, int64_t M, int64_t K, float ub, float* xq, float* xs);
+
+// The reference's 1 x group fp8 quantization (quantize_fp8_groups) in the same operations, per
+// group of each row (a last group shorter than `group` scaled by its own elements): xq [M, K],
+// xs [M, ceil(K / group)].
+void quantize_fp8_groups(const float* x, int64_t M, int64_t K, int64_t group, float* xq,
+                         float* xs);
 
 }  // namespace fxq
 

@@ -25,6 +25,12 @@ AOTITorchError aoti_torch_cpu_native_float8_dynamic_bf16dot_linear(AtenTensorHan
                                                                   AtenTensorHandle,
                                                                   AtenTensorHandle, double,
                                                                   AtenTensorHandle*);
+AOTITorchError aoti_torch_cpu_native_float8_block_linear(AtenTensorHandle, AtenTensorHandle,
+                                                       AtenTensorHandle, int64_t,
+                                                       AtenTensorHandle*);
+AOTITorchError aoti_torch_cpu_native_float8_block_scaled_linear(AtenTensorHandle, AtenTensorHandle,
+                                                              AtenTensorHandle, AtenTensorHandle,
+                                                              int64_t, AtenTensorHandle*);
 AOTITorchError aoti_torch_cpu_native_int8_scaled_linear(AtenTensorHandle, AtenTensorHandle,
                                                         AtenTensorHandle, AtenTensorHandle,
                                                         AtenTensorHandle*);
@@ -105,6 +111,20 @@ Tensor float8_dynamic(Tensor x, Tensor w, Tensor scale, double scale_ub) {
   auto err =
       aoti_torch_cpu_native_float8_dynamic_linear(x.get(), w.get(), scale.get(), scale_ub, &out);
   return checked(err, out, "native_float8_dynamic_linear");
+}
+
+Tensor float8_block(Tensor x, Tensor w, Tensor scale, int64_t block_size) {
+  AtenTensorHandle out = nullptr;
+  auto err =
+      aoti_torch_cpu_native_float8_block_linear(x.get(), w.get(), scale.get(), block_size, &out);
+  return checked(err, out, "native_float8_block_linear");
+}
+
+Tensor float8_block_scaled(Tensor xq, Tensor xs, Tensor w, Tensor scale, int64_t block_size) {
+  AtenTensorHandle out = nullptr;
+  auto err = aoti_torch_cpu_native_float8_block_scaled_linear(xq.get(), xs.get(), w.get(),
+                                                              scale.get(), block_size, &out);
+  return checked(err, out, "native_float8_block_scaled_linear");
 }
 
 Tensor float8_dynamic_bf16dot(Tensor x, Tensor w, Tensor scale, double scale_ub) {
@@ -217,6 +237,8 @@ STABLE_TORCH_LIBRARY_IMPL(fxquant, CPU, m) {
   m.impl("native_float8_bf16dot_linear", TORCH_BOX(&float8_bf16dot));
   m.impl("native_float8_dynamic_linear", TORCH_BOX(&float8_dynamic));
   m.impl("native_float8_dynamic_bf16dot_linear", TORCH_BOX(&float8_dynamic_bf16dot));
+  m.impl("native_float8_block_linear", TORCH_BOX(&float8_block));
+  m.impl("native_float8_block_scaled_linear", TORCH_BOX(&float8_block_scaled));
   m.impl("native_int8_scaled_linear", TORCH_BOX(&int8_scaled));
   m.impl("native_int8_dynamic_linear", TORCH_BOX(&int8_dynamic));
   m.impl("native_int8_scaled_vnni_linear", TORCH_BOX(&int8_scaled_vnni));

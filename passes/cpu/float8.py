@@ -11,13 +11,14 @@ its fp32 scales as they are.
 slower, measured by ``benchmarks/aten_kernels.py``): the weight is upcast per call, correct but
 slower than fp32. The CUDA lowering is where fp8 pays.
 
-**Native kernels** (``"cpu-native"``, ``fxquant.kernels.cpu``; not the block ones): the weight-
-only, dynamic, static and scaled linears are short aten compositions around the e4m3 kernel,
-which decodes the weight itself. Activations are quantized here in aten ops exactly as the
-reference does, onto the e4m3 grid in fp32 arithmetic (``e4m3_values``: the kernel takes them as
-fp32 values, which upcast from e4m3 exactly), but for per-row dynamic ones, which the native
-kernels quantize themselves to the same values; the bias and the caller's dtype go in the
-epilogue, which Inductor fuses.
+**Native kernels** (``"cpu-native"``, ``fxquant.kernels.cpu``): the weight-only, dynamic,
+static and scaled linears are short aten compositions around the e4m3 kernel, which decodes the
+weight itself; the block ones (128×128 weight tiles, 1×128 activation groups) have their own
+kernel. Activations are quantized here in aten ops exactly as the reference does, onto the e4m3
+grid in fp32 arithmetic (``e4m3_values``: the kernel takes them as fp32 values, which upcast
+from e4m3 exactly), but for per-row dynamic and block ones, which the native kernels quantize
+themselves to the same values; the bias and the caller's dtype go in the epilogue, which
+Inductor fuses.
 """
 
 from __future__ import annotations
@@ -214,4 +215,24 @@ def _native_float8_static(x, weight, scale, activation_scale, bias):
 @lowering(NATIVE, "float8_scaled_linear")
 def _native_float8_scaled(xq, xs, weight, scale, bias, out_dtype):
     y = _fp8_rows(xq.reshape(-1, xq.shape[-1]), weight, scale) * xs.reshape(-1, 1).float()
+    return finish(y, xq, weight.shape[0], bias, out_dtype)
+
+
+# DeepSeek-V3 blocks: one native kernel at every M (``kernels/cpu/int8_fp8.cpp``): the GEMV
+# decodes each b-wide span of a weight row once for up to four activation rows and applies the
+# tile and group scales once a span; larger M dequantizes both operands as the reference does,
+# for ATen's mm. x is quantized in 1 × b groups inside the op (the reference's values and
+# scales), or comes quantized from a fused norm.
+@lowering(NATIVE, "float8_block_linear")
+def _native_float8_block(x, weight, scale, bias, block_size):
+    w, s = weight.contiguous(), scale.float().contiguous()
+    y = fxq.native_float8_block_linear(rows(x), w, s, block_size)
+    return finish(y, x, weight.shape[0], bias)
+
+
+@lowering(NATIVE, "float8_block_scaled_linear")
+def _native_float8_block_scaled(xq, xs, weight, scale, bias, block_size, out_dtype):
+    w, s = weight.contiguous(), scale.float().contiguous()
+    xs2 = xs.reshape(-1, xs.shape[-1]).float().contiguous()
+    y = fxq.native_float8_block_scaled_linear(rows(xq), xs2, w, s, block_size)
     return finish(y, xq, weight.shape[0], bias, out_dtype)
