@@ -240,7 +240,10 @@ def quantize_fp8_groups(x: torch.Tensor, *, group_size: int) -> tuple[torch.Tens
     kp = -(-k // group_size) * group_size
     xg = F.pad(x, (0, kp - k)).unflatten(-1, (kp // group_size, group_size))
     scale = fp8_scale(xg.abs().amax(dim=-1), None)
-    q = _to_fp8(xg, scale[..., None]).flatten(-2)[..., :k]
+    # x over its group's scale expanded along K, not the padded groups flattened and sliced
+    # back: Inductor (torch 2.13, CPU) compiled that slice's loop over whole groups only and
+    # left a ragged last group's values unwritten (see expand_group_scale)
+    q = _to_fp8(x, expand_group_scale(scale, cols=k, group_size=group_size))
     return q, scale
 
 
@@ -252,18 +255,38 @@ def quantize_fp8_blocks(w: torch.Tensor, *, block_size: int) -> tuple[torch.Tens
     np_, kp = -(-n // b) * b, -(-k // b) * b
     tiles = F.pad(w, (0, kp - k, 0, np_ - n)).reshape(np_ // b, b, kp // b, b)
     scale = fp8_scale(tiles.abs().amax(dim=(1, 3)), None)
-    q = _to_fp8(tiles, scale[:, None, :, None]).reshape(np_, kp)[:n, :k]
+    # contiguous: a strided constant would be copied on every call of a compiled program
+    q = _to_fp8(tiles, scale[:, None, :, None]).reshape(np_, kp)[:n, :k].contiguous()
     return q, scale
+
+
+# A ragged last block's scales are concatenated after the whole blocks' (repeated), not
+# repeated with the rest and sliced back, nor gathered by k // b: Inductor (torch 2.13, CPU)
+# compiled both of those, fused into their consumers, into loops that never wrote the ragged
+# block's elements (garbage; NaN in an LLM with K = 576 and groups of 128).
+
+
+def _repeat_blocks(scale: torch.Tensor, dim: int, size: int, block: int) -> torch.Tensor:
+    """``scale`` (one value per block along ``dim``) repeated over each block's ``block``
+    elements, the last block over what is left of ``size``."""
+    whole = size // block
+    out = scale.narrow(dim, 0, whole).repeat_interleave(block, dim)
+    if size % block:
+        tail = scale.narrow(dim, whole, 1)
+        sizes = list(tail.shape)
+        sizes[dim] = size % block
+        out = torch.cat([out, tail.expand(sizes)], dim)
+    return out
 
 
 def expand_block_scale(scale: torch.Tensor, *, rows: int, cols: int, block_size: int):
     """[ceil(R/b), ceil(C/b)] → [R, C] (each scale repeated over its tile)."""
-    return scale.repeat_interleave(block_size, 0)[:rows].repeat_interleave(block_size, 1)[:, :cols]
+    return _repeat_blocks(_repeat_blocks(scale, 0, rows, block_size), 1, cols, block_size)
 
 
 def expand_group_scale(scale: torch.Tensor, *, cols: int, group_size: int) -> torch.Tensor:
     """[..., ceil(C/g)] → [..., C]."""
-    return scale.repeat_interleave(group_size, -1)[..., :cols]
+    return _repeat_blocks(scale, scale.dim() - 1, cols, group_size)
 
 
 # --------------------------------------------------------------------------------------------
