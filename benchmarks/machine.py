@@ -27,8 +27,8 @@ from fxquant.passes.cpu.dispatch import machine_class
 __all__ = ["bench_interleaved", "machine_info", "own_forward", "write_results"]
 
 # the flags that decide which kernels are fast here
-_ISA = ("avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "avx_vnni",
-        "amx_tile", "amx_int8", "amx_bf16")  # fmt: skip
+_ISA = ("avx2", "fma", "avx512f", "avx512bw", "avx512vbmi", "avx512_vnni", "avx512_bf16",
+        "avx_vnni", "amx_tile", "amx_int8", "amx_bf16")  # fmt: skip
 
 
 def machine_info() -> dict:

@@ -1,8 +1,9 @@
 """Native CPU kernels: the ``fxquant::native_*`` ops, built from the C++ sources here on first use.
 
 Where this sits: below ``fxquant.passes.lower``. On CPU the lowering rewrites the int8, int4,
-w8a8, W4A8 and fp8 linears to these ops (weights repacked once by the ``prepack_*`` helpers here);
-in process they run through a small shared library registered with torch's stable ABI, and
+w8a8, W4A8 and fp8 (per row, per tensor, blocks) linears to these ops (weights repacked once by
+the ``prepack_*`` helpers here); in process they run through a small shared library registered
+with torch's stable ABI, and
 ``aot_compile`` links the same kernels statically into the AOTInductor package
 (:func:`aoti_options`), whose model .so then calls their C shims directly: the package needs
 neither fxquant nor this library to run.

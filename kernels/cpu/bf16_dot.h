@@ -192,20 +192,20 @@ inline void pack_panel_bf16(const W& w, int64_t n0, int64_t rows, int64_t K, __m
   }
 }
 
-// y[i, 16p + c] for R activation rows (bf16, ldx apart, zero-padded to whole pairs) x P panels,
-// times scale[column] (null: 1). The unroll pragmas and the attribute keep the accumulators in
-// registers, as in int8_fp8.cpp's panel16_tile (without them GCC 12 spilled them)
+// acc[i][j] = the dot products of k-pairs [g0, g1) for R activation rows (bf16, ldx apart) x P
+// panels (K2 pairs each), from zero. Inlined into the tiles below, whose unroll pragmas and
+// attribute keep the accumulators in registers, as in int8_fp8.cpp's panel16_tile (without
+// them GCC 12 spilled them)
 template <int R, int P>
-__attribute__((optimize("no-tree-pre"))) void panel_bf16_tile(const uint16_t* xb, int64_t ldx,
-                                                               const __m512i* wp, int64_t K2,
-                                                               const float* scale, float* y,
-                                                               int64_t N, int64_t n0) {
-  __m512 acc[R][P];
+__attribute__((always_inline)) inline void panel_bf16_sums(const uint16_t* xb, int64_t ldx,
+                                                           const __m512i* wp, int64_t K2,
+                                                           int64_t g0, int64_t g1,
+                                                           __m512 (&acc)[R][P]) {
 #pragma GCC unroll 8
   for (int i = 0; i < R; ++i)
 #pragma GCC unroll 8
     for (int j = 0; j < P; ++j) acc[i][j] = _mm512_setzero_ps();
-  for (int64_t g = 0; g < K2; ++g) {
+  for (int64_t g = g0; g < g1; ++g) {
     __m512bh wv[P];
 #pragma GCC unroll 8
     for (int j = 0; j < P; ++j) wv[j] = (__m512bh)_mm512_loadu_si512(wp + j * K2 + g);
@@ -218,6 +218,17 @@ __attribute__((optimize("no-tree-pre"))) void panel_bf16_tile(const uint16_t* xb
       for (int j = 0; j < P; ++j) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], xv, wv[j]);
     }
   }
+}
+
+// y[i, 16p + c] for R activation rows (bf16, ldx apart, zero-padded to whole pairs) x P panels,
+// times scale[column] (null: 1)
+template <int R, int P>
+__attribute__((optimize("no-tree-pre"))) void panel_bf16_tile(const uint16_t* xb, int64_t ldx,
+                                                               const __m512i* wp, int64_t K2,
+                                                               const float* scale, float* y,
+                                                               int64_t N, int64_t n0) {
+  __m512 acc[R][P];
+  panel_bf16_sums<R, P>(xb, ldx, wp, K2, 0, K2, acc);
 #pragma GCC unroll 8
   for (int j = 0; j < P; ++j) {
     const int64_t n = n0 + 16 * j, cols = N - n;

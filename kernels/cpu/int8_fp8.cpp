@@ -39,6 +39,17 @@ inline __m256 load_int8x8(const int8_t* p) {
 // 40% more bandwidth than four rows interleaved). The row (a few hundred bytes to a few KiB)
 // stays in L1 while the M activation rows pass over it, so the weight is read from memory once.
 
+#ifdef FXQ_VBMI
+// a[q] += x[16q .. 16q + 15] * w[16q .. 16q + 15] for 64 e4m3 weights, decoded by table lookup
+inline void fma_fp8x64(const float* x, const uint8_t* w, __m512 a[4]) {
+  const Fp8Bytes b = fp8_bf16_bytes(_mm512_loadu_si512(w));
+  a[0] = _mm512_fmadd_ps(_mm512_loadu_ps(x), fp8_quarter_f32<0>(b), a[0]);
+  a[1] = _mm512_fmadd_ps(_mm512_loadu_ps(x + 16), fp8_quarter_f32<1>(b), a[1]);
+  a[2] = _mm512_fmadd_ps(_mm512_loadu_ps(x + 32), fp8_quarter_f32<2>(b), a[2]);
+  a[3] = _mm512_fmadd_ps(_mm512_loadu_ps(x + 48), fp8_quarter_f32<3>(b), a[3]);
+}
+#endif
+
 // sum_k x[k] * w[k] for one row of int8 or e4m3 bytes
 template <Fmt F>
 inline float dot_bytes(const float* x, const uint8_t* row, int64_t K) {
@@ -49,15 +60,10 @@ inline float dot_bytes(const float* x, const uint8_t* row, int64_t K) {
   // the Zen 4: 8.16 vs 5.87 ms, packages interleaved in one process; not kept.)
 #ifdef FXQ_VBMI
   if constexpr (F == Fmt::kFp8) {  // 64 weights a step, decoded by table lookup (native.h)
-    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    for (; k + 64 <= K; k += 64) {
-      const Fp8Bytes b = fp8_bf16_bytes(_mm512_loadu_si512(row + k));
-      a0 = _mm512_fmadd_ps(_mm512_loadu_ps(x + k), fp8_quarter_f32<0>(b), a0);
-      a1 = _mm512_fmadd_ps(_mm512_loadu_ps(x + k + 16), fp8_quarter_f32<1>(b), a1);
-      a2 = _mm512_fmadd_ps(_mm512_loadu_ps(x + k + 32), fp8_quarter_f32<2>(b), a2);
-      a3 = _mm512_fmadd_ps(_mm512_loadu_ps(x + k + 48), fp8_quarter_f32<3>(b), a3);
-    }
-    out = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+    __m512 a[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
+                   _mm512_setzero_ps()};
+    for (; k + 64 <= K; k += 64) fma_fp8x64(x + k, row + k, a);
+    out = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a[0], a[1]), _mm512_add_ps(a[2], a[3])));
   }
 #endif
 #ifdef FXQ_AVX2
@@ -666,25 +672,8 @@ __attribute__((optimize("no-tree-pre"))) void panel_fp8_block_tile(
     const uint16_t* xb, int64_t ldx, const __m512i* wp, int64_t K2, int64_t b, const float* xs,
     int64_t KB, const float* ws, float* y, int64_t N, int64_t n0) {
   for (int64_t kb = 0, g0 = 0; g0 < K2; ++kb, g0 += b / 2) {
-    const int64_t g1 = std::min(K2, g0 + b / 2);
     __m512 acc[R][P];
-#pragma GCC unroll 8
-    for (int i = 0; i < R; ++i)
-#pragma GCC unroll 8
-      for (int j = 0; j < P; ++j) acc[i][j] = _mm512_setzero_ps();
-    for (int64_t g = g0; g < g1; ++g) {
-      __m512bh wv[P];
-#pragma GCC unroll 8
-      for (int j = 0; j < P; ++j) wv[j] = (__m512bh)_mm512_loadu_si512(wp + j * K2 + g);
-#pragma GCC unroll 8
-      for (int i = 0; i < R; ++i) {
-        int32_t pair;
-        std::memcpy(&pair, xb + i * ldx + 2 * g, 4);
-        const __m512bh xv = (__m512bh)_mm512_set1_epi32(pair);
-#pragma GCC unroll 8
-        for (int j = 0; j < P; ++j) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], xv, wv[j]);
-      }
-    }
+    panel_bf16_sums<R, P>(xb, ldx, wp, K2, g0, std::min(K2, g0 + b / 2), acc);
 #pragma GCC unroll 8
     for (int j = 0; j < P; ++j) {
       const int64_t n = n0 + 16 * j;
@@ -879,16 +868,12 @@ inline float dot_fp8_spans(const float* x, const uint8_t* row, int64_t K, int64_
   for (int64_t kb = 0, k0 = 0; k0 < K; ++kb, k0 += b) {
     const int64_t k1 = std::min(K, k0 + b);
     const float f = xs[kb] * s[kb];
-    __m512 a0 = _mm512_setzero_ps(), a1 = a0;
+    __m512 a[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
+                   _mm512_setzero_ps()};
     int64_t k = k0;
-    for (; k + 64 <= k1; k += 64) {
-      const Fp8Bytes wb = fp8_bf16_bytes(_mm512_loadu_si512(row + k));
-      a0 = _mm512_fmadd_ps(_mm512_loadu_ps(x + k), fp8_quarter_f32<0>(wb), a0);
-      a1 = _mm512_fmadd_ps(_mm512_loadu_ps(x + k + 16), fp8_quarter_f32<1>(wb), a1);
-      a0 = _mm512_fmadd_ps(_mm512_loadu_ps(x + k + 32), fp8_quarter_f32<2>(wb), a0);
-      a1 = _mm512_fmadd_ps(_mm512_loadu_ps(x + k + 48), fp8_quarter_f32<3>(wb), a1);
-    }
-    tot = _mm512_fmadd_ps(_mm512_add_ps(a0, a1), _mm512_set1_ps(f), tot);
+    for (; k + 64 <= k1; k += 64) fma_fp8x64(x + k, row + k, a);
+    const __m512 sum = _mm512_add_ps(_mm512_add_ps(a[0], a[1]), _mm512_add_ps(a[2], a[3]));
+    tot = _mm512_fmadd_ps(sum, _mm512_set1_ps(f), tot);
     if (k < k1) tail += dot_bytes<Fmt::kFp8>(x + k, row + k, k1 - k) * f;  // a ragged last span
   }
   return _mm512_reduce_add_ps(tot) + tail;

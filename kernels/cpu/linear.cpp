@@ -29,9 +29,12 @@
 //             scale, offset [N, K/g] fp32 with w = u * scale + offset (offset = -z * scale)
 //   int4xint8 xq, xs as int8xint8's; w, scale, offset as int4's        y = (xq . w) * xs
 //   fp8 e4m3  w [N, K] float8_e4m3fn, scale [N] fp32                y = (x . w) * scale
+//   fp8 block w [N, K] float8_e4m3fn, ws [ceil(N/b), ceil(K/b)] fp32, xq e4m3 values [M, K] and
+//             xs [M, ceil(K/b)] (b-wide groups)    y = sum over spans kb of (xq . w)_kb * xs * ws
 // The `*_dynamic_*` ops take fp32 x for int8xint8 (on the VNNI panels), int4xint8 and fp8 and
 // quantize it per token first (quantize_int8_rows, quantize_fp8_rows: the reference's bytes and
-// e4m3 values; fp8's y rows then times their scales).
+// e4m3 values; fp8's y rows then times their scales); the fp8 block op quantizes it in groups
+// (quantize_fp8_groups), its scaled twin takes xq and xs from a fused norm.
 // Every input is contiguous; the output is a new fp32 [M, N] tensor. K of int4 is a multiple
 // of 32 (the lowering pads); nothing else is assumed about the sizes.
 //
