@@ -254,11 +254,11 @@ inline void panel_bf16_tile_n(int64_t rows, int64_t panels, const uint16_t* xb, 
   panel_bf16_tile<R, P>(xb, ldx, wp, K2, scale, y, N, n0);
 }
 
-// y[m, n] = (x[m] . w[n]) * scale[n] (scale null: 1), every row of x
-template <class W>
-void gemm_panels_bf16(const Bf16Rows& x, int64_t M, int64_t K, const W& w, int64_t N,
-                      const float* scale, float* y) {
-  constexpr int R = 6, P = 4;  // 24 accumulators + 4 panel vectors + a broadcast, of 32
+// The packed-panel GEMM's driver: each thread's panels packed once (PanelWork's blocks), then
+// tile(m, rows, p, panels, wp) for every tile of up to R rows x P panels from row m and panel
+// p, wp its packed panels (K2 = ceil(K / 2) pairs each)
+template <int R, int P, class W, class Tile>
+void for_panel_tiles(int64_t M, int64_t K, const W& w, int64_t N, Tile tile) {
   const int64_t K2 = (K + 1) / 2, panels = (N + 15) / 16;
   const PanelWork work(panels, K2 * 64, M, P, R, omp_get_max_threads());
 #pragma omp parallel
@@ -271,11 +271,22 @@ void gemm_panels_bf16(const Bf16Rows& x, int64_t M, int64_t K, const W& w, int64
       for (int64_t p = p0; p < p1; ++p)
         pack_panel_bf16(w, p * 16, std::min<int64_t>(16, N - p * 16), K, &buf[(p - p0) * K2]);
       for (int64_t m = m0; m < m1; m += R)
-        for (int64_t p = p0; p < p1; p += P)
-          panel_bf16_tile_n<R, P>(m1 - m, p1 - p, x.data + m * x.ldx, x.ldx,
-                                  &buf[(p - p0) * K2], K2, scale, y + m * N, N, p * 16);
+        for (int64_t p = p0; p < p1; p += P) tile(m, m1 - m, p, p1 - p, &buf[(p - p0) * K2]);
     }
   }
+}
+
+// y[m, n] = (x[m] . w[n]) * scale[n] (scale null: 1), every row of x
+template <class W>
+void gemm_panels_bf16(const Bf16Rows& x, int64_t M, int64_t K, const W& w, int64_t N,
+                      const float* scale, float* y) {
+  constexpr int R = 6, P = 4;  // 24 accumulators + 4 panel vectors + a broadcast, of 32
+  const int64_t K2 = (K + 1) / 2;
+  for_panel_tiles<R, P>(M, K, w, N, [&](int64_t m, int64_t rows, int64_t p, int64_t np,
+                                        const __m512i* wp) {
+    panel_bf16_tile_n<R, P>(rows, np, x.data + m * x.ldx, x.ldx, wp, K2, scale, y + m * N, N,
+                            p * 16);
+  });
 }
 
 #ifdef FXQ_AMX

@@ -709,25 +709,13 @@ inline void panel_fp8_block_tile_n(int64_t rows, int64_t panels, const uint16_t*
 void gemm_panels_fp8_block(const Bf16Rows& x, const float* xs, int64_t M, int64_t K,
                            const uint8_t* w, int64_t N, const float* ws, int64_t b, float* y) {
   constexpr int R = 6, P = 4;  // as gemm_panels_bf16
-  const int64_t K2 = (K + 1) / 2, KB = (K + b - 1) / b, panels = (N + 15) / 16;
-  const ByteWeight<Fmt::kFp8> src{w, K};
-  const PanelWork work(panels, K2 * 64, M, P, R, omp_get_max_threads());
-#pragma omp parallel
-  {
-    std::vector<__m512i> buf(work.block_panels * K2);
-#pragma omp for schedule(static)
-    for (int64_t item = 0; item < work.items(); ++item) {
-      int64_t p0, p1, m0, m1;
-      work.item(item, M, &p0, &p1, &m0, &m1);
-      for (int64_t p = p0; p < p1; ++p)
-        pack_panel_bf16(src, p * 16, std::min<int64_t>(16, N - p * 16), K, &buf[(p - p0) * K2]);
-      for (int64_t m = m0; m < m1; m += R)
-        for (int64_t p = p0; p < p1; p += P)
-          panel_fp8_block_tile_n<R, P>(m1 - m, p1 - p, x.data + m * x.ldx, x.ldx,
-                                       &buf[(p - p0) * K2], K2, b, xs + m * KB, KB, ws,
-                                       y + m * N, N, p * 16);
-    }
-  }
+  const int64_t K2 = (K + 1) / 2, KB = (K + b - 1) / b;
+  for_panel_tiles<R, P>(M, K, ByteWeight<Fmt::kFp8>{w, K}, N,
+                        [&](int64_t m, int64_t rows, int64_t p, int64_t np, const __m512i* wp) {
+                          panel_fp8_block_tile_n<R, P>(rows, np, x.data + m * x.ldx, x.ldx, wp,
+                                                       K2, b, xs + m * KB, KB, ws, y + m * N, N,
+                                                       p * 16);
+                        });
 }
 
 #ifdef FXQ_AMX
