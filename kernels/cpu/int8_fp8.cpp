@@ -843,7 +843,9 @@ AOTITorchError float8_dynamic_linear(AtenTensorHandle x, AtenTensorHandle w,
 // its fp32 sums times xs[m, kb] * ws[n / b, kb]: the same products (e4m3 x e4m3 is exact in
 // fp32) with the scales applied once a span rather than once a value, a difference of fp32
 // rounding. Above it both operands are dequantized as the reference does and go to ATen's mm
-// a chunk of weight rows at a time. xq holds e4m3 values as fp32; xs [M, KB], ws [NB, KB].
+// a chunk of weight rows at a time. On CPUs with AVX-512 BF16 every M from 2 takes the bf16
+// kernels above instead (the same products and span scales). xq holds e4m3 values as fp32;
+// xs [M, KB], ws [NB, KB].
 
 #ifdef FXQ_VBMI
 // One activation row against one weight row in b-wide spans (b a multiple of 64): each span's

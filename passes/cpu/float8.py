@@ -218,11 +218,12 @@ def _native_float8_scaled(xq, xs, weight, scale, bias, out_dtype):
     return finish(y, xq, weight.shape[0], bias, out_dtype)
 
 
-# DeepSeek-V3 blocks: one native kernel at every M (``kernels/cpu/int8_fp8.cpp``): the GEMV
-# decodes each b-wide span of a weight row once for up to four activation rows and applies the
-# tile and group scales once a span; larger M dequantizes both operands as the reference does,
-# for ATen's mm. x is quantized in 1 × b groups inside the op (the reference's values and
-# scales), or comes quantized from a fused norm.
+# DeepSeek-V3 blocks: one native op at every M (``kernels/cpu/int8_fp8.cpp``), which picks its
+# kernel by M: a GEMV that decodes each b-wide span of a weight row once and applies the tile
+# and group scales once a span; from 2 rows on AVX-512 BF16 CPUs bf16 dot products (exact for
+# e4m3 × e4m3) with the same span scales; without them, past 32 rows, both operands dequantized
+# as the reference does, for ATen's mm. x is quantized in 1 × b groups inside the op (the
+# reference's values and scales), or comes quantized from a fused norm.
 @lowering(NATIVE, "float8_block_linear")
 def _native_float8_block(x, weight, scale, bias, block_size):
     w, s = weight.contiguous(), scale.float().contiguous()
