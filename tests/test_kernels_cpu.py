@@ -332,6 +332,21 @@ def test_float8_decode_is_exact_for_every_code():
         assert torch.equal(got, w.float().t().expand(m, -1))
 
 
+def test_float8_decode_is_exact_for_every_code_at_every_lane():
+    # K = 64: the AVX-512 VBMI table lookup decodes a whole row in one step (native.h); row n
+    # holds code n in every column, x is ones, so y = 64 * value exactly (4 significant bits times
+    # at most 64), in the GEMV (1 and 4 rows) and the bf16-dot row kernel and panels (8, 40)
+    codes = torch.arange(256, dtype=torch.uint8)
+    finite = codes[(codes & 0x7F) != 0x7F]
+    w = finite.view(torch.float8_e4m3fn).reshape(-1, 1).expand(-1, 64).contiguous()
+    ones = torch.ones(w.shape[0])
+    want = 64 * w.float()[:, 0]
+    for m in (1, 4, 8, 40):
+        x = torch.ones(m, 64)
+        for op in (fxq.native_float8_weight_only_linear, fxq.native_float8_bf16dot_linear):
+            assert torch.equal(op(x, w, ones), want.expand(m, -1)), (op, m)
+
+
 def test_float8_to_bfloat16_is_exact_for_every_code():
     # the large-M bf16 GEMM's decoder (decode.cpp): every finite code, at every offset of the
     # vector loop and its tail
