@@ -40,6 +40,10 @@ inline __m256 load_int8x8(const int8_t* p) {
 // stays in L1 while the M activation rows pass over it, so the weight is read from memory once.
 
 #ifdef FXQ_VBMI
+inline __m512 add4(const __m512 a[4]) {
+  return _mm512_add_ps(_mm512_add_ps(a[0], a[1]), _mm512_add_ps(a[2], a[3]));
+}
+
 // a[q] += x[16q .. 16q + 15] * w[16q .. 16q + 15] for 64 e4m3 weights, decoded by table lookup
 inline void fma_fp8x64(const float* x, const uint8_t* w, __m512 a[4]) {
   const Fp8Bytes b = fp8_bf16_bytes(_mm512_loadu_si512(w));
@@ -63,7 +67,7 @@ inline float dot_bytes(const float* x, const uint8_t* row, int64_t K) {
     __m512 a[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
                    _mm512_setzero_ps()};
     for (; k + 64 <= K; k += 64) fma_fp8x64(x + k, row + k, a);
-    out = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a[0], a[1]), _mm512_add_ps(a[2], a[3])));
+    out = _mm512_reduce_add_ps(add4(a));
   }
 #endif
 #ifdef FXQ_AVX2
@@ -862,8 +866,7 @@ inline float dot_fp8_spans(const float* x, const uint8_t* row, int64_t K, int64_
                    _mm512_setzero_ps()};
     int64_t k = k0;
     for (; k + 64 <= k1; k += 64) fma_fp8x64(x + k, row + k, a);
-    const __m512 sum = _mm512_add_ps(_mm512_add_ps(a[0], a[1]), _mm512_add_ps(a[2], a[3]));
-    tot = _mm512_fmadd_ps(sum, _mm512_set1_ps(f), tot);
+    tot = _mm512_fmadd_ps(add4(a), _mm512_set1_ps(f), tot);
     if (k < k1) tail += dot_bytes<Fmt::kFp8>(x + k, row + k, k1 - k) * f;  // a ragged last span
   }
   return _mm512_reduce_add_ps(tot) + tail;
@@ -916,18 +919,19 @@ AOTITorchError gemm_fp8_block(const float* xq, const float* xs, int64_t M, int64
   std::unique_ptr<float[]> xd(new float[M * K]);  // every value written below
 #pragma omp parallel for schedule(static) if (M * K > 65536)
   for (int64_t m = 0; m < M; ++m)
-    for (int64_t k = 0; k < K; ++k) xd[m * K + k] = xq[m * K + k] * xs[m * KB + k / b];
-  return mm_chunks<BlockChunkTag>(xd.get(), M, K, N, y, kChunkBytes,
-                                  [&](int64_t n0, int64_t nc, float* buf) {
+    for (int64_t k0 = 0, kb = 0; k0 < K; k0 += b, ++kb) {
+      const float s = xs[m * KB + kb];
+      for (int64_t k = k0; k < std::min(K, k0 + b); ++k) xd[m * K + k] = xq[m * K + k] * s;
+    }
+  auto fill = [&](int64_t n0, int64_t nc, float* buf) {
 #pragma omp parallel for schedule(static)
-                                    for (int64_t r = 0; r < nc; ++r) {
-                                      const int64_t n = n0 + r;
-                                      const uint8_t* row = w + n * K;
-                                      const float* s = ws + (n / b) * KB;
-                                      for (int64_t k = 0; k < K; ++k)
-                                        buf[r * K + k] = fp8_e4m3_to_float(row[k]) * s[k / b];
-                                    }
-                                  });
+    for (int64_t r = 0; r < nc; ++r) {
+      const int64_t n = n0 + r;
+      for (int64_t k0 = 0, kb = 0; k0 < K; k0 += b, ++kb)
+        fp8_times(w + n * K + k0, std::min(b, K - k0), ws[(n / b) * KB + kb], buf + r * K + k0);
+    }
+  };
+  return mm_chunks<BlockChunkTag>(xd.get(), M, K, N, y, kChunkBytes, fill);
 }
 
 // the block shims' body: xq (e4m3 values as fp32) [M, K], xs [M, KB]

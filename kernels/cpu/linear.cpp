@@ -45,6 +45,16 @@
 #include "native.h"
 
 namespace fxq {
+
+void fp8_times(const uint8_t* w, int64_t len, float s, float* out) {
+  int64_t k = 0;
+#ifdef FXQ_AVX2
+  for (; k + 8 <= len; k += 8)
+    _mm256_storeu_ps(out + k, _mm256_mul_ps(load_fp8x8(w + k), _mm256_set1_ps(s)));
+#endif
+  for (; k < len; ++k) out[k] = fp8_e4m3_to_float(w[k]) * s;
+}
+
 namespace {
 
 // ---- Large M: dequantize a chunk of rows, mm straight into the output ---------------------
@@ -61,14 +71,7 @@ void dequant_rows(Fmt fmt, const uint8_t* w, int64_t K, const float* scale, cons
       const float s = scale[n];
       for (int64_t k = 0; k < K; ++k) o[k] = float(row[k]) * s;
     } else if (fmt == Fmt::kFp8) {
-      const uint8_t* row = w + n * K;
-      const float s = scale[n];
-      int64_t k = 0;
-#ifdef FXQ_AVX2
-      for (; k + 8 <= K; k += 8)
-        _mm256_storeu_ps(o + k, _mm256_mul_ps(load_fp8x8(row + k), _mm256_set1_ps(s)));
-#endif
-      for (; k < K; ++k) o[k] = fp8_e4m3_to_float(row[k]) * s;
+      fp8_times(w + n * K, K, scale[n], o);
     } else {
       const int64_t G = K / group;
       const uint8_t* row = w + n * (K / 2);

@@ -265,35 +265,34 @@ inline Fp8Bytes fp8_bf16_bytes(__m512i w) {
   return {_mm512_ternarylogic_epi32(h, w, _mm512_set1_epi8(char(0x80)), 0xF8), l};
 }
 
-// values 16q .. 16q + 15 of the 64 as fp32 (bytes 2 and 3 of each lane, zeros below)
-template <int Q>
-inline __m512 fp8_quarter_f32(const Fp8Bytes& b) {
+// The 64 values' bf16 bits placed W bytes a value (W = 2: bf16 words; W = 4: the top half of
+// fp32 lanes, zeros below), values 64 / W * Part onward
+template <int W, int Part>
+inline __m512i fp8_place(const Fp8Bytes& b) {
+  constexpr int kValues = 64 / W;
   alignas(64) static constexpr struct Idx {
     uint8_t v[64];
     constexpr Idx() : v() {
-      for (int i = 0; i < 16; ++i) {
-        v[4 * i + 2] = uint8_t(16 * Q + i);       // lo (first table)
-        v[4 * i + 3] = uint8_t(64 + 16 * Q + i);  // hi (second table)
+      for (int i = 0; i < kValues; ++i) {
+        v[W * i + W - 2] = uint8_t(kValues * Part + i);       // lo (first table)
+        v[W * i + W - 1] = uint8_t(64 + kValues * Part + i);  // hi (second table)
       }
     }
   } idx{};
-  return _mm512_castsi512_ps(_mm512_maskz_permutex2var_epi8(
-      0xCCCCCCCCCCCCCCCCull, b.lo, _mm512_load_si512(idx.v), b.hi));
+  constexpr __mmask64 kTop2 = W == 4 ? 0xCCCCCCCCCCCCCCCCull : ~0ull;  // bytes W-2, W-1
+  return _mm512_maskz_permutex2var_epi8(kTop2, b.lo, _mm512_load_si512(idx.v), b.hi);
+}
+
+// values 16q .. 16q + 15 of the 64 as fp32
+template <int Q>
+inline __m512 fp8_quarter_f32(const Fp8Bytes& b) {
+  return _mm512_castsi512_ps(fp8_place<4, Q>(b));
 }
 
 // values 32h .. 32h + 31 of the 64 as bf16
 template <int H>
 inline __m512i fp8_half_bf16(const Fp8Bytes& b) {
-  alignas(64) static constexpr struct Idx {
-    uint8_t v[64];
-    constexpr Idx() : v() {
-      for (int i = 0; i < 32; ++i) {
-        v[2 * i] = uint8_t(32 * H + i);           // lo
-        v[2 * i + 1] = uint8_t(64 + 32 * H + i);  // hi
-      }
-    }
-  } idx{};
-  return _mm512_permutex2var_epi8(b.lo, _mm512_load_si512(idx.v), b.hi);
+  return fp8_place<2, H>(b);
 }
 #endif
 
@@ -487,6 +486,10 @@ bool int8_rows(AtenTensorHandle x, int64_t align, uint8_t flip, Int8Rows* out);
 // grid, kept as fp32 values (the kernels read them so; exact): s = max(min(amax(|x|), ub),
 // 1e-12) / 448, xq = e4m3(clamp(x / s, -448, 448)) rounded half to even, xs [M] = s.
 void quantize_fp8_rows(const float* x, int64_t M, int64_t K, float ub, float* xq, float* xs);
+
+// out[k] = value(w[k]) * s for k < len: e4m3 bytes dequantized with one scale (the large-M
+// paths' weight chunks)
+void fp8_times(const uint8_t* w, int64_t len, float s, float* out);
 
 // The reference's 1 x group fp8 quantization (quantize_fp8_groups) in the same operations, per
 // group of each row (a last group shorter than `group` scaled by its own elements): xq [M, K],
