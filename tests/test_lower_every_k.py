@@ -10,7 +10,9 @@ aten compositions, the CUDA one with its Triton kernels run by the interpreter o
 at M = 1 (decode kernels) and M = 17 (prefill kernels). The lowered compositions are called
 eagerly (an ``fx.Interpreter`` over the prepacked program on CPU, over the quantized program on
 CUDA, which takes no prepack), which is what ``lower()``'s retrace records, without its 17-40 s
-per recipe; the AOTInductor and Inductor paths are tested elsewhere on fewer shapes.
+per recipe; the AOTInductor and Inductor paths are tested elsewhere on fewer shapes. Both CPU
+lowerings run in the same children, on the same quantized programs: the export, the quantizing
+and the report are half the work, and were done twice when each lowering had its own.
 """
 
 from __future__ import annotations
@@ -51,6 +53,9 @@ CHILD = textwrap.dedent(
     ks = [int(k) for k in sys.argv[2].split(",")]
     k_max = max(ks)
     ms = [int(m) for m in sys.argv[4].split(",")]
+    # on CPU, "native" and "aten": the CPU lowering on the native kernels and on the aten
+    # compositions (the native kernels switched off as conftest's cpu_kernels fixture does)
+    kernel_sets = sys.argv[5].split(",")
 
     # N = 24 (not a whole 16-column panel) for every K, and N = 32 for whole 64-groups: SINQ
     # takes a layer only when N·K/64 is a multiple of 32, which no N = 24 layer is
@@ -65,7 +70,9 @@ CHILD = textwrap.dedent(
             return tuple(fc(x[..., : fc.in_features]) for fc in self.fc)
 
     class Lowered(torch.fx.Interpreter):
-        table = lowerings(device)
+        def __init__(self, gm):
+            super().__init__(gm)
+            self.table = lowerings(device)
 
         def call_function(self, target, args, kwargs):
             fn = self.table.get(target)
@@ -78,31 +85,39 @@ CHILD = textwrap.dedent(
     ep = torch.export.export(
         EveryK().eval(), (x,), dynamic_shapes=({0: torch.export.Dim.DYNAMIC},)
     )
-    out = {}
+    from fxquant.passes import cpu
+
+    native = cpu.available
+    out = {kernels: {} for kernels in kernel_sets}
     for recipe in recipes:
-        t0 = time.perf_counter()
         qep = fxquant.quantize(ep, recipe)
         # ExportedProgram.module() unlifts every constant again (~1.5 s for these 200 layers):
         # once per program, not per M
         ref = qep.module()
-        gm = prepacked(qep).module() if device == "cpu" else ref
-        worst, at = float("inf"), None
-        for m in ms:
-            xi = torch.randn(m, k_max)
-            with torch.no_grad():
-                got, want = Lowered(gm).run(xi), ref(xi)
-            for i, (k, n) in enumerate(shapes):
-                s = sqnr(want[i], got[i])
-                if s < worst:
-                    worst, at = s, f"{k}x{n}"
         rows = fxquant.report(qep).rows
-        out[recipe] = {
-            "worst_db": worst,
-            "at_k": at,
-            "quantized": sum(r["status"] == "quantized" for r in rows),
-            "s": round(time.perf_counter() - t0, 1),
-        }
-        print(recipe, out[recipe], file=sys.stderr, flush=True)
+        xs = [torch.randn(m, k_max) for m in ms]
+        with torch.no_grad():
+            wants = [ref(xi) for xi in xs]
+        for kernels in kernel_sets:
+            t0 = time.perf_counter()
+            cpu.available = native if kernels != "aten" else (lambda: False)
+            gm = prepacked(qep).module() if device == "cpu" else ref
+            worst, at = float("inf"), None
+            for xi, want in zip(xs, wants):
+                with torch.no_grad():
+                    got = Lowered(gm).run(xi)
+                for i, (k, n) in enumerate(shapes):
+                    s = sqnr(want[i], got[i])
+                    if s < worst:
+                        worst, at = s, f"{k}x{n}"
+            cpu.available = native
+            out[kernels][recipe] = {
+                "worst_db": worst,
+                "at_k": at,
+                "quantized": sum(r["status"] == "quantized" for r in rows),
+                "s": round(time.perf_counter() - t0, 1),
+            }
+            print(kernels, recipe, out[kernels][recipe], file=sys.stderr, flush=True)
     print(json.dumps(out))
     """
 )
@@ -115,26 +130,25 @@ _BF16 = (
 )
 
 
-@pytest.mark.parametrize("kernels", ["native", "aten"])
-def test_every_recipe_lowers_every_k_from_1_to_200(kernels, tmp_path):
+def test_every_recipe_lowers_every_k_from_1_to_200():
     from fxquant.passes import cpu
 
-    if kernels == "native" and not cpu.available():
-        pytest.skip("native CPU kernels unavailable")
+    kernel_sets = ["native", "aten"] if cpu.available() else ["aten"]
     # the native kernels themselves at every M: a class's plan may hand a few rows to a
     # candidate with other activation numerics (bf16_dot rounds x to bf16, ~50 dB a layer),
     # whose kernels sweep every K in tests/test_kernels_cpu.py
-    env = dict(
-        os.environ,
-        FXQUANT_NATIVE="1" if kernels == "native" else "0",
-        FXQUANT_CPU_DISPATCH="native",
-    )
+    env = dict(os.environ, FXQUANT_CPU_DISPATCH="native")
     recipes = list(fxquant.RECIPES)
-    result = _lower_every_k(recipes, "cpu", range(1, K_MAX + 1), "1,3", env)
-    for recipe, r in result.items():
-        floor = 40.0 if (kernels == "aten" and recipe.startswith(_BF16)) else 80.0
-        assert r["worst_db"] >= floor, (recipe, r)
-        assert r["quantized"] > 0 or not _takes_any(recipe, range(1, K_MAX + 1)), (recipe, r)
+    result = _lower_every_k(recipes, "cpu", range(1, K_MAX + 1), "1,3", env, kernel_sets)
+    for kernels in kernel_sets:
+        for recipe, r in result[kernels].items():
+            floor = 40.0 if (kernels == "aten" and recipe.startswith(_BF16)) else 80.0
+            assert r["worst_db"] >= floor, (kernels, recipe, r)
+            assert r["quantized"] > 0 or not _takes_any(recipe, range(1, K_MAX + 1)), (
+                kernels, recipe, r,
+            )  # fmt: skip
+    if "native" not in kernel_sets:
+        pytest.skip("the aten lowering passed; the native CPU kernels are unavailable")
 
 
 def _takes_any(recipe: str, ks) -> bool:
@@ -144,21 +158,27 @@ def _takes_any(recipe: str, ks) -> bool:
     return any(scheme.unsupported_reason(out_features=32, in_features=k) is None for k in ks)
 
 
-def _lower_every_k(recipes: list[str], device: str, ks, rows: str, env: dict) -> dict:
-    """The child over ``recipes``, one shard of them per core (each single-threaded)."""
+def _lower_every_k(
+    recipes: list[str], device: str, ks, rows: str, env: dict, kernel_sets: list[str]
+) -> dict:
+    """The child over ``recipes``, one shard of them per core (each single-threaded):
+    {kernel set: {recipe: result}}."""
     ks = ",".join(map(str, ks))
     env = dict(env, OMP_NUM_THREADS="1")
-    result = {}
+    result: dict = {kernels: {} for kernels in kernel_sets}
     for rc, stdout, stderr in run_in_shards(
-        lambda i, n: ["-c", CHILD, ",".join(recipes[i::n]), ks, device, rows],
+        lambda i, n: [
+            "-c", CHILD, ",".join(recipes[i::n]), ks, device, rows, ",".join(kernel_sets)
+        ],
         most=len(recipes), cwd=ROOT, env=env, timeout=1500,
     ):  # fmt: skip
         assert rc == 0, (
             f"the {device} lowering crashed or failed (exit {rc}); after the recipes on the "
             f"last lines it finished:\n{stderr[-3000:]}"
         )
-        result.update(json.loads(stdout.strip().splitlines()[-1]))
-    assert set(result) == set(recipes)
+        for kernels, done in json.loads(stdout.strip().splitlines()[-1]).items():
+            result[kernels].update(done)
+    assert all(set(done) == set(recipes) for done in result.values())
     return result
 
 
@@ -169,8 +189,8 @@ def test_every_recipe_lowers_every_k_for_cuda_under_the_interpreter():
 
     env = dict(os.environ, TRITON_INTERPRET="1")
     recipes = list(fxquant.RECIPES)
-    result = _lower_every_k(recipes, "cuda", CUDA_KS, f"1,{DECODE_MAX_M + 1}", env)
-    for recipe, r in result.items():
+    result = _lower_every_k(recipes, "cuda", CUDA_KS, f"1,{DECODE_MAX_M + 1}", env, ["triton"])
+    for recipe, r in result["triton"].items():
         # fp32 accumulation like the reference; activation codes on a rounding boundary may
         # round the other way (as in test_lower_cuda)
         assert r["worst_db"] >= 60.0, (recipe, r)
