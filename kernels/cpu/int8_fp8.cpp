@@ -5,6 +5,7 @@
 #include <omp.h>
 
 #include <type_traits>
+#include <vector>
 
 #include "bf16_dot.h"
 #include "native.h"
@@ -610,12 +611,13 @@ struct ByteWeight {
 // reference's; each b-wide span's fp32 sums meet their two scales, as in the GEMV.
 
 // R activation rows (bf16, ldx apart, zero past K) against weight row `row`: out[m] =
-// sum_kb (x[m] . w over span kb) * xs[m, kb] * s[kb]. Each span's vector sums are scaled into a
-// second set of accumulators, reduced once at the end (2R + 2 registers).
+// sum_kb (x[m] . w over span kb) * xss[m * KB + kb], xss the product xs[m, kb] * s[kb] of the
+// row's block (fp32, as the GEMV rounds it). Each span's vector sums are scaled into a second set
+// of accumulators, reduced once at the end (2R + 2 registers: 8 rows at most; 16 rows, their
+// totals in L1 and x interleaved so one pointer reads it, ran slower on the Zen 4).
 template <int R>
 inline void dot_rows_fp8_block(const uint16_t* xb, int64_t ldx, const uint8_t* row, int64_t K,
-                               int64_t b, const float* xs, int64_t KB, const float* s,
-                               float* out) {
+                               int64_t b, const float* xss, int64_t KB, float* out) {
   __m512 tot[R];
   for (int m = 0; m < R; ++m) tot[m] = _mm512_setzero_ps();
   for (int64_t kb = 0; kb < KB; ++kb) {
@@ -628,23 +630,30 @@ inline void dot_rows_fp8_block(const uint16_t* xb, int64_t ldx, const uint8_t* r
         acc[m] = _mm512_dpbf16_ps(acc[m], (__m512bh)_mm512_load_si512(xb + m * ldx + k), wv);
     }
     for (int m = 0; m < R; ++m)
-      tot[m] = _mm512_fmadd_ps(acc[m], _mm512_set1_ps(xs[m * KB + kb] * s[kb]), tot[m]);
+      tot[m] = _mm512_fmadd_ps(acc[m], _mm512_set1_ps(xss[m * KB + kb]), tot[m]);
   }
   for (int m = 0; m < R; ++m) out[m] = _mm512_reduce_add_ps(tot[m]);
 }
 
 void gemm_rows_fp8_block(const Bf16Rows& x, const float* xs, int64_t M, int64_t K,
                          const uint8_t* w, int64_t N, const float* ws, int64_t b, float* y) {
-  const int64_t KB = (K + b - 1) / b;
+  const int64_t KB = (K + b - 1) / b, NB = (N + b - 1) / b;
+  // xss[nb][m][kb] = xs[m, kb] * ws[nb, kb]: the scale each span's sums take, multiplied once
+  // per block row of the weight, not once per weight row (the fma reads it as a broadcast)
+  std::vector<float> xss(NB * M * KB);
+  for (int64_t nb = 0; nb < NB; ++nb)
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t kb = 0; kb < KB; ++kb)
+        xss[(nb * M + m) * KB + kb] = xs[m * KB + kb] * ws[nb * KB + kb];
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {
     prefetch_row_ahead(w, n, N, K);
     const uint8_t* row = w + n * K;
-    const float* s = ws + (n / b) * KB;
+    const float* sc = xss.data() + (n / b) * M * KB;
     float out[8];
     auto rows = [&](auto r, int64_t m) {
       constexpr int R = decltype(r)::value;
-      dot_rows_fp8_block<R>(x.data + m * x.ldx, x.ldx, row, K, b, xs + m * KB, KB, s, out);
+      dot_rows_fp8_block<R>(x.data + m * x.ldx, x.ldx, row, K, b, sc + m * KB, KB, out);
       for (int i = 0; i < R; ++i) y[(m + i) * N + n] = out[i];
       return m + R;
     };
