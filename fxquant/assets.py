@@ -107,10 +107,14 @@ def smollm2_gguf() -> Path:
 
 
 def load_smollm2(*, dtype: torch.dtype = torch.float32):
-    """Load SmolLM2-135M-Instruct as a plain HF ``LlamaForCausalLM`` in eval mode (~30 s).
+    """Load SmolLM2-135M-Instruct as a plain HF ``LlamaForCausalLM`` in eval mode.
 
-    transformers de-quantizes the Q4_1 GGUF blocks into ``dtype`` weights, so the result is an
-    ordinary float model (134.5M parameters, tied embeddings) ready for ``torch.export``.
+    transformers de-quantizes the Q4_1 GGUF blocks into fp32 weights (cast to ``dtype``), so the
+    result is an ordinary float model (134.5M parameters, tied embeddings) ready for
+    ``torch.export``. The GGUF file is read through the Hugging Face folders
+    :func:`fxquant.packages.converted` makes of it once in fxquant's cache (the same weights and
+    tokenizer as transformers' own GGUF reader, which parses the file in Python each time): the
+    first load in a fresh cache takes ~30 s on two cores, the later ones a few seconds.
 
     Args:
         dtype: parameter dtype; fp32 is the CPU baseline (bf16 is emulated and slow on AVX2).
@@ -119,10 +123,10 @@ def load_smollm2(*, dtype: torch.dtype = torch.float32):
         ``(model, tokenizer)``. The tokenizer adds no BOS token by default.
     """
     gguf = smollm2_gguf()
-    tf = _transformers()
-    tokenizer = tf.AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    model = tf.AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=dtype)
-    return model.eval(), tokenizer
+    _transformers()
+    from fxquant.packages import load_causal_lm, load_tokenizer
+
+    return load_causal_lm(gguf, dtype=dtype), load_tokenizer(gguf)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -242,7 +242,8 @@ def cpu_kernels(request, monkeypatch):
 
 @pytest.fixture(scope="session")
 def smollm2():
-    """(model, tokenizer): the real SmolLM2-135M, loaded once per test session (~45 s)."""
+    """(model, tokenizer): the real SmolLM2-135M, loaded once per test worker (the first load in
+    a fresh cache converts its GGUF file, ~30 s; a later one, another worker's, reads that)."""
     from fxquant import assets
 
     return assets.load_smollm2()
