@@ -31,12 +31,12 @@ LAYERS = [
     ("passes", ["fxquant.passes"]),
     # the entry points, and what runs or measures their output
     ("entry", ["fxquant.report", "fxquant.runtime", "fxquant.llm", "fxquant.evaluate",
-                  "fxquant.assets", "fxquant.api", "fxquant.backend", "fxquant.safe_load",
-                  "fxquant.calibration"]),
+                  "fxquant.api", "fxquant.backend", "fxquant.safe_load", "fxquant.calibration"]),
     # the outside world's formats and APIs
-    # (fxquant.hf_quantizer: the old path of fxquant.hf.bridge, a re-export)
+    # (fxquant.hf_quantizer: the old path of fxquant.hf.bridge, a re-export; fxquant.assets
+    # reads the installed models through fxquant.packages' converted GGUF folders)
     ("integrations", ["fxquant.hf", "fxquant.checkpoints", "fxquant.hf_quantizer",
-                      "fxquant.packages"]),
+                      "fxquant.packages", "fxquant.assets"]),
     ("facade", ["fxquant"]),  # fxquant/__init__.py: lazy re-exports of the public names
     ("apps", ["fxquant.cli", "fxquant.demo"]),
 ]  # fmt: skip
