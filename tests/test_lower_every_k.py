@@ -88,6 +88,8 @@ CHILD = textwrap.dedent(
     from fxquant.passes import cpu
 
     native = cpu.available
+    # the parent saw the native kernels load: a child that cannot must not pass on the aten path
+    assert "native" not in kernel_sets or native(), "the native CPU kernels did not load here"
     out = {kernels: {} for kernels in kernel_sets}
     for recipe in recipes:
         qep = fxquant.quantize(ep, recipe)
