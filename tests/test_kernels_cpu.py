@@ -15,6 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import fxquant
 import fxquant.kernels.cpu as native
 from conftest import assert_sums_close
 from fxquant.core import reference as ref
@@ -825,6 +826,33 @@ def test_opcheck():
     for op, args in cases:
         fp8 = any(a.dtype == torch.float8_e4m3fn for a in args if isinstance(a, torch.Tensor))
         torch.library.opcheck(op, args, test_utils=no_schema if fp8 else DEFAULT_UTILS)
+
+
+def test_backward_through_a_native_kernel_raises_and_a_compiled_program_still_runs():
+    # the kernels are inference-only: backward says so (torch's fallback warned and left the
+    # input without a gradient), while a program compiled under grad mode, whose backward
+    # AOTAutograd traces, compiles and runs forward
+    from fxquant.passes.lower import lower
+
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(20, 64, generator=g)
+    q, s = ref.quantize_int8_per_channel(w)
+    x = torch.randn(3, 64, generator=g, requires_grad=True)
+    y = fxq.native_int8_weight_only_linear(x, q, s)
+    with pytest.raises(RuntimeError, match=r"native_int8_weight_only_linear is an inference"):
+        y.sum().backward()
+    assert x.grad is None
+    with torch.no_grad():
+        assert not fxq.native_int8_weight_only_linear(x, q, s).requires_grad
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.RMSNorm(64), torch.nn.Linear(64, 32)).eval()
+    x = torch.randn(4, 64)
+    qep = fxquant.quantize(model, "int8wo", example_inputs=(x,))
+    out = torch.compile(lower(qep).module())(x)  # the RMSNorm weight requires grad
+    assert out.requires_grad and torch.allclose(out, qep.module()(x), rtol=1e-2, atol=1e-2)
+    with pytest.raises(RuntimeError, match="is an inference kernel"):
+        out.sum().backward()
 
 
 @pytest.mark.slow

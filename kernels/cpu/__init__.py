@@ -316,6 +316,55 @@ torch.library.register_fake("fxquant::native_int4_to_bfloat16", lib=_lib)(
 )
 
 # --------------------------------------------------------------------------------------------
+# Autograd: inference kernels, which say so when backward reaches them
+# --------------------------------------------------------------------------------------------
+# The native ops have no derivative. With no autograd kernel, torch's fallback ran backward
+# through them with a warning and left their inputs without a gradient: a lowered program under
+# grad mode gave silently wrong gradients, where the semantic ops (torch.library.custom_op) raise.
+# Their backward here calls `native_no_backward`, which raises when it runs and, traced, only
+# shapes its result: an eager backward raises at once, and a program compiled under grad mode
+# (AOTAutograd traces the backward with fake tensors) still compiles and raises only if its
+# backward ever runs.
+_lib.define("native_no_backward(Tensor grad, SymInt[] shape, ScalarType dtype, str op) -> Tensor")
+
+
+def _no_backward(grad: Tensor, shape, dtype, op: str) -> Tensor:
+    raise RuntimeError(
+        f"fxquant.{op} is an inference kernel (fxquant's native CPU lowering) and has no "
+        "derivative, but backward reached it: run the lowered program under torch.no_grad() or "
+        "torch.inference_mode(), or train the float model (FP8 training: fxquant.Float8Recipe)"
+    )
+
+
+_lib.impl("native_no_backward", _no_backward, "CompositeExplicitAutograd")
+torch.library.register_fake("fxquant::native_no_backward", lib=_lib)(
+    lambda grad, shape, dtype, op: grad.new_empty(shape, dtype=dtype)
+)
+
+
+def _remember_inputs(ctx, inputs, output) -> None:
+    ctx.inputs = [(t.shape, t.dtype) if isinstance(t, Tensor) else None for t in inputs]
+
+
+def _backward_of(op: str):
+    def backward(ctx, grad):
+        return tuple(
+            torch.ops.fxquant.native_no_backward(grad, list(like[0]), like[1], op)
+            if like is not None and needed
+            else None
+            for like, needed in zip(ctx.inputs, ctx.needs_input_grad, strict=True)
+        )
+
+    return backward
+
+
+for _name, (_schema, _) in NATIVE_OPS.items():
+    if _schema is not None:
+        torch.library.register_autograd(
+            f"fxquant::{_name}", _backward_of(_name), setup_context=_remember_inputs, lib=_lib
+        )
+
+# --------------------------------------------------------------------------------------------
 # Weight layouts (computed once, at lowering time)
 # --------------------------------------------------------------------------------------------
 
