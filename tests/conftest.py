@@ -52,6 +52,39 @@ if _WORKERS > 1:
     os.environ["OMP_NUM_THREADS"] = str(WORKER_THREADS)
 
 
+# pytest-xdist hands each worker one test file at a time (`--dist loadfile`), by default the files
+# with the most tests first: here those are the quick parametrized ones, so the minute-long files
+# came last and one worker ran the suite's final 90 s alone (a timeline of a cold run on two
+# cores, 2026-12-06). The files that took 25 s or more in that run go first, longest first, and
+# the rest fill in behind them in collection order (pyproject.toml turns xdist's reordering off).
+LONG_FILES = (
+    "test_float8_backend.py",
+    "test_lower.py",
+    "test_float8_recipes.py",
+    "test_llm.py",
+    "test_float8_fsdp.py",
+    "test_lower_every_k.py",
+    "test_accuracy.py",
+    "test_generate_compare_cli.py",
+    "test_gpu_script.py",
+    "test_generate_cli.py",
+    "test_mxfp4_experts.py",
+    "test_fp8_autocast.py",
+    "test_fuse.py",
+    "test_fuzz_files.py",
+    "test_kernels_cpu.py",
+    "test_lower_cuda.py",
+    "test_cli.py",
+    "test_kernels_compile.py",
+    "test_float8_distributed.py",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(LONG_FILES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: in-file order kept
+
+
 def run_in_shards(
     args: Callable[[int, int], list[str]], *, most: int, cwd, env: dict, timeout: float = 900
 ) -> list[tuple[int, str, str]]:
