@@ -55,7 +55,8 @@ if _WORKERS > 1:
 # pytest-xdist hands each worker one test file at a time (`--dist loadfile`), by default the files
 # with the most tests first: here those are the quick parametrized ones, so the minute-long files
 # came last and one worker ran the suite's final 90 s alone (a timeline of a cold run on two
-# cores, 2026-12-06). The files that took 25 s or more in that run go first, longest first, and
+# cores, 2026-12-06). The files that took 25 s or more in that run go first, longest first (and
+# test_kernels_cpu.py where its builds for lower CPU classes put it since), and
 # the rest fill in behind them in collection order (pyproject.toml turns xdist's reordering off).
 LONG_FILES = (
     "test_float8_backend.py",
@@ -64,6 +65,7 @@ LONG_FILES = (
     "test_llm.py",
     "test_float8_fsdp.py",
     "test_lower_every_k.py",
+    "test_kernels_cpu.py",
     "test_accuracy.py",
     "test_generate_compare_cli.py",
     "test_gpu_script.py",
@@ -72,7 +74,6 @@ LONG_FILES = (
     "test_fp8_autocast.py",
     "test_fuse.py",
     "test_fuzz_files.py",
-    "test_kernels_cpu.py",
     "test_lower_cuda.py",
     "test_cli.py",
     "test_kernels_compile.py",

@@ -7,6 +7,7 @@ and an AOTInductor package that calls the C shims, run in a process that never i
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -17,7 +18,7 @@ import torch.nn.functional as F
 
 import fxquant
 import fxquant.kernels.cpu as native
-from conftest import assert_sums_close
+from conftest import ROOT, assert_sums_close
 from fxquant.core import reference as ref
 from fxquant.core import reference_lowbit as ref_lowbit
 from fxquant.passes.cpu import int8 as _int8  # noqa: F401  (registers the VNNI device ops)
@@ -914,3 +915,71 @@ def test_aoti_package_calls_the_shims_without_fxquant(tmp_path, monkeypatch):
     )
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+# The kernels' code for the CPU classes below this machine's compiles only where -march=native
+# lacks their features: on an AVX-512 machine a change could break the AVX2 paths (a compile
+# error, or sums that only the AVX-512 paths get right) unseen until a session or a user lands on
+# an AVX2 CPU. Each lower class's build (FXQUANT_NATIVE_MARCH, a library of its own in the cache)
+# runs this file's arithmetic checks in a child, on a CPU that has its instructions; left out
+# there: the tests of packaging, autograd, opcheck and Inductor, whose subject is not the
+# kernels' arithmetic. Per -march: what it builds, the /proc/cpuinfo flags it needs, and which of
+# the features the kernels branch on (native.h) it has: AVX-512 BW, VNNI, VBMI, BF16.
+LOWER_CLASSES = {
+    "x86-64-v3": ("AVX2 and FMA (the avx2 class)", {"avx2", "fma"}, (0, 0, 0, 0)),
+    "x86-64-v4": (
+        "AVX-512 without VNNI, VBMI or BF16 (the avx512 class: Skylake-SP)",
+        {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd"},
+        (1, 0, 0, 0),
+    ),
+    "icelake-server": (
+        "AVX-512 VNNI and VBMI without BF16 (Ice Lake)",
+        {
+            "avx512_vnni",
+            "avx512vbmi",
+            "avx512_vbmi2",
+            "avx512_bitalg",
+            "avx512_vpopcntdq",
+            "avx512ifma",
+            "gfni",
+            "vaes",
+            "vpclmulqdq",
+        },
+        (1, 1, 1, 0),
+    ),
+    "cooperlake": (
+        "AVX-512 VNNI and BF16 without VBMI (Cooper Lake)",
+        {"avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16"},
+        (1, 1, 0, 1),
+    ),
+}
+NOT_ARITHMETIC = (
+    "aoti_package",
+    "backward_through",
+    "opcheck",
+    "mask_every_layer",
+    "e4m3_values_round",
+    "built_for_a_lower_cpu_class",
+)
+
+
+@pytest.mark.slow  # a build of the library (~8 s on 2 cores) and ~250 checks, each
+@pytest.mark.parametrize("march", list(LOWER_CLASSES))
+def test_the_kernels_built_for_a_lower_cpu_class_pass_these_checks(march):
+    if "FXQUANT_NATIVE_MARCH" in os.environ:
+        pytest.skip("a build for another -march already")
+    what, needs, features = LOWER_CLASSES[march]
+    flags = set(native.cpu_signature().split())
+    if not needs <= flags:
+        pytest.skip(f"this CPU cannot run {march} code: no {sorted(needs - flags)}")
+    own = tuple(int(f in flags) for f in ("avx512bw", "avx512_vnni", "avx512vbmi", "avx512_bf16"))
+    if own == features and "amx_tile" not in flags:
+        pytest.skip(f"this CPU's own build has the kernel paths of {march}'s")
+    env = {**os.environ, "FXQUANT_NATIVE_MARCH": march}
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", __file__, "-q", "-n", "0", "-p", "no:cacheprovider",
+         "-k", " and ".join(f"not {name}" for name in NOT_ARITHMETIC)],
+        capture_output=True, text=True, env=env, cwd=ROOT, timeout=600,
+    )  # fmt: skip
+    assert out.returncode == 0, f"{march}, {what}:\n{out.stdout[-4000:]}"
+    assert " passed" in out.stdout and " failed" not in out.stdout
