@@ -82,6 +82,10 @@ LONG_FILES = (
 
 
 def pytest_collection_modifyitems(config, items):
+    here = os.path.dirname(__file__)
+    gone = [name for name in LONG_FILES if not os.path.exists(os.path.join(here, name))]
+    if gone:  # a renamed file would silently lose its place
+        raise pytest.UsageError(f"tests/conftest.py LONG_FILES names files that are gone: {gone}")
     rank = {name: i for i, name in enumerate(LONG_FILES)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: in-file order kept
 
