@@ -55,9 +55,9 @@ if _WORKERS > 1:
 # pytest-xdist hands each worker one test file at a time (`--dist loadfile`), by default the files
 # with the most tests first: here those are the quick parametrized ones, so the minute-long files
 # came last and one worker ran the suite's final 90 s alone (a timeline of a cold run on two
-# cores, 2026-12-06). The files that took 25 s or more in that run go first, longest first (and
-# test_kernels_cpu.py where its builds for lower CPU classes put it since), and
-# the rest fill in behind them in collection order (pyproject.toml turns xdist's reordering off).
+# cores, 2026-12-06). The files that took 25 s or more in that run go first, longest first
+# (test_kernels_cpu.py at its time since its builds for the lower CPU classes), and the rest
+# fill in behind them in collection order (pyproject.toml turns xdist's reordering off).
 LONG_FILES = (
     "test_float8_backend.py",
     "test_lower.py",

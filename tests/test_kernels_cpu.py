@@ -963,7 +963,7 @@ NOT_ARITHMETIC = (
 )
 
 
-@pytest.mark.slow  # a build of the library (~8 s on 2 cores) and ~250 checks, each
+@pytest.mark.slow  # per -march: a build of the library (~8 s on 2 cores), ~250 checks
 @pytest.mark.parametrize("march", list(LOWER_CLASSES))
 def test_the_kernels_built_for_a_lower_cpu_class_pass_these_checks(march):
     if "FXQUANT_NATIVE_MARCH" in os.environ:
