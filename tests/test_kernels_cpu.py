@@ -923,34 +923,22 @@ def test_aoti_package_calls_the_shims_without_fxquant(tmp_path, monkeypatch):
 # an AVX2 CPU. Each lower class's build (FXQUANT_NATIVE_MARCH, a library of its own in the cache)
 # runs this file's arithmetic checks in a child, on a CPU that has its instructions; left out
 # there: the tests of packaging, autograd, opcheck and Inductor, whose subject is not the
-# kernels' arithmetic. Per -march: what it builds, the /proc/cpuinfo flags it needs, and which of
-# the features the kernels branch on (native.h) it has: AVX-512 BW, VNNI, VBMI, BF16.
+# kernels' arithmetic. Per -march: what it builds, and the /proc/cpuinfo flags it needs; of
+# those, the ones the kernels branch on (native.h) say which paths its build has.
+KERNEL_FEATURES = ("avx512bw", "avx512_vnni", "avx512vbmi", "avx512_bf16")
+AVX512 = {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd"}
 LOWER_CLASSES = {
-    "x86-64-v3": ("AVX2 and FMA (the avx2 class)", {"avx2", "fma"}, (0, 0, 0, 0)),
-    "x86-64-v4": (
-        "AVX-512 without VNNI, VBMI or BF16 (the avx512 class: Skylake-SP)",
-        {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd"},
-        (1, 0, 0, 0),
-    ),
+    "x86-64-v3": ("AVX2 and FMA (the avx2 class)", {"avx2", "fma"}),
+    "x86-64-v4": ("AVX-512 without VNNI, VBMI or BF16 (the avx512 class: Skylake-SP)", AVX512),
     "icelake-server": (
         "AVX-512 VNNI and VBMI without BF16 (Ice Lake)",
-        {
-            "avx512_vnni",
-            "avx512vbmi",
-            "avx512_vbmi2",
-            "avx512_bitalg",
-            "avx512_vpopcntdq",
-            "avx512ifma",
-            "gfni",
-            "vaes",
-            "vpclmulqdq",
-        },
-        (1, 1, 1, 0),
+        AVX512
+        | {"avx512_vnni", "avx512vbmi", "avx512_vbmi2", "avx512_bitalg", "avx512_vpopcntdq"}
+        | {"avx512ifma", "gfni", "vaes", "vpclmulqdq"},
     ),
     "cooperlake": (
         "AVX-512 VNNI and BF16 without VBMI (Cooper Lake)",
-        {"avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16"},
-        (1, 1, 0, 1),
+        AVX512 | {"avx512_vnni", "avx512_bf16"},
     ),
 }
 NOT_ARITHMETIC = (
@@ -968,12 +956,12 @@ NOT_ARITHMETIC = (
 def test_the_kernels_built_for_a_lower_cpu_class_pass_these_checks(march):
     if "FXQUANT_NATIVE_MARCH" in os.environ:
         pytest.skip("a build for another -march already")
-    what, needs, features = LOWER_CLASSES[march]
+    what, needs = LOWER_CLASSES[march]
     flags = set(native.cpu_signature().split())
     if not needs <= flags:
         pytest.skip(f"this CPU cannot run {march} code: no {sorted(needs - flags)}")
-    own = tuple(int(f in flags) for f in ("avx512bw", "avx512_vnni", "avx512vbmi", "avx512_bf16"))
-    if own == features and "amx_tile" not in flags:
+    paths = [f for f in KERNEL_FEATURES if f in needs]
+    if paths == [f for f in KERNEL_FEATURES if f in flags] and "amx_tile" not in flags:
         pytest.skip(f"this CPU's own build has the kernel paths of {march}'s")
     env = {**os.environ, "FXQUANT_NATIVE_MARCH": march}
     out = subprocess.run(
