@@ -368,7 +368,7 @@ def export_llm(
     """Export a Hugging Face causal LM with a static KV cache, for prefill and decode alike.
 
     Args:
-        model: a decoder-only ``AutoModelForCausalLM`` (Llama, Mistral, Qwen2/3, GPT-2 …) in
+        model: a decoder-only ``AutoModelForCausalLM`` (Llama, Mistral, Qwen, Gemma, Falcon …) in
             eval mode; it is not changed.
         max_cache_len: positions the cache holds: prompt plus generated tokens, at most the
             model's positional limit (and its sliding window, where it has one).

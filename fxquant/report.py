@@ -112,12 +112,15 @@ class Report:
                 out[name] = {"scheme": name, "layers": [], "kernel": kernel}
             out[name]["layers"].append(r.name)
         # the layers kept in fp32, bf16 or fp16 (passes/cpu/float32.py rewrites those of a
-        # linear's layout)
+        # linear's layout: an [N, K] weight, as it is or read through a transpose)
         if native:
             from fxquant.passes.cpu.float32 import KERNELS
 
+            def nk(r) -> bool:
+                return r.kind == "linear" or (bool(r.read_transposed) and r.experts is None)
+
             for dtype, kernel in KERNELS.items():
-                kept = [r.name for r in self.skipped if r.kind == "linear" and r.dtype == dtype]
+                kept = [r.name for r in self.skipped if nk(r) and r.dtype == dtype]
                 if kept:
                     scheme = f"{dtype} (kept in float)"
                     out[dtype] = {"scheme": scheme, "layers": kept, "kernel": kernel}

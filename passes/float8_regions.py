@@ -315,7 +315,7 @@ def float8_regions(
     positions = {n: i for i, n in enumerate(gm.graph.find_nodes(op="placeholder"))}
 
     def where(site: Site) -> int | torch.Tensor:
-        return positions.get(site.weight_node, site.weight)
+        return positions.get(site.weight_source, site.weight)
 
     sites, extra_inputs, scale_nodes = [], [], []
     for p in delayed:
@@ -374,7 +374,9 @@ def float8_regions(
             row.replace(padded_in_features=padded, bytes_after=row.bytes_before, extra=extra)
         )
         node = env[plan.site.node]
-        x, w = env_arg(env, plan.site.x), env[plan.site.weight_node]
+        # W as stored: [N, K], or [K, N] (Conv1D, mm) for the op to transpose; a view that
+        # transposed a stored [N, K] is left to dead-code elimination
+        x, w = env_arg(env, plan.site.x), env[plan.site.weight_source]
         bias = env_arg(env, plan.site.bias)
         i = index.get(plan.site.node)
         with graph.inserting_before(node):

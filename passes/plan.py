@@ -2,8 +2,10 @@
 
 First pass of the data flow (plan → rewrite → fuse → lower). It reads the graph only. A *site* is a
 node computing ``x @ W.T (+ b)`` with a constant W: ``aten.linear`` (``nn.Linear``, ``F.linear`` on
-a bare parameter), ``aten.addmm``/``aten.mm`` with W stored [K, N] (Hugging Face ``Conv1D``), and
-the torch-level spellings of the same calls that a Dynamo graph holds; and a mixture-of-experts
+a bare parameter), ``aten.addmm``/``aten.mm``/``aten.matmul`` with W stored [K, N] (Hugging Face
+``Conv1D``) or read through a transpose of W stored [N, K] (``x @ self.weight.T``: Falcon's
+``FalconLinear``, hand-written linears), the torch-level spellings of the same calls that a Dynamo
+graph holds; and a mixture-of-experts
 ``grouped_mm`` with a constant 3-D W [E, K, N], or the transpose of one stored [E, N, K]
 (transformers' grouped experts: gpt-oss, Mixtral, Qwen3-MoE …), named after that parameter. The plan
 is data: the report prints it and the tests assert on it.
@@ -76,8 +78,8 @@ class Site:
     node: fx.Node
     kind: str  # linear | addmm | mm | matmul | grouped_mm
     weight_fqn: str
-    # as stored: [N, K] for linear, [K, N] otherwise; grouped: [E, K, N], or [E, N, K] when
-    # the node reads it through a transpose (``stored_nk``)
+    # as stored: [N, K] for linear, [K, N] otherwise ([E, K, N] for experts), or [N, K]
+    # ([E, N, K]) when the node reads it through a transpose (``stored_nk``)
     weight: torch.Tensor
     stored_nk: bool = False
 
@@ -97,6 +99,16 @@ class Site:
     @property
     def weight_node(self) -> fx.Node:
         return self.node.args[_spec(self.node.target)[2]]
+
+    @property
+    def weight_source(self) -> fx.Node:
+        """The node holding the weight as stored: ``weight_node``, or the tensor it transposes."""
+        return self.weight_node.args[0] if self.stored_nk else self.weight_node
+
+    def weight_arg(self, stored: torch.Tensor) -> torch.Tensor:
+        """The value the node's weight argument takes when the weight as stored is ``stored``
+        (what a calibration run hands the node in place of the parameter it reads)."""
+        return stored.transpose(-2, -1) if self.stored_nk else stored
 
     @property
     def offs(self) -> fx.Node | None:
@@ -186,8 +198,9 @@ def find_sites(graph: fx.Graph, weight_of: WeightLookup) -> list[Site]:
         if len(args) <= wi or not isinstance(args[wi], fx.Node):
             continue
         found, stored_nk = weight_of(args[wi]), False
-        if found is None and kind == "grouped_mm":
-            # most transformers MoE models store experts [E, N, K] and pass W.transpose(-2, -1)
+        if found is None and kind != "linear":
+            # W [N, K] read through a transpose: ``x @ self.weight.T``; most transformers MoE
+            # models store experts [E, N, K] and pass W.transpose(-2, -1)
             source = _transposed_last_two(args[wi])
             found, stored_nk = (None, False) if source is None else (weight_of(source), True)
         if found is None:
@@ -203,20 +216,45 @@ def find_sites(graph: fx.Graph, weight_of: WeightLookup) -> list[Site]:
     return sites
 
 
+# How a graph spells a view that swaps dims: an exported graph's ATen ops, a Dynamo graph's torch
+# functions and tensor methods (and ``getattr`` calls for ``W.T`` / ``W.mT``).
+_SWAPS: dict[object, str] = {
+    aten.transpose.int: "transpose",
+    torch.transpose: "transpose",
+    "transpose": "transpose",
+    aten.permute.default: "permute",
+    torch.permute: "permute",
+    "permute": "permute",
+    aten.t.default: "t",
+    torch.t: "t",
+    "t": "t",
+    aten.numpy_T.default: "t",  # reverses every dim: a swap for a 2-D weight only
+    aten.mT.default: "mT",
+}
+
+
 def _transposed_last_two(node: fx.Node) -> fx.Node | None:
-    """The 3-D tensor node ``node`` transposes the last two dims of, or None: ``aten.transpose``
-    in an exported graph, ``.transpose`` / ``torch.transpose`` in a Dynamo graph."""
-    is_transpose = (node.op, node.target) in (
-        ("call_function", aten.transpose.int),
-        ("call_function", torch.transpose),
-        ("call_method", "transpose"),
-    )
-    if not is_transpose:
+    """The tensor node whose last two dims ``node`` swaps (and no other dim), or None."""
+    if node.op == "call_function" and node.target is getattr and len(node.args) == 2:
+        src, rest, how = node.args[0], (), {"T": "t", "mT": "mT"}.get(node.args[1])
+    elif node.op in ("call_function", "call_method") and node.args:
+        src, rest, how = node.args[0], node.args[1:], _SWAPS.get(node.target)
+    else:
         return None
-    src, dims = node.args[0], node.args[1:3]
-    if not isinstance(src, fx.Node) or len(dims) != 2:
+    value = node_value(src) if isinstance(src, fx.Node) else None
+    if how is None or node.kwargs or not isinstance(value, torch.Tensor) or value.dim() < 2:
         return None
-    return src if {d % 3 for d in dims if isinstance(d, int)} == {1, 2} else None
+    rank = value.dim()
+    if how == "transpose":
+        ok = len(rest) == 2 and all(isinstance(d, int) for d in rest)
+        ok = ok and {d % rank for d in rest} == {rank - 2, rank - 1}
+    elif how == "permute":
+        perm = rest[0] if len(rest) == 1 and isinstance(rest[0], (list, tuple)) else rest
+        swapped = [*range(rank - 2), rank - 1, rank - 2]
+        ok = all(isinstance(d, int) for d in perm) and [d % rank for d in perm] == swapped
+    else:
+        ok = how == "mT" or rank == 2
+    return src if ok else None
 
 
 def plan_sites(

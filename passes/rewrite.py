@@ -447,6 +447,7 @@ def _row(plan: LayerPlan) -> LayerRow:
         bytes_after=nbytes,
         sqnr_db=None,
         experts=site.experts,
+        read_transposed=site.stored_nk or None,
     )
 
 
@@ -466,12 +467,12 @@ def _replace(editor, plan: LayerPlan, constants: dict[str, fx.Node]) -> fx.Node:
         op, args = plan.scheme.grouped_op_args(site.x, constants, site.offs)
     else:
         op, args = plan.scheme.op_args(site.x, constants, site.bias)
-    weight_node = site.weight_node
+    weight_node, source = site.weight_node, site.weight_source  # read before the swap
     new = editor.swap(site.node, op, args)
     if site.stored_nk and not weight_node.users:
-        # experts read through a transpose: drop it, then the parameter it read
-        view, weight_node = weight_node, weight_node.args[0]
-        editor.graph.erase_node(view)
+        # a weight read through a transpose: drop it, then the parameter it read
+        editor.graph.erase_node(weight_node)
+        weight_node = source
     editor.release(weight_node)
     return new
 

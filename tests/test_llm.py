@@ -16,6 +16,7 @@ import torch
 
 import fxquant
 from fxquant import runtime
+from fxquant.core.reference import sqnr
 from fxquant.llm import LLMExportError, export_llm, llm_info
 from fxquant.passes.cpu import dispatch
 from fxquant.runtime import (
@@ -53,6 +54,20 @@ def _config(arch: str):
         return tf.MistralConfig(**_COMMON, sliding_window=64)
     if arch == "gpt2":
         return tf.GPT2Config(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=128)
+    if arch == "gemma3":  # sliding-window and global layers, q/k norms, scaled embeddings
+        return tf.Gemma3TextConfig(**_COMMON, head_dim=16, sliding_window=64)
+    if arch == "phi3":  # fused qkv_proj and gate_up_proj
+        return tf.Phi3Config(**_COMMON, pad_token_id=0)
+    if arch == "qwen2_moe":  # routed experts and a shared one
+        return tf.Qwen2MoeConfig(
+            **_COMMON, moe_intermediate_size=32, shared_expert_intermediate_size=64,
+            num_experts=4, num_experts_per_tok=2,
+        )  # fmt: skip
+    if arch == "falcon":  # FalconLinear: x @ self.weight.T, no aten.linear (Falcon-40B's layout)
+        return tf.FalconConfig(
+            vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+            num_kv_heads=2, new_decoder_architecture=True, max_position_embeddings=128,
+        )  # fmt: skip
     raise AssertionError(arch)
 
 
@@ -81,7 +96,9 @@ def _cached_logits(fn, ids: torch.Tensor, split: int) -> torch.Tensor:
     return torch.cat(outs, dim=1)
 
 
-@pytest.mark.parametrize("arch", ["llama", "gpt2", "qwen2", "qwen3", "mistral"])
+@pytest.mark.parametrize(
+    "arch", ["llama", "gpt2", "qwen2", "qwen3", "mistral", "falcon", "gemma3", "phi3", "qwen2_moe"]
+)
 def test_cached_program_equals_the_uncached_model(arch):
     model = _model(arch)
     ep = export_llm(model, max_cache_len=32, logits="all")
@@ -320,6 +337,20 @@ def test_quantized_cached_program_equals_the_quantized_uncached_one(recipe):
     ids = torch.randint(0, VOCAB, (1, 12))
     got = _cached_logits(cached.module(), ids, split=5)
     torch.testing.assert_close(got, uncached.module()(ids), atol=1e-4, rtol=1e-4)
+
+
+def test_falcon_linears_are_quantized_through_their_transposed_weights():
+    model = _model("falcon")
+    qep = fxquant.quantize(export_llm(model, max_cache_len=32, logits="all"), "int8wo")
+    rows = fxquant.report(qep).rows
+    quantized = [r["name"] for r in rows if r["status"] == "quantized"]
+    assert {r["kind"] for r in rows if r["status"] == "quantized"} == {"matmul"}
+    assert len(quantized) == 8  # query_key_value, dense, dense_h_to_4h, dense_4h_to_h × 2
+    assert quantized[0] == "model.transformer.h.0.self_attention.query_key_value"
+    ids = torch.randint(0, VOCAB, (1, 12))
+    with torch.no_grad():
+        want = model(ids, use_cache=False).logits
+    assert sqnr(want, _cached_logits(qep.module(), ids, split=5)) > 30
 
 
 def test_llm_info_survives_save_and_load(tmp_path):

@@ -300,7 +300,9 @@ class AutoRoundRun(CalibrationRun):
             w = weights.get(node)
             args = fx.map_arg(
                 node.args,
-                lambda a, w=w, s=site: w if w is not None and a is s.weight_node else get(a),
+                lambda a, w=w, s=site: (
+                    s.weight_arg(w) if w is not None and a is s.weight_node else get(a)
+                ),
             )
             kwargs = fx.map_arg(node.kwargs, get)
             env[node] = node.target(*args, **kwargs)

@@ -111,7 +111,7 @@ def find_absorber(
         return f"{prev.weight_fqn}'s output also feeds other ops"
     if prev.out_features != k:
         return f"{prev.weight_fqn} has {prev.out_features} outputs, not this input's {k}"
-    w_fqn = sole_param(prev.weight_node, tuple(prev.weight.shape))
+    w_fqn = sole_param(prev.weight_source, tuple(prev.weight.shape))
     if w_fqn is None:
         return f"{prev.weight_fqn} is shared with other ops"
     params = [(w_fqn, 1 if prev.transposed else 0)]

@@ -198,11 +198,16 @@ class CalibrationRun:
     def _execute(self, node: fx.Node):
         inputs = node.all_input_nodes
         override = self.override.get(node)
-        weight_node = self.sites_by_node[node].weight_node if override is not None else None
+        site = self.sites_by_node.get(node)
 
         def call(i: int):
             def get(a: fx.Node):
-                return override if a is weight_node else self._value(a, i)
+                if site is None or a is not site.weight_node:
+                    return self._value(a, i)
+                # the weight as stored now (a fold may have rescaled it since a transpose of it
+                # ran), or the one the driver gave the node
+                stored = override if override is not None else self._value(site.weight_source, i)
+                return site.weight_arg(stored)
 
             args = fx.map_arg(node.args, get)
             kwargs = fx.map_arg(node.kwargs, get)

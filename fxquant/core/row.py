@@ -42,6 +42,8 @@ class LayerRow(Mapping):
         bytes_before, bytes_after: the weight's bytes in float and as stored.
         sqnr_db: the stored weight's SQNR against the float one, dB (None: not known).
         experts: E, for a mixture-of-experts site.
+        read_transposed: the node reads the weight through a transpose of it as stored
+            ([N, K] under a ``matmul`` / ``mm`` / ``addmm``: ``x @ W.T``; experts [E, N, K]).
         padded_in_features: K after the scheme's zero padding.
         shared_with: the layer whose constants this one reuses (a tied weight).
         float_weight_kept: the float weight stays in the program (used elsewhere).
@@ -65,6 +67,7 @@ class LayerRow(Mapping):
     bytes_after: int
     sqnr_db: float | None
     experts: int | None = None
+    read_transposed: bool | None = None
     padded_in_features: int | None = None
     shared_with: str | None = None
     float_weight_kept: bool | None = None

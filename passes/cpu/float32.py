@@ -23,7 +23,8 @@ speed from M = 16; the fp16 kernel runs 1.2-1.8x it at M = 1, 2-4x at 4-32 and 1
 numerics are the 16-bit linear's: products of the 16-bit values, fp32 sums (in another order),
 one rounding to the dtype after the bias.
 Only nodes whose weight is a stored, contiguous [N, K] constant of x's dtype (fp32, bf16 or
-fp16) are rewritten; a transposed ``Conv1D`` weight ([K, N], ``addmm``) keeps ATen's GEMM.
+fp16) are rewritten: a ``linear``, or a matmul of its transpose (``x @ W.T``); a ``Conv1D``
+weight ([K, N], ``addmm``) keeps ATen's GEMM.
 """
 
 from __future__ import annotations
@@ -85,10 +86,13 @@ def lower_float32_linears(editor) -> int:
     done = 0
     for site in find_sites(editor.graph, editor.weight_of):
         node, weight = site.node, site.weight
-        if site.kind != "linear" or not _eligible(site.x, weight, ops):
+        if site.transposed or site.kind == "grouped_mm" or not _eligible(site.x, weight, ops):
             continue
         op = ops[weight.dtype]
-        editor.swap(node, op, (site.x, site.weight_node, site.bias))
+        view = site.weight_node  # read before the swap
+        editor.swap(node, op, (site.x, site.weight_source, site.bias))
+        if site.stored_nk and not view.users:  # x @ W.T: the transpose is read no more
+            editor.graph.erase_node(view)
         counters[f"prepack.{op._opname}"] += 1
         done += 1
     return done
