@@ -167,6 +167,7 @@ def _cmd_quantize(args) -> int:
             _check_writable(flag, Path(out))
     dtype = _dtype_arg(args)
     if args.llm:
+        from fxquant.llm import cache_len_limit
         from fxquant.packages import load_causal_lm
 
         path = Path(args.source)
@@ -178,11 +179,13 @@ def _cmd_quantize(args) -> int:
             model = load_causal_lm(path, dtype=dtype or torch.float32)
         except FileNotFoundError as e:
             raise SystemExit(str(e)) from e
-        print(
-            f"exporting {args.source} with a KV cache of {args.max_cache_len} ...", file=sys.stderr
-        )
+        cache_len = args.max_cache_len
+        if cache_len is None:
+            limit = cache_len_limit(model.config)
+            cache_len = 2048 if limit is None else max(2, min(2048, limit))
+        print(f"exporting {args.source} with a KV cache of {cache_len} ...", file=sys.stderr)
         ep = fxquant.export_llm(
-            model, max_cache_len=args.max_cache_len, max_batch=args.max_batch, logits=args.logits
+            model, max_cache_len=cache_len, max_batch=args.max_batch, logits=args.logits
         )
     else:
         model, example_inputs, dynamic_shapes = load_source(
@@ -328,7 +331,7 @@ def _generate_from_model(source: Path, args) -> int:
             _recipe_config(r)  # a typo fails now, not after minutes of building
             variants.append((r if dtype == "fp32" else f"{r} ({dtype})", r, dtype))
     needed = len(args.prompt) + args.max_new_tokens  # characters: at least the tokens
-    cache_len = args.max_cache_len or max(256, -(-needed // 256) * 256)
+    cache_len = args.max_cache_len or _default_cache_len(source, -(-needed // 256) * 256)
     tokenizer = load_tokenizer(args.tokenizer or source)
     # each dtype's model loaded once, only if a build needs it
     models = {
@@ -351,6 +354,18 @@ def _generate_from_model(source: Path, args) -> int:
     if args.compare:
         print(_compare_table(rows, tokenizer))
     return 0
+
+
+def _default_cache_len(source: Path, wanted: int) -> int:
+    """``wanted`` cache positions (at least 256), or fewer where the model takes no more (its
+    positional limit or sliding window): a request that outgrows them is refused at generate
+    time, with the lengths, not as an export error."""
+    from fxquant.llm import cache_len_limit
+    from fxquant.packages import load_config
+
+    limit = cache_len_limit(load_config(source))
+    wanted = max(256, wanted)
+    return wanted if limit is None else max(2, min(wanted, limit))
 
 
 def _recipe_config(name: str):
@@ -456,7 +471,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="export a causal LM with its KV cache (prefill and decode in one program, for "
         "fxquant generate) instead of input_ids -> logits",
     )
-    q.add_argument("--max-cache-len", type=int, default=2048, help="with --llm: cache positions")
+    q.add_argument(
+        "--max-cache-len",
+        type=int,
+        default=None,
+        help="with --llm: cache positions (default 2048, or fewer where the model takes no "
+        "more: its positional limit or sliding window)",
+    )
     q.add_argument("--max-batch", type=int, default=1, help="with --llm: sequences per call")
     q.add_argument(
         "--logits",
@@ -511,7 +532,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=None,
         help="with a model source: cache positions (default: prompt + new tokens, "
-        "rounded up to 256)",
+        "rounded up to 256, or fewer where the model takes no more)",
     )
     g.set_defaults(fn=_cmd_generate)
 

@@ -50,6 +50,7 @@ __all__ = [
     "INFO_KEY",
     "CachedCausalLM",
     "LLMExportError",
+    "cache_len_limit",
     "decode_bytes",
     "export_llm",
     "llm_info",
@@ -307,6 +308,26 @@ def _positional_limit(config) -> int | None:
     return None
 
 
+def _sliding_window(config) -> int | None:
+    """The window of the model's sliding-window layers, or None where none has one."""
+    window = getattr(config, "sliding_window", None)
+    layer_types = getattr(config, "layer_types", None) or []
+    uses_window = window is not None and (
+        not layer_types or any("sliding" in str(t) for t in layer_types)
+    )
+    return window if uses_window and getattr(config, "use_sliding_window", True) else None
+
+
+def cache_len_limit(config) -> int | None:
+    """The most cache positions :func:`export_llm` takes for a model of this Hugging Face config
+    (its positional limit, and its sliding window where it has one), or None: no limit known.
+    What the command line's default ``max_cache_len`` is capped at."""
+    if hasattr(config, "get_text_config"):
+        config = config.get_text_config()
+    limits = [v for v in (_positional_limit(config), _sliding_window(config)) if v is not None]
+    return min(limits) if limits else None
+
+
 def _eos_ids(model: nn.Module) -> list[int]:
     found: list[int] = []
     for cfg in (getattr(model, "generation_config", None), getattr(model, "config", None)):
@@ -329,12 +350,8 @@ def _check(model: nn.Module, config, *, max_cache_len: int, max_batch: int) -> N
             f"export_llm: max_cache_len={max_cache_len} is above {arch}'s positional limit "
             f"({limit} positions, config.max_position_embeddings); allowed: 2..{limit}"
         )
-    window = getattr(config, "sliding_window", None)
-    layer_types = getattr(config, "layer_types", None) or []
-    uses_window = window is not None and (
-        not layer_types or any("sliding" in str(t) for t in layer_types)
-    )
-    if uses_window and getattr(config, "use_sliding_window", True) and max_cache_len > window:
+    window = _sliding_window(config)
+    if window is not None and max_cache_len > window:
         raise ValueError(
             f"export_llm: max_cache_len={max_cache_len} is longer than {arch}'s sliding window "
             f"({window}); the static cache attends over the whole cache, which is the model's "

@@ -37,6 +37,7 @@ __all__ = [
     "converted",
     "llm_package",
     "load_causal_lm",
+    "load_config",
     "load_tokenizer",
     "package_key",
 ]
@@ -163,6 +164,21 @@ def load_causal_lm(source: str | os.PathLike, *, dtype: torch.dtype = torch.floa
     with readable(path):
         model = transformers.AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, **kwargs)
     return model.eval()
+
+
+def load_config(source: str | os.PathLike):
+    """The Hugging Face config of a ``.gguf`` file (its converted folder) or a model folder,
+    without loading the weights."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import transformers
+
+    path = Path(source)
+    if path.suffix == ".gguf":
+        path = converted(path, "model")
+    elif not (path / "config.json").is_file():
+        raise FileNotFoundError(f"fxquant: {path} is neither a .gguf file nor a model folder")
+    with readable(path):
+        return _plain(transformers.AutoConfig.from_pretrained(str(path)))
 
 
 def converted(gguf: str | os.PathLike, part: str, *, cache_dir=None) -> Path:

@@ -173,3 +173,23 @@ def test_atomic_path_leaves_nothing_behind_on_failure(tmp_path):
     assert target.read_bytes() == b"whole"
     assert target.stat().st_mode & 0o044  # readable by others, unlike mkstemp's 0600
     assert list((tmp_path / "sub").iterdir()) == [target]
+
+
+def test_generate_caps_its_default_cache_at_what_the_model_takes(tmp_path):
+    """A default ``--max-cache-len`` (prompt + new tokens rounded up to 256) the model cannot
+    take (its sliding window, its positional limit) is capped, not refused at export."""
+    tf = pytest.importorskip("transformers")
+    from fxquant.cli import _default_cache_len
+
+    common = dict(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2)  # fmt: skip
+    window = tf.MistralConfig(**common, sliding_window=64, max_position_embeddings=4096)
+    window.save_pretrained(tmp_path / "window")
+    short = tf.LlamaConfig(**common, max_position_embeddings=200)
+    short.save_pretrained(tmp_path / "short")
+    long = tf.LlamaConfig(**common, max_position_embeddings=8192)
+    long.save_pretrained(tmp_path / "long")
+    assert _default_cache_len(tmp_path / "window", 256) == 64
+    assert _default_cache_len(tmp_path / "short", 512) == 200
+    assert _default_cache_len(tmp_path / "long", 0) == 256
+    assert _default_cache_len(tmp_path / "long", 512) == 512

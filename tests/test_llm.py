@@ -353,6 +353,22 @@ def test_falcon_linears_are_quantized_through_their_transposed_weights():
     assert sqnr(want, _cached_logits(qep.module(), ids, split=5)) > 30
 
 
+def test_the_cache_length_limit_is_the_positional_limit_or_the_sliding_window():
+    from fxquant.llm import cache_len_limit
+
+    assert cache_len_limit(_config("llama")) == 128  # max_position_embeddings
+    assert cache_len_limit(_config("gpt2")) == 128  # n_positions
+    assert cache_len_limit(_config("mistral")) == 64  # every layer slides over 64
+    assert cache_len_limit(_config("gemma3")) == 64  # some layers do
+    assert cache_len_limit(_config("qwen2")) == 128  # a window, but use_sliding_window=False
+    assert cache_len_limit(tf.PretrainedConfig()) is None
+    # export_llm takes exactly that many, and refuses one more
+    model = _model("mistral")
+    export_llm(model, max_cache_len=64)
+    with pytest.raises(ValueError, match=r"sliding window \(64\).*allowed 2\.\.64"):
+        export_llm(model, max_cache_len=65)
+
+
 def test_llm_info_survives_save_and_load(tmp_path):
     ep = fxquant.quantize(export_llm(_model(), max_cache_len=24), "int8wo")
     torch.export.save(ep, tmp_path / "q.pt2")
