@@ -358,8 +358,8 @@ def _generate_from_model(source: Path, args) -> int:
 
 def _default_cache_len(source: Path, wanted: int) -> int:
     """``wanted`` cache positions (at least 256), or fewer where the model takes no more (its
-    positional limit or sliding window): a request that outgrows them is refused at generate
-    time, with the lengths, not as an export error."""
+    positional limit): a request that outgrows them is refused at generate time, with the
+    lengths, not as an export error."""
     from fxquant.llm import cache_len_limit
     from fxquant.packages import load_config
 
@@ -475,8 +475,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-cache-len",
         type=int,
         default=None,
-        help="with --llm: cache positions (default 2048, or fewer where the model takes no "
-        "more: its positional limit or sliding window)",
+        help="with --llm: cache positions (default 2048, or the model's positional limit "
+        "where that is fewer)",
     )
     q.add_argument("--max-batch", type=int, default=1, help="with --llm: sequences per call")
     q.add_argument(
@@ -532,7 +532,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=None,
         help="with a model source: cache positions (default: prompt + new tokens, "
-        "rounded up to 256, or fewer where the model takes no more)",
+        "rounded up to 256, at most the model's positional limit)",
     )
     g.set_defaults(fn=_cmd_generate)
 

@@ -120,9 +120,11 @@ class CachedCausalLM(nn.Module):
         # lent GPU image's, takes any other keyword into **kwargs and runs without the cache)
         self._cache_arg = "cache" if "cache" in params else "past_key_values"
         self.cache = StaticCache(config=config, max_cache_len=max_cache_len)
-        # every layer becomes a _VisibleLayer: sliding-window layers have data-dependent control
-        # flow (a full layer is the same attention while max_cache_len <= the window, which
-        # export_llm checks), and full layers would attend over the whole cache
+        # every layer becomes a _VisibleLayer: transformers' sliding-window layers have
+        # data-dependent control flow (a ring buffer of the window), and full layers would attend
+        # over the whole cache. A sliding layer then keeps every position, as a full one does,
+        # and its attention mask, built from config.sliding_window, still attends over the
+        # window only (tested past the window): the same attention, its cache max_cache_len long
         layer_cls = _visible_layer_class(StaticLayer)
         self.cache.layers = [layer_cls(max_cache_len) for _ in self.cache.layers]
         heads, head_dim = _head_shapes(config)
@@ -308,24 +310,13 @@ def _positional_limit(config) -> int | None:
     return None
 
 
-def _sliding_window(config) -> int | None:
-    """The window of the model's sliding-window layers, or None where none has one."""
-    window = getattr(config, "sliding_window", None)
-    layer_types = getattr(config, "layer_types", None) or []
-    uses_window = window is not None and (
-        not layer_types or any("sliding" in str(t) for t in layer_types)
-    )
-    return window if uses_window and getattr(config, "use_sliding_window", True) else None
-
-
 def cache_len_limit(config) -> int | None:
     """The most cache positions :func:`export_llm` takes for a model of this Hugging Face config
-    (its positional limit, and its sliding window where it has one), or None: no limit known.
-    What the command line's default ``max_cache_len`` is capped at."""
+    (its positional limit), or None: no limit known. What the command line's default
+    ``max_cache_len`` is capped at."""
     if hasattr(config, "get_text_config"):
         config = config.get_text_config()
-    limits = [v for v in (_positional_limit(config), _sliding_window(config)) if v is not None]
-    return min(limits) if limits else None
+    return _positional_limit(config)
 
 
 def _eos_ids(model: nn.Module) -> list[int]:
@@ -349,13 +340,6 @@ def _check(model: nn.Module, config, *, max_cache_len: int, max_batch: int) -> N
         raise ValueError(
             f"export_llm: max_cache_len={max_cache_len} is above {arch}'s positional limit "
             f"({limit} positions, config.max_position_embeddings); allowed: 2..{limit}"
-        )
-    window = _sliding_window(config)
-    if window is not None and max_cache_len > window:
-        raise ValueError(
-            f"export_llm: max_cache_len={max_cache_len} is longer than {arch}'s sliding window "
-            f"({window}); the static cache attends over the whole cache, which is the model's "
-            f"attention only up to the window: allowed 2..{window}"
         )
     if getattr(config, "is_encoder_decoder", False):
         raise LLMExportError(
@@ -388,7 +372,8 @@ def export_llm(
         model: a decoder-only ``AutoModelForCausalLM`` (Llama, Mistral, Qwen, Gemma, Falcon …) in
             eval mode; it is not changed.
         max_cache_len: positions the cache holds: prompt plus generated tokens, at most the
-            model's positional limit (and its sliding window, where it has one).
+            model's positional limit (sliding-window layers hold them all too, their mask
+            attends over the window).
         max_batch: rows of the cache; the program takes exactly this many sequences (the
             runtime pads fewer).
         example_tokens: trace-time T (>= 2: a 1 would specialize the dynamic dim).

@@ -176,8 +176,8 @@ def test_atomic_path_leaves_nothing_behind_on_failure(tmp_path):
 
 
 def test_generate_caps_its_default_cache_at_what_the_model_takes(tmp_path):
-    """A default ``--max-cache-len`` (prompt + new tokens rounded up to 256) the model cannot
-    take (its sliding window, its positional limit) is capped, not refused at export."""
+    """A default ``--max-cache-len`` (prompt + new tokens rounded up to 256) past the model's
+    positional limit is capped, not refused at export; a sliding window is no limit."""
     tf = pytest.importorskip("transformers")
     from fxquant.cli import _default_cache_len
 
@@ -189,7 +189,7 @@ def test_generate_caps_its_default_cache_at_what_the_model_takes(tmp_path):
     short.save_pretrained(tmp_path / "short")
     long = tf.LlamaConfig(**common, max_position_embeddings=8192)
     long.save_pretrained(tmp_path / "long")
-    assert _default_cache_len(tmp_path / "window", 256) == 64
+    assert _default_cache_len(tmp_path / "window", 512) == 512
     assert _default_cache_len(tmp_path / "short", 512) == 200
     assert _default_cache_len(tmp_path / "long", 0) == 256
     assert _default_cache_len(tmp_path / "long", 512) == 512

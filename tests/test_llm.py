@@ -353,20 +353,40 @@ def test_falcon_linears_are_quantized_through_their_transposed_weights():
     assert sqnr(want, _cached_logits(qep.module(), ids, split=5)) > 30
 
 
-def test_the_cache_length_limit_is_the_positional_limit_or_the_sliding_window():
+def test_the_cache_length_limit_is_the_positional_limit():
     from fxquant.llm import cache_len_limit
 
     assert cache_len_limit(_config("llama")) == 128  # max_position_embeddings
     assert cache_len_limit(_config("gpt2")) == 128  # n_positions
-    assert cache_len_limit(_config("mistral")) == 64  # every layer slides over 64
-    assert cache_len_limit(_config("gemma3")) == 64  # some layers do
-    assert cache_len_limit(_config("qwen2")) == 128  # a window, but use_sliding_window=False
+    assert cache_len_limit(_config("mistral")) == 128  # its sliding window (64) is no limit
     assert cache_len_limit(tf.PretrainedConfig()) is None
-    # export_llm takes exactly that many, and refuses one more
-    model = _model("mistral")
-    export_llm(model, max_cache_len=64)
-    with pytest.raises(ValueError, match=r"sliding window \(64\).*allowed 2\.\.64"):
-        export_llm(model, max_cache_len=65)
+
+
+@pytest.mark.parametrize("arch", ["mistral", "gemma3", "gpt_oss"])
+def test_sliding_window_layers_attend_over_their_window_past_it(arch):
+    """A cache longer than the window: every position is kept, the mask attends over the
+    window (Mistral: every layer slides; Gemma 3, gpt-oss: some do, gpt-oss with sinks)."""
+    if arch == "gpt_oss":
+        config = tf.GptOssConfig(
+            **{**_COMMON, "intermediate_size": 64}, head_dim=16, num_local_experts=4,
+            num_experts_per_tok=2, layer_types=["sliding_attention", "full_attention"],
+        )  # fmt: skip
+    else:
+        config = _config(arch)
+    config.sliding_window = 8
+    torch.manual_seed(0)
+    model = tf.AutoModelForCausalLM.from_config(config).eval()
+    ep = export_llm(model, max_cache_len=48, logits="all")
+    ids = torch.randint(0, VOCAB, (1, 30))
+    with torch.no_grad():
+        want = model(ids, use_cache=False).logits
+    got = _cached_logits(ep.module(), ids, split=20)  # a prompt of 20, then 10 decode steps
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    # and the window matters: the same weights attending over everything differ past it
+    model.config.sliding_window = 10**6
+    with torch.no_grad():
+        everything = model(ids, use_cache=False).logits
+    assert (everything[:, 9:] - want[:, 9:]).abs().max() > 1e-2
 
 
 def test_llm_info_survives_save_and_load(tmp_path):
@@ -383,8 +403,6 @@ def test_bad_sizes_are_refused_before_export():
         export_llm(model, max_cache_len=16, max_batch=0)
     with pytest.raises(ValueError, match="max_cache_len=1"):
         export_llm(model, max_cache_len=1)
-    with pytest.raises(ValueError, match="sliding window"):
-        export_llm(_model("mistral"), max_cache_len=100)
     with pytest.raises(ValueError, match="logits='first'; allowed: 'last', 'all'"):
         export_llm(model, max_cache_len=16, logits="first")
 
