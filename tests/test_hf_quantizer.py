@@ -277,3 +277,48 @@ def test_smollm2_from_pretrained(smollm2, lee_ids, tmp_path):
         got = q(ids, use_cache=False).logits
     assert sqnr(base, got) > 25
     assert (base.argmax(-1) == got.argmax(-1)).float().mean() > 0.9
+
+
+class _ScaledLinear(torch.nn.Linear):
+    """A linear with a forward of its own (what bitsandbytes' layers and LoRA wrappers are)."""
+
+    def forward(self, x):
+        return 2 * super().forward(x)
+
+
+def test_subclasses_of_linear_are_swapped_only_where_their_forward_is_a_linear(tmp_path):
+    from transformers.models.falcon.modeling_falcon import FalconLinear
+
+    from fxquant.hf.bridge import quantize_linears
+
+    # Falcon's FalconLinear computes x @ W.T + b: nn.Linear's function, so it is swapped
+    x = torch.randn(3, 64)
+    torch.manual_seed(0)
+    falcon = FalconLinear(64, 32)
+    torch.testing.assert_close(falcon(x), torch.nn.functional.linear(x, falcon.weight, falcon.bias))
+    cfg = transformers.FalconConfig(
+        vocab_size=128, hidden_size=64, num_hidden_layers=2, num_attention_heads=4
+    )
+    torch.manual_seed(0)
+    transformers.FalconForCausalLM(cfg).save_pretrained(tmp_path / "falcon")
+    float_model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "falcon").eval()
+    model = _load(tmp_path / "falcon", "int8wo")
+    rows = {r["name"]: r for r in model.fxquant_report.rows}
+    assert len([r for r in rows.values() if r["status"] == "quantized"]) == 8
+    assert isinstance(model.transformer.h[0].mlp.dense_4h_to_h, QuantizedLinear)
+    ids = torch.randint(0, 128, (1, 9))
+    with torch.no_grad():
+        assert sqnr(float_model(ids).logits, model(ids).logits) > 30
+    model.save_pretrained(tmp_path / "q")  # and it reloads onto the swapped skeleton
+    again = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "q").eval()
+    with torch.no_grad():
+        assert torch.equal(again(ids).logits, model(ids).logits)
+
+    # any other forward is kept and the report says why
+    net = torch.nn.Sequential(torch.nn.Linear(64, 64), _ScaledLinear(64, 64))
+    y = net(x)
+    rows = {r["name"]: r for r in quantize_linears(net, "int8wo").rows}
+    assert rows["0"]["status"] == "quantized" and rows["1"]["status"] == "skipped"
+    assert "_ScaledLinear subclasses nn.Linear with a forward of its own" in rows["1"]["reason"]
+    assert type(net[1]) is _ScaledLinear
+    assert sqnr(y, net(x)) > 30  # the doubling is still there

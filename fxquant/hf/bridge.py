@@ -27,7 +27,10 @@ once and the reload ties them again. transformers' own tie of a quantized linear
 
 Module swapping is what transformers' quantizer interface is built for; fxquant's own path (export,
 then rewrite the graph) sees linears a module swap cannot (``F.linear`` on a bare parameter, HF
-``Conv1D``), so this bridge covers ``nn.Linear`` and says so in its report.
+``Conv1D``), so this bridge covers ``nn.Linear`` and says so in its report. A subclass with a
+forward of its own is swapped only where that forward is known to be nn.Linear's math (Falcon's
+``FalconLinear``, ``x @ W.T + b``); any other (bitsandbytes' layers, a user's scaled linear) is
+reported as skipped, since the swap would drop what its forward does.
 
 Importing this module registers ``quant_method="fxquant"`` with transformers (which it needs);
 ``import fxquant`` and ``import fxquant.hf`` alone do not import transformers. Its old path,
@@ -137,6 +140,24 @@ class _Site:
     owner: str | None
 
 
+# Subclasses of nn.Linear whose own forward computes nn.Linear's function (checked by the tests
+# against the class as installed): swapping them for a QuantizedLinear keeps what they compute.
+_LINEAR_FORWARDS = frozenset({"transformers.models.falcon.modeling_falcon.FalconLinear"})
+
+
+def _own_forward(cls: type) -> str | None:
+    """Why a swap cannot take an ``nn.Linear`` of class ``cls``, or None where it can."""
+    if cls.forward is nn.Linear.forward or f"{cls.__module__}.{cls.__qualname__}" in (
+        _LINEAR_FORWARDS
+    ):
+        return None
+    return (
+        f"{cls.__name__} subclasses nn.Linear with a forward of its own, which swapping it for "
+        "a QuantizedLinear would drop: export the model and use fxquant.quantize, which "
+        "quantizes the linear that forward computes, if it computes one"
+    )
+
+
 def _plan(
     model: nn.Module,
     config: QuantConfig,
@@ -159,7 +180,7 @@ def _plan(
     tied = getattr(model, "all_tied_weights_keys", None) or {}
     sites, owners = [], {}  # owners: (weight identity, scheme) → name of the first linear
     for name, module in model.named_modules():
-        if type(module) is not nn.Linear:
+        if not isinstance(module, nn.Linear):
             continue
         w = module.weight
         identity = tied.get(f"{name}.weight", f"{name}.weight") if skeleton else id(w)
@@ -167,13 +188,13 @@ def _plan(
         n, k = w.shape
         scheme, why = config.scheme_for(name)
         if scheme is not None:
-            problem = None
             if dtype not in FLOAT_DTYPES:
                 problem = f"weight dtype {dtype} is not floating point"
             elif w.device.type == "meta" and not skeleton:
                 problem = "weight is on the meta device (not loaded)"
             else:
                 problem = scheme.unsupported_reason(out_features=n, in_features=k)
+            problem = _own_forward(type(module)) or problem
             if problem is not None:
                 scheme, why = None, problem
         row = LayerRow(
@@ -466,7 +487,7 @@ class FxquantHfQuantizer(HfQuantizer):
         quantized_from = {
             name: getattr(torch, row.dtype)
             for name, m in model.named_modules()
-            if type(m) is nn.Linear and (row := _lookup(saved, name, prefix)) is not None
+            if isinstance(m, nn.Linear) and (row := _lookup(saved, name, prefix)) is not None
         }
         config = self.quantization_config.quant_config
         self._sites, self._layouts = _build_skeleton(model, config, quantized_from)
