@@ -113,6 +113,9 @@ class CachedCausalLM(nn.Module):
         config = _text_config(model)
         self.model = model
         self.max_cache_len, self.max_batch, self.logits = max_cache_len, max_batch, logits
+        # attention through _packed_gqa_attention where the model runs transformers' sdpa; off
+        # where the model's own code does not take that name (export_llm checks which agrees)
+        self.pack_attention = True
         # transformers' causal LMs slice the hidden states before their head when asked
         params = inspect.signature(model.forward).parameters
         self._keep = "logits_to_keep" in params
@@ -127,9 +130,14 @@ class CachedCausalLM(nn.Module):
         # window only (tested past the window): the same attention, its cache max_cache_len long
         layer_cls = _visible_layer_class(StaticLayer)
         self.cache.layers = [layer_cls(max_cache_len) for _ in self.cache.layers]
-        heads, head_dim = _head_shapes(config)
-        device = next(model.parameters()).device
-        self.cache.early_initialization(max_batch, heads, head_dim, _dtype(model), device)
+        states = _one_token_states(model, self._cache_arg, max_batch)
+        if states is not None and len(states) == len(self.cache.layers):
+            for layer, (key, value) in zip(self.cache.layers, states, strict=True):
+                layer.lazy_initialization(key, value)
+        else:  # the config's head shapes, as transformers' own export recipe sizes them
+            heads, head_dim = _head_shapes(config)
+            device = next(model.parameters()).device
+            self.cache.early_initialization(max_batch, heads, head_dim, _dtype(model), device)
         if getattr(config, "_attn_implementation", None) == "sdpa":
             _register_attention()  # once, outside any trace: a global registry
         for i, layer in enumerate(self.cache.layers):
@@ -157,7 +165,7 @@ class CachedCausalLM(nn.Module):
         last = self.logits == "last"
         # packed grouped-query attention in every mode (eager, export, torch.compile): under
         # Dynamo transformers' sdpa repeats the visible cache per layer and step
-        with _PackedAttention(self.model.config):
+        with _PackedAttention(self.model.config, enabled=self.pack_attention):
             out = self.model(
                 input_ids=input_ids,
                 position_ids=position_ids,
@@ -167,6 +175,25 @@ class CachedCausalLM(nn.Module):
             )
         logits = out.logits[:, -1:] if last else out.logits
         return logits.float()
+
+
+def _one_token_states(model: nn.Module, cache_arg: str, batch: int) -> list | None:
+    """Each layer's key and value states for one token of ``batch`` rows, from a forward of
+    the model into a dynamic cache: what the static cache's layers are sized from. The model
+    knows its shapes where its config's ``head_dim`` does not say them: DeepSeek's multi-head
+    latent attention caches keys qk_nope + qk_rope wide and values v_head_dim wide. None where
+    some layer cached nothing (the caller then sizes from the config)."""
+    from transformers.cache_utils import DynamicCache
+
+    cache = DynamicCache(config=model.config)
+    device = next(model.parameters()).device
+    ids = torch.zeros((batch, 1), dtype=torch.long, device=device)
+    with torch.no_grad():
+        model(input_ids=ids, use_cache=True, **{cache_arg: cache})
+    states = [(getattr(la, "keys", None), getattr(la, "values", None)) for la in cache.layers]
+    if any(k is None or v is None or k.dim() != 4 for k, v in states):
+        return None
+    return states
 
 
 def _head_shapes(config) -> tuple[Any, Any]:
@@ -285,11 +312,11 @@ class _PackedAttention:
     name registered by ``CachedCausalLM``); the config's attention implementation is restored
     afterwards (the caller's model is kept)."""
 
-    def __init__(self, config) -> None:
-        self.config, self.was = config, None
+    def __init__(self, config, *, enabled: bool = True) -> None:
+        self.config, self.was, self.enabled = config, None, enabled
 
     def __enter__(self) -> None:
-        self.was = getattr(self.config, "_attn_implementation", None)
+        self.was = getattr(self.config, "_attn_implementation", None) if self.enabled else None
         if self.was == "sdpa":
             self.config._attn_implementation = ATTENTION
 
@@ -345,6 +372,24 @@ def _check(model: nn.Module, config, *, max_cache_len: int, max_batch: int) -> N
         raise LLMExportError(
             f"export_llm: {arch} is an encoder-decoder model; it takes decoder-only LMs"
         )
+
+
+def _agreement(ep: ExportedProgram, model: nn.Module, ids: torch.Tensor) -> float:
+    """SQNR (dB) of the program's last logits against the model's own, uncached: after a
+    prefill of ``ids`` but its last token, and after that token's decode step (which reads what
+    the prefill cached). The program's cache is emptied again afterwards."""
+    from fxquant.core.reference import sqnr
+
+    t = ids.shape[1]
+    program = ep.module()
+    with torch.no_grad():
+        want = model(input_ids=ids, use_cache=False).logits.float()
+        prefill = program(ids[:, : t - 1], torch.arange(t - 1))[:, -1]
+        decode = program(ids[:, t - 1 :], torch.tensor([t - 1]))[:, -1]
+    for name, value in [*ep.state_dict.items(), *ep.constants.items()]:
+        if name.startswith("cache_") and isinstance(value, torch.Tensor):
+            value.zero_()
+    return min(float(sqnr(want[:, -2], prefill)), float(sqnr(want[:, -1], decode)))
 
 
 def _failing_frame(exc: BaseException) -> str:
@@ -403,12 +448,16 @@ def export_llm(
         ).eval()
         vocab = config.vocab_size
         ids = torch.randint(0, vocab, (max_batch, example_tokens))
-        pos = torch.arange(example_tokens)
-        tokens = Dim("tokens", min=1, max=max_cache_len)
-        with torch.no_grad():
-            ep = torch.export.export(
-                wrapper, (ids, pos), dynamic_shapes=({1: tokens}, {0: tokens}), strict=False
-            )
+        ep = _export(wrapper, ids)
+        # the program against the model itself: a model whose attention code does not take the
+        # packed attention's name (Falcon under transformers 5.17 ran its own eager branch on
+        # the mask meant for it: 15 dB) is exported again with its own attention
+        floor = 50.0 if _dtype(model) == torch.float32 else 25.0  # dB; agreeing ones: 80+ / 35+
+        db = _agreement(ep, model, ids)
+        if db < floor:
+            wrapper.pack_attention = False
+            ep = _export(wrapper, ids)
+            db = _agreement(ep, model, ids)
     except (ValueError, LLMExportError):
         raise
     except Exception as exc:  # noqa: BLE001  (any tracing failure: say which model and where)
@@ -418,6 +467,14 @@ def export_llm(
             f"{_failing_frame(exc)}: {type(exc).__name__}: {first[:300]}. The uncached export "
             "(fxquant.evaluate.export_causal_lm) may still work."
         ) from exc
+    if db < floor:
+        raise LLMExportError(
+            f"export_llm: {arch} with a static KV cache disagrees with the model itself on "
+            f"{example_tokens} example tokens ({db:.1f} dB SQNR of the last logits, at least "
+            f"{floor:.0f} expected): this transformers release's {arch} does not run on the "
+            "cache as fxquant drives it. The uncached export (fxquant.evaluate.export_causal_lm) "
+            "may still work."
+        )
     info = {
         "architecture": arch,
         "name_or_path": getattr(model.config, "_name_or_path", "") or "",
@@ -430,6 +487,18 @@ def export_llm(
         "logits": logits,
     }
     set_llm_info(ep, info)
+    return ep
+
+
+def _export(wrapper: CachedCausalLM, ids: torch.Tensor) -> ExportedProgram:
+    tokens = Dim("tokens", min=1, max=wrapper.max_cache_len)
+    with torch.no_grad():
+        ep = torch.export.export(
+            wrapper,
+            (ids, torch.arange(ids.shape[1])),
+            dynamic_shapes=({1: tokens}, {0: tokens}),
+            strict=False,
+        )
     # every layer's attention reads one computed copy of the causal mask, not views of it: under
     # torch.compile with the attended length captured (docs/llm.md) or AOTInductor its size is
     # data-dependent, and Inductor cannot hand such a view to the op (passes/cpu/attention.py)

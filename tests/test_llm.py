@@ -63,6 +63,13 @@ def _config(arch: str):
             **_COMMON, moe_intermediate_size=32, shared_expert_intermediate_size=64,
             num_experts=4, num_experts_per_tok=2,
         )  # fmt: skip
+    if arch == "deepseek_v3":  # latent attention: keys 8 + 8 wide, values 24, config.head_dim 8
+        return tf.DeepseekV3Config(
+            **{**_COMMON, "num_key_value_heads": 4}, moe_intermediate_size=32,
+            n_routed_experts=4, num_experts_per_tok=2, first_k_dense_replace=1, q_lora_rank=None,
+            kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=24, n_group=1,
+            topk_group=1,
+        )  # fmt: skip
     if arch == "falcon":  # FalconLinear: x @ self.weight.T, no aten.linear (Falcon-40B's layout)
         return tf.FalconConfig(
             vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
@@ -97,8 +104,12 @@ def _cached_logits(fn, ids: torch.Tensor, split: int) -> torch.Tensor:
 
 
 @pytest.mark.parametrize(
-    "arch", ["llama", "gpt2", "qwen2", "qwen3", "mistral", "falcon", "gemma3", "phi3", "qwen2_moe"]
-)
+    "arch",
+    [
+        "llama", "gpt2", "qwen2", "qwen3", "mistral", "falcon", "gemma3", "phi3", "qwen2_moe",
+        "deepseek_v3",
+    ],
+)  # fmt: skip
 def test_cached_program_equals_the_uncached_model(arch):
     model = _model(arch)
     ep = export_llm(model, max_cache_len=32, logits="all")
@@ -313,6 +324,42 @@ def test_cache_shapes_without_get_head_shapes(arch, monkeypatch):
         assert expected == configuration_utils.get_head_shapes(config)
         monkeypatch.delattr(configuration_utils, "get_head_shapes")
     assert _head_shapes(config) == expected
+
+
+def test_the_cache_is_sized_from_the_config_where_a_token_caches_nothing(monkeypatch):
+    # the static cache's layers take their shapes from one token's key and value states; where
+    # that says nothing, from the config's head shapes, as before
+    import fxquant.llm as llm
+
+    monkeypatch.setattr(llm, "_one_token_states", lambda *a, **k: None)
+    model = _model()
+    ids = torch.randint(0, VOCAB, (1, 10))
+    got = _cached_logits(export_llm(model, max_cache_len=16, logits="all").module(), ids, 6)
+    torch.testing.assert_close(got, model(ids, use_cache=False).logits, atol=1e-5, rtol=1e-5)
+
+
+def test_a_cached_program_that_disagrees_with_the_model_is_not_exported(monkeypatch):
+    # export_llm runs the cached wrapper on its example tokens first: where the packed attention
+    # disagrees with the model (Falcon under transformers 5.17), the model's own attention runs;
+    # where that disagrees too, the export is refused instead of saved wrong
+    import fxquant.llm as llm
+
+    model = _model()
+    wrong = lambda q, k, v, *a, **kw: torch.zeros_like(q).transpose(1, 2)  # noqa: E731
+    monkeypatch.setattr(llm, "packed_gqa_attention", wrong)
+    ep = export_llm(model, max_cache_len=16, logits="all")
+    assert "fxquant.native_gqa_attention" not in {str(n.target) for n in ep.graph.nodes}
+    ids = torch.randint(0, VOCAB, (1, 10))
+    got = _cached_logits(ep.module(), ids, 6)
+    torch.testing.assert_close(got, model(ids, use_cache=False).logits, atol=1e-5, rtol=1e-5)
+
+    def noisy(self, input_ids, cache_position):
+        return forward(self, input_ids, cache_position) + 0.1
+
+    forward = llm.CachedCausalLM.forward
+    monkeypatch.setattr(llm.CachedCausalLM, "forward", noisy)
+    with pytest.raises(LLMExportError, match=r"disagrees with the model itself on 8 example"):
+        export_llm(model, max_cache_len=16)
 
 
 def test_batch_rows_are_independent():
