@@ -167,7 +167,6 @@ def _cmd_quantize(args) -> int:
             _check_writable(flag, Path(out))
     dtype = _dtype_arg(args)
     if args.llm:
-        from fxquant.llm import cache_len_limit
         from fxquant.packages import load_causal_lm
 
         path = Path(args.source)
@@ -181,8 +180,7 @@ def _cmd_quantize(args) -> int:
             raise SystemExit(str(e)) from e
         cache_len = args.max_cache_len
         if cache_len is None:
-            limit = cache_len_limit(model.config)
-            cache_len = 2048 if limit is None else max(2, min(2048, limit))
+            cache_len = _capped_cache_len(model.config, 2048)
         print(f"exporting {args.source} with a KV cache of {cache_len} ...", file=sys.stderr)
         ep = fxquant.export_llm(
             model, max_cache_len=cache_len, max_batch=args.max_batch, logits=args.logits
@@ -360,11 +358,17 @@ def _default_cache_len(source: Path, wanted: int) -> int:
     """``wanted`` cache positions (at least 256), or fewer where the model takes no more (its
     positional limit): a request that outgrows them is refused at generate time, with the
     lengths, not as an export error."""
-    from fxquant.llm import cache_len_limit
     from fxquant.packages import load_config
 
-    limit = cache_len_limit(load_config(source))
-    wanted = max(256, wanted)
+    return _capped_cache_len(load_config(source), max(256, wanted))
+
+
+def _capped_cache_len(config, wanted: int) -> int:
+    """``wanted`` cache positions, or the model's positional limit where that is fewer (a
+    default cache length the export would otherwise refuse)."""
+    from fxquant.llm import cache_len_limit
+
+    limit = cache_len_limit(config)
     return wanted if limit is None else max(2, min(wanted, limit))
 
 

@@ -150,17 +150,8 @@ def load_causal_lm(source: str | os.PathLike, *, dtype: torch.dtype = torch.floa
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import transformers
 
-    path = Path(source)
-    kwargs = {}
-    if path.suffix == ".gguf":
-        path = converted(path, "model")
-        # The folder holds plain fp32 weights; one converted before 2026-12-05 kept the file's
-        # `quantization_config` (gguf) in its config.json, which attaches transformers' GGUF
-        # quantizer to the model and, for a dtype other than fp32, warns that "packed" weights
-        # compute fastest in fp32: neither is true of these weights.
-        kwargs["config"] = _plain(transformers.AutoConfig.from_pretrained(str(path)))
-    elif not (path / "config.json").is_file():
-        raise FileNotFoundError(f"fxquant: {path} is neither a .gguf file nor a model folder")
+    path, gguf = _model_folder(source)
+    kwargs = {"config": _config_of(path, gguf=True)} if gguf else {}
     with readable(path):
         model = transformers.AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, **kwargs)
     return model.eval()
@@ -169,16 +160,31 @@ def load_causal_lm(source: str | os.PathLike, *, dtype: torch.dtype = torch.floa
 def load_config(source: str | os.PathLike):
     """The Hugging Face config of a ``.gguf`` file (its converted folder) or a model folder,
     without loading the weights."""
+    path, gguf = _model_folder(source)
+    return _config_of(path, gguf=gguf)
+
+
+def _model_folder(source: str | os.PathLike) -> tuple[Path, bool]:
+    """The Hugging Face folder to load ``source`` from, and whether it is a GGUF file's."""
+    path = Path(source)
+    if path.suffix == ".gguf":
+        return converted(path, "model"), True
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"fxquant: {path} is neither a .gguf file nor a model folder")
+    return path, False
+
+
+def _config_of(folder: Path, *, gguf: bool):
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import transformers
 
-    path = Path(source)
-    if path.suffix == ".gguf":
-        path = converted(path, "model")
-    elif not (path / "config.json").is_file():
-        raise FileNotFoundError(f"fxquant: {path} is neither a .gguf file nor a model folder")
-    with readable(path):
-        return _plain(transformers.AutoConfig.from_pretrained(str(path)))
+    with readable(folder):
+        config = transformers.AutoConfig.from_pretrained(str(folder))
+    # A GGUF file's folder holds plain fp32 weights; one converted before 2026-12-05 kept the
+    # file's `quantization_config` (gguf) in its config.json, which attaches transformers' GGUF
+    # quantizer to the model and, for a dtype other than fp32, warns that "packed" weights
+    # compute fastest in fp32: neither is true of these weights.
+    return _plain(config) if gguf else config
 
 
 def converted(gguf: str | os.PathLike, part: str, *, cache_dir=None) -> Path:
