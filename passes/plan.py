@@ -22,7 +22,7 @@ import torch
 import torch.fx as fx
 import torch.nn.functional as F
 
-from fxquant.core.config import MXFP4, QuantConfig, Scheme
+from fxquant.core.config import QuantConfig, Scheme
 
 aten = torch.ops.aten
 
@@ -301,6 +301,10 @@ def _shape_problem(site: Site, scheme: Scheme) -> str | None:
     return scheme.unsupported_reason(out_features=site.out_features, in_features=site.in_features)
 
 
+# the schemes whose ``takes_experts`` is true, as an error message names them
+_EXPERT_SCHEMES = "Int8WeightOnly or MXFP4(activations=False)"
+
+
 def _grouped_problem(site: Site, scheme: Scheme, x: torch.Tensor) -> str | None:
     node = site.node
     # torch's grouped_mm also takes a bias and an out dtype (torch 2.13 refuses both, but for
@@ -312,9 +316,9 @@ def _grouped_problem(site: Site, scheme: Scheme, x: torch.Tensor) -> str | None:
             return "grouped_mm with a bias or an out_dtype other than its input's"
     if site.offs is None or x.dim() != 2:
         return f"grouped_mm of a {x.dim()}-D input or without offsets (only 2-D x with offs)"
-    if not (isinstance(scheme, MXFP4) and not scheme.activations):
+    if not scheme.takes_experts:
         return (
-            f"expert weights ([E, K, N], grouped_mm) take only MXFP4(activations=False), "
+            f"expert weights ([E, K, N], grouped_mm) take only {_EXPERT_SCHEMES}, "
             f"not {type(scheme).__name__}"
         )
     return None

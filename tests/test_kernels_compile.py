@@ -349,8 +349,16 @@ def _cases():
 def _format_cases():
     """bitsandbytes 4-bit (plain and double-quantized absmax), LLM.int8's activation quantizer
     (with and without outlier columns), MXFP4 / NVFP4 (E8M0 or e4m3 block scales), the MXFP4
-    experts' grouped GEMM and MXFP8."""
-    from fxquant.kernels import bnb4_weight_only, gemm, llm_int8, mxfp4, mxfp4_grouped, mxfp8
+    and int8 experts' grouped GEMMs and MXFP8."""
+    from fxquant.kernels import (
+        bnb4_weight_only,
+        gemm,
+        int8_weight_only_grouped,
+        llm_int8,
+        mxfp4,
+        mxfp4_grouped,
+        mxfp8,
+    )
 
     cases = []
     ints = {"M": "i32", "N": "i32", "K": "i32"}
@@ -447,6 +455,26 @@ def _format_cases():
                     "BLOCK_N": mxfp4_grouped._BLOCK_N,
                     "BLOCK_K": mxfp4_grouped._BLOCK_K,
                 },
+            )
+        )
+    # the int8 experts' grouped GEMM: bf16 x on the tensor cores, fp32 x in IEEE fp32 dots
+    g = int8_weight_only_grouped
+    for offs, x in (("*i32", "bf16"), ("*i64", "fp32")):
+        cases.append(
+            _case(
+                f"int8 weight-only grouped mm offs={offs} x={x}",
+                g._int8_grouped_kernel,
+                {
+                    "x_ptr": f"*{x}",
+                    "w_ptr": "*i8",
+                    "s_ptr": "*fp32",
+                    "offs_ptr": offs,
+                    "out_ptr": f"*{x}",
+                    "S": "i32",
+                    "N": "i32",
+                    "K": "i32",
+                },
+                {"BLOCK_M": g._BLOCK_M, "BLOCK_N": g._BLOCK_N, "BLOCK_K": g._BLOCK_K},
             )
         )
     for rows in (1, 128):

@@ -22,6 +22,7 @@ from transformers.integrations.mxfp4 import convert_moe_packed_tensors  # noqa: 
 
 import fxquant  # noqa: E402
 from fxquant.checkpoints import CheckpointError  # noqa: E402
+from fxquant.core import reference as ref  # noqa: E402
 from fxquant.core import reference_mx as rmx  # noqa: E402
 from fxquant.passes.lower import lower  # noqa: E402
 
@@ -89,7 +90,7 @@ def test_reference_is_transformers_grouped_mm_on_the_dequantized_weight(offs):
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     if offs[-1] < s:  # rows no expert owns: zeros, as transformers' fallback
         assert got[offs[-1] :].abs().max() == 0
-    # the CPU lowering's one-GEMM formulation is the same function
+    # the CPU lowering (each row gathers its expert's bytes) is the same function
     from fxquant.passes.lower import CPU_LOWERINGS
 
     lowered = CPU_LOWERINGS[fxq.mxfp4_grouped_mm.default](x, packed, scales, offs_t)
@@ -154,13 +155,29 @@ def test_mxfp4config_quantizes_the_experts_and_nothing_else(gpt_oss):
 
 
 def test_other_schemes_skip_the_experts_and_say_why(gpt_oss):
-    _, ep = gpt_oss
-    qep = fxquant.quantize(ep, fxquant.Int8WeightOnly())
+    model, ep = gpt_oss
+    qep = fxquant.quantize(ep, fxquant.Int4WeightOnly())
     rows = {r["name"]: r for r in fxquant.report(qep).rows}
     row = rows["model.layers.0.mlp.experts.gate_up_proj"]
     assert row["status"] == "skipped"
-    assert "take only MXFP4(activations=False), not Int8WeightOnly" in row["reason"]
+    assert (
+        "take only Int8WeightOnly or MXFP4(activations=False), not Int4WeightOnly"
+        in (row["reason"])
+    )
     assert rows["model.layers.0.self_attn.q_proj"]["status"] == "quantized"
+    # int8 weight-only takes them (tests/test_int8_experts.py), the experts' biases kept
+    experts = r"experts\.(gate_up_proj|down_proj)"
+    config = fxquant.QuantConfig(overrides={experts: fxquant.Int8WeightOnly()})
+    qep = fxquant.quantize(ep, config)
+    row = {r["name"]: r for r in fxquant.report(qep).rows}["model.layers.0.mlp.experts.down_proj"]
+    assert row["status"] == "quantized" and row["experts"] == 4
+    fake = tiny_model()
+    for layer in fake.model.layers:
+        for name in ("gate_up_proj", "down_proj"):
+            p = getattr(layer.mlp.experts, name)  # stored [E, K, N]
+            dq = ref.dequantize_int8_per_channel(*ref.quantize_int8_per_channel(p.data.mT))
+            p.data = dq.mT.contiguous()
+    torch.testing.assert_close(logits(qep.module()), logits(fake), rtol=1e-5, atol=1e-5)
 
 
 def test_torch_compile_backend_quantizes_the_experts():

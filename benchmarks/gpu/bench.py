@@ -15,9 +15,10 @@ wall-clock budget (``--budget-s``) so the call ends well before the device's per
    ``torch._scaled_mm`` (per-tensor and per-row fp8) and ``torch._int_mm`` on the same M, N, K.
    Dynamic-activation recipes are timed twice: the whole linear (activation quantization +
    GEMM) and the GEMM alone on a pre-quantized activation (what ``_scaled_mm`` is given).
-1b. **experts**: gpt-oss-20b's MXFP4 expert GEMMs (32 experts, d = 2880, top-4; 1, 16, 512
-   tokens) through the CUDA lowering of ``fxquant::mxfp4_grouped_mm``, checked against its
-   reference and timed beside bf16 ``torch._grouped_mm`` on the dequantized weights.
+1b. **experts**: gpt-oss-20b's expert GEMM shapes (32 experts, d = 2880, top-4; 1, 16, 512
+   tokens) in MXFP4 and int8 weight-only, through the CUDA lowerings of
+   ``fxquant::mxfp4_grouped_mm`` and ``fxquant::int8_weight_only_grouped_mm``, checked against
+   their references and timed beside bf16 ``torch._grouped_mm`` on the dequantized weights.
 2. **norm_quant**: the fused RMSNorm → quantize kernel on a [8192, 4096] bf16 activation, as a
    fraction of the HBM copy bandwidth measured in the same run (target >= 75 %).
 3. **stack**: an 8-layer Llama-3-8B-shaped decoder (random weights, bf16) exported with a dynamic
@@ -316,49 +317,64 @@ def _kernel_line(row: dict) -> str:
 
 
 def run_experts(res: Results, budget: Budget, *, device: str, smoke: bool) -> None:
-    """gpt-oss-20b's MXFP4 experts (E = 32, d = 2880, top-4): the lowered
-    ``fxquant::mxfp4_grouped_mm`` beside bf16 ``torch._grouped_mm`` on the dequantized weight."""
+    """gpt-oss-20b's expert shapes (E = 32, d = 2880, top-4) in MXFP4 and int8 weight-only: the
+    lowered ``fxquant::mxfp4_grouped_mm`` / ``int8_weight_only_grouped_mm`` beside bf16
+    ``torch._grouped_mm`` on the dequantized weight."""
+    from fxquant.core import reference as ref
     from fxquant.core import reference_mx as rmx
     from fxquant.passes.lower import lowerings
 
     bench, graph = timer(smoke), graph_timer(smoke)
-    fast = lowerings("cuda")[torch.ops.fxquant.mxfp4_grouped_mm.default]
+    ops = lowerings("cuda")
     e, top_k, d = (4, 2, 64) if smoke else (32, 4, 2880)
     shapes = [("gate_up", 2 * d, d), ("down", d, d)] if not smoke else [("gate_up", 48, d)]
-    for label, n, k in shapes:
-        torch.manual_seed(0)
-        w = torch.randn(e, n, k, device=device) * 0.02
+
+    def mxfp4(w):
         packed, scale = rmx.quantize_mxfp4_weight(w, rule="ceil")
-        w_ekn = rmx.dequantize_mxfp4_weight(packed, scale).to(torch.bfloat16).transpose(1, 2)
-        w_ekn = w_ekn.contiguous()
-        for tokens in (1, 5) if smoke else (1, 16, 512):
-            if budget.left() < 15:
-                print("experts: budget spent, stopping", flush=True)
-                return
-            rows = tokens * top_k
-            x = torch.randn(rows, k, device=device, dtype=torch.bfloat16)
-            ids = torch.randint(0, e, (rows,), device=device).sort().values
-            offs = torch.bincount(ids, minlength=e).cumsum(0).to(torch.int32)
-            row = {"shape": label, "tokens": tokens, "rows": rows, "N": n, "K": k, "E": e}
-            try:
-                args = (x, packed, scale, offs)
-                y = fast(*args)
-                row["sqnr_vs_reference_db"] = sqnr(rmx.mxfp4_grouped_mm(*args), y)
-                row["ms"] = bench(lambda args=args: fast(*args))
-                row["graph_ms"] = graph(lambda args=args: fast(*args))
-                if hasattr(torch, "_grouped_mm") and not smoke:
-                    bf16 = (x, w_ekn)
-                    base = bench(lambda b=bf16, o=offs: torch._grouped_mm(*b, offs=o))
-                    row["bf16_grouped_mm_ms"] = base
-                    row["speedup_vs_bf16"] = base / row["ms"]
-                    gbase = graph(lambda b=bf16, o=offs: torch._grouped_mm(*b, offs=o))
-                    if gbase and row["graph_ms"]:
-                        row["graph_speedup_vs_bf16"] = gbase / row["graph_ms"]
-            except Exception as ex:  # noqa: BLE001 - a failing kernel is a result
-                row["error"] = f"{type(ex).__name__}: {str(ex)[:300]}"
-            res.rec["experts"].append(row)
-            res.write()
-            print(f"experts {label} tokens={tokens}: {row}", flush=True)
+        op = ops[torch.ops.fxquant.mxfp4_grouped_mm.default]
+        return op, rmx.mxfp4_grouped_mm, (packed, scale), rmx.dequantize_mxfp4_weight(packed, scale)
+
+    def int8(w):
+        q, scale = ref.quantize_int8_per_channel(w)
+        op = ops[torch.ops.fxquant.int8_weight_only_grouped_mm.default]
+        dq = ref.dequantize_int8_per_channel(q, scale)
+        return op, ref.int8_weight_only_grouped_mm, (q, scale), dq
+
+    for fmt, quantize in (("mxfp4", mxfp4), ("int8", int8)):
+        for label, n, k in shapes:
+            torch.manual_seed(0)
+            w = torch.randn(e, n, k, device=device) * 0.02
+            fast, reference, consts, dq = quantize(w)
+            w_ekn = dq.to(torch.bfloat16).transpose(1, 2).contiguous()
+            for tokens in (1, 5) if smoke else (1, 16, 512):
+                if budget.left() < 15:
+                    print("experts: budget spent, stopping", flush=True)
+                    return
+                rows = tokens * top_k
+                x = torch.randn(rows, k, device=device, dtype=torch.bfloat16)
+                ids = torch.randint(0, e, (rows,), device=device).sort().values
+                offs = torch.bincount(ids, minlength=e).cumsum(0).to(torch.int32)
+                row = {"format": fmt, "shape": label, "tokens": tokens, "rows": rows}
+                row.update(N=n, K=k, E=e)
+                try:
+                    args = (x, *consts, offs)
+                    y = fast(*args)
+                    row["sqnr_vs_reference_db"] = sqnr(reference(*args), y)
+                    row["ms"] = bench(lambda f=fast, args=args: f(*args))
+                    row["graph_ms"] = graph(lambda f=fast, args=args: f(*args))
+                    if hasattr(torch, "_grouped_mm") and not smoke:
+                        bf16 = (x, w_ekn)
+                        base = bench(lambda b=bf16, o=offs: torch._grouped_mm(*b, offs=o))
+                        row["bf16_grouped_mm_ms"] = base
+                        row["speedup_vs_bf16"] = base / row["ms"]
+                        gbase = graph(lambda b=bf16, o=offs: torch._grouped_mm(*b, offs=o))
+                        if gbase and row["graph_ms"]:
+                            row["graph_speedup_vs_bf16"] = gbase / row["graph_ms"]
+                except Exception as ex:  # noqa: BLE001 - a failing kernel is a result
+                    row["error"] = f"{type(ex).__name__}: {str(ex)[:300]}"
+                res.rec["experts"].append(row)
+                res.write()
+                print(f"experts {fmt} {label} tokens={tokens}: {row}", flush=True)
 
 
 # --------------------------------------------------------------------------- 2. norm_quant
@@ -832,16 +848,17 @@ def write_table(rec: dict, path: Path) -> None:
             )
     lines += [
         "",
-        "| experts (MXFP4) | tokens | ms | x bf16 grouped_mm | SQNR dB |",
+        "| experts | tokens | ms | x bf16 grouped_mm | SQNR dB |",
         "|---|---|---|---|---|",
     ]
     for r in rec["experts"]:
+        what = f"{r.get('format', 'mxfp4')} {r['shape']}"
         if "error" in r:
-            lines.append(f"| {r['shape']} | {r['tokens']} | error | {r['error'][:80]} | |")
+            lines.append(f"| {what} | {r['tokens']} | error | {r['error'][:80]} | |")
         else:
             speed = r.get("speedup_vs_bf16")
             lines.append(
-                f"| {r['shape']} | {r['tokens']} | {r['ms']:.3f} | "
+                f"| {what} | {r['tokens']} | {r['ms']:.3f} | "
                 f"{'-' if speed is None else f'{speed:.2f}'} | {r['sqnr_vs_reference_db']:.0f} |"
             )
     lines += _fp8_training_module().table_lines(rec.get("fp8_training"))

@@ -14,8 +14,9 @@ and the per-device lowerings (``fxquant.core.registry``). One op per scheme, nam
 Written here are the ops no single scheme declares: the fusion pass's (``fxquant.passes.fuse``)
 ``norm_quant`` (a norm that writes its output already quantized, with its scale) and the
 ``*_scaled_linear`` ops that read such an activation (a dynamic-activation linear is exactly
-its activation quantizer followed by its scaled linear), the experts GEMM of MXFP4
-(``mxfp4_grouped_mm``), and the attention ``fxquant.export_llm`` emits on CPU where fxquant's
+its activation quantizer followed by its scaled linear), the experts GEMMs of MXFP4 and int8
+weight-only (``mxfp4_grouped_mm``, ``int8_weight_only_grouped_mm``), and the attention
+``fxquant.export_llm`` emits on CPU where fxquant's
 native kernels are built (``native_gqa_attention``: its CPU kernel is kernels/cpu/attention.cpp,
 registered when ``fxquant.kernels.cpu`` loads the library).
 """
@@ -40,6 +41,18 @@ def mxfp4_grouped_mm(x: Tensor, weight: Tensor, scale: Tensor, offs: Tensor) -> 
 
 
 @mxfp4_grouped_mm.register_fake
+def _(x, weight, scale, offs):
+    return x.new_empty((x.shape[0], weight.shape[1]))
+
+
+@torch.library.custom_op(f"{_LIB}::int8_weight_only_grouped_mm", mutates_args=())
+def int8_weight_only_grouped_mm(x: Tensor, weight: Tensor, scale: Tensor, offs: Tensor) -> Tensor:
+    """Expert GEMM: x [S, K] (rows sorted by expert, ``offs`` [E] their cumulative ends) · the
+    row's expert's int8 W [E, N, K] with per-channel scales [E, N] → [S, N]."""
+    return ref.int8_weight_only_grouped_mm(x, weight, scale, offs)
+
+
+@int8_weight_only_grouped_mm.register_fake
 def _(x, weight, scale, offs):
     return x.new_empty((x.shape[0], weight.shape[1]))
 

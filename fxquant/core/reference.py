@@ -30,14 +30,14 @@ INT8_MAX = 127
 def quantize_int8_per_channel(
     w: torch.Tensor, *, grid: str = "fxquant"
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """W [N, K] float → (q int8 [N, K], scale fp32 [N]); ``grid``: fxquant's amax / 127, or a
-    library's (``library_grid``)."""
+    """W [N, K] float → (q int8 [N, K], scale fp32 [N]); experts' [E, N, K] → [E, N, K], [E, N].
+    ``grid``: fxquant's amax / 127, or a library's (``library_grid``)."""
     if grid != "fxquant":
         u, scale, _ = library_grid(w, bits=8, symmetric=True, grid=grid)
         return (u.to(torch.int16) - 128).to(torch.int8), scale
     w = w.float()
-    scale = w.abs().amax(dim=1).clamp(min=EPS) / INT8_MAX
-    q = torch.round(w / scale[:, None]).clamp(-INT8_MAX, INT8_MAX).to(torch.int8)
+    scale = w.abs().amax(dim=-1).clamp(min=EPS) / INT8_MAX
+    q = torch.round(w / scale[..., None]).clamp(-INT8_MAX, INT8_MAX).to(torch.int8)
     return q, scale
 
 
@@ -50,7 +50,7 @@ def quantize_int8_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
 
 
 def dequantize_int8_per_channel(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    return q.float() * scale[:, None]
+    return q.float() * scale[..., None]
 
 
 # --------------------------------------------------------------------------------------------
@@ -303,6 +303,40 @@ def _finish(y: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype) -> t
 def int8_weight_only_linear(x, weight, scale, bias=None):
     y = (x.float() @ weight.float().t()) * scale
     return _finish(y, bias, x.dtype)
+
+
+def expert_of_rows(offs: torch.Tensor, rows: int) -> torch.Tensor:
+    """Each row's expert index from cumulative row ends ``offs`` [E]; E for rows past the end."""
+    positions = torch.arange(rows, device=offs.device, dtype=offs.dtype)
+    return torch.searchsorted(offs, positions, right=True)
+
+
+def grouped_linear(x: torch.Tensor, expert_linear, offs: torch.Tensor) -> torch.Tensor:
+    """Mixture-of-experts GEMM: the rows of x [S, K] are sorted by expert and ``offs`` [E] (int)
+    holds each expert's cumulative row end, so row s uses expert e where ``offs[e-1] <= s <
+    offs[e]``; ``expert_linear(rows, e)`` is expert e's product (fp32 [rows, N]). Rows at or
+    past ``offs[-1]`` give zeros, as transformers' grouped_mm fallback (the op the experts ops
+    replace in an exported graph). → fp32 [S, N]."""
+    out = None
+    start = 0
+    for e, end in enumerate(offs.tolist()):
+        y = expert_linear(x[start:end], e)
+        if out is None:
+            out = x.new_zeros((x.shape[0], y.shape[-1]), dtype=torch.float32)
+        out[start:end] = y
+        start = max(start, end)
+    return out
+
+
+def int8_weight_only_grouped_mm(x, weight, scale, offs):
+    """Experts with int8 weights [E, N, K] and per-channel scales [E, N]: each row of x [S, K]
+    times its expert's weight (``grouped_linear``), as ``int8_weight_only_linear`` computes it:
+    the fp32 product of the integer codes, then the scale. → [S, N] in x's dtype."""
+
+    def expert(rows, e):
+        return (rows.float() @ weight[e].float().t()) * scale[e]
+
+    return grouped_linear(x, expert, offs).to(x.dtype)
 
 
 def int4_weight_only_linear(x, weight, scale, zero, bias=None, *, group_size: int):

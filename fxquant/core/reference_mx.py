@@ -56,7 +56,14 @@ import math
 import torch
 from torch import Tensor
 
-from fxquant.core.reference import EPS, FP8_E4M3_MAX, _finish, pack_int4, unpack_int4
+from fxquant.core.reference import (
+    EPS,
+    FP8_E4M3_MAX,
+    _finish,
+    grouped_linear,
+    pack_int4,
+    unpack_int4,
+)
 
 MX_BLOCK = 32
 NVFP4_BLOCK = 16
@@ -303,24 +310,12 @@ def mxfp4_linear(x, weight, scale, bias=None, *, activation_rule: str | None):
 
 
 def mxfp4_grouped_mm(x: Tensor, weight: Tensor, scale: Tensor, offs: Tensor) -> Tensor:
-    """Mixture-of-experts GEMM with MXFP4 expert weights (gpt-oss' experts): rows of x [S, K]
-    are sorted by expert, and ``offs`` [E] (int) holds each expert's cumulative row end, so row
-    s uses expert e where ``offs[e-1] <= s < offs[e]``; weight packed [E, N, K/2], E8M0 scales
-    [E, N, K/32]. Rows at or past ``offs[-1]`` give zeros, as transformers' grouped_mm fallback
-    (the op this replaces in an exported graph). → [S, N] in x's dtype."""
+    """Mixture-of-experts GEMM with MXFP4 expert weights (gpt-oss' experts): each row of x [S, K]
+    times its expert's weight (``reference.grouped_linear``: rows sorted by expert, ``offs`` [E]
+    their cumulative ends), packed [E, N, K/2] with E8M0 scales [E, N, K/32]. → [S, N] in x's
+    dtype."""
     w = dequantize_mxfp4_weight(weight, scale)
-    out = x.new_zeros((x.shape[0], w.shape[1]), dtype=torch.float32)
-    start = 0
-    for e, end in enumerate(offs.tolist()):
-        out[start:end] = x[start:end].float() @ w[e].t()
-        start = max(start, end)
-    return out.to(x.dtype)
-
-
-def expert_of_rows(offs: Tensor, rows: int) -> Tensor:
-    """Each row's expert index from cumulative row ends ``offs`` [E]; E for rows past the end."""
-    positions = torch.arange(rows, device=offs.device, dtype=offs.dtype)
-    return torch.searchsorted(offs, positions, right=True)
+    return grouped_linear(x, lambda rows, e: rows.float() @ w[e].t(), offs).to(x.dtype)
 
 
 def nvfp4_linear(x, weight, scale, tensor_scale, bias=None, *, activation_rule: str | None):

@@ -166,6 +166,11 @@ class Scheme:
             *params,
         )
 
+    @property
+    def takes_experts(self) -> bool:
+        """Whether ``grouped_op_args`` serves: the scheme has a mixture-of-experts op."""
+        return False
+
     def grouped_op_args(self, x, constants: Mapping[str, Any], offs) -> tuple:
         """(op overload, args) replacing a mixture-of-experts ``grouped_mm`` site."""
         raise NotImplementedError(f"no grouped (experts) op for {self.to_dict()}")

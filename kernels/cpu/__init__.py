@@ -87,6 +87,16 @@ NATIVE_OPS = {
         "AOTITorchError aoti_torch_cpu_native_int8_weight_only_linear(AtenTensorHandle x, "
         "AtenTensorHandle weight, AtenTensorHandle scale, AtenTensorHandle* ret0)",
     ),
+    # mixture-of-experts (int8_fp8.cpp): x [S, K] fp32 sorted by expert, weight [E, N, K] int8,
+    # scale [E, N] fp32, offs [E] int64 cumulative row ends; each expert's rows on the linear's
+    # paths, rows past offs[-1] zeros
+    "native_int8_weight_only_grouped_mm": (
+        "native_int8_weight_only_grouped_mm(Tensor x, Tensor weight, Tensor scale, Tensor offs) "
+        "-> Tensor",
+        "AOTITorchError aoti_torch_cpu_native_int8_weight_only_grouped_mm(AtenTensorHandle x, "
+        "AtenTensorHandle weight, AtenTensorHandle scale, AtenTensorHandle offs, "
+        "AtenTensorHandle* ret0)",
+    ),
     "native_float8_weight_only_linear": (
         "native_float8_weight_only_linear(Tensor x, Tensor weight, Tensor scale) -> Tensor",
         "AOTITorchError aoti_torch_cpu_native_float8_weight_only_linear(AtenTensorHandle x, "
@@ -249,6 +259,9 @@ def _out(x: Tensor, weight: Tensor) -> Tensor:
 
 torch.library.register_fake("fxquant::native_int8_weight_only_linear", lib=_lib)(
     lambda x, weight, scale: _out(x, weight)
+)
+torch.library.register_fake("fxquant::native_int8_weight_only_grouped_mm", lib=_lib)(
+    lambda x, weight, scale, offs: x.new_empty((x.shape[0], weight.shape[1]), dtype=torch.float32)
 )
 torch.library.register_fake("fxquant::native_float8_weight_only_linear", lib=_lib)(
     lambda x, weight, scale: _out(x, weight)

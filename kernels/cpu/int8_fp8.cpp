@@ -4,6 +4,7 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <type_traits>
 #include <vector>
 
@@ -1058,6 +1059,52 @@ AOTITorchError vnni_linear(const uint8_t* xu, const float* xs, int64_t M, int64_
   return AOTI_TORCH_SUCCESS;
 }
 
+// ---- mixture-of-experts: int8 weight-only experts -------------------------------------------
+// x [S, K] fp32 with its rows sorted by expert, offs [E] (int64) each expert's cumulative row
+// end, w [E, N, K] int8, scale [E, N]: each expert's rows take the linear's own paths on that
+// expert's weight (the GEMV up to kGemvMaxM rows, the chunked GEMM above), so decode reads only
+// the experts its token chose and prefill runs one GEMM per expert. Rows at or past offs[E-1]
+// are zeros (transformers' grouped_mm fallback, the reference). The offsets are read here, on
+// the host: the data-dependent row split an aten composition cannot express.
+AOTITorchError int8_grouped_mm(AtenTensorHandle x, AtenTensorHandle w, AtenTensorHandle scale,
+                               AtenTensorHandle offs, AtenTensorHandle* ret0) {
+  Mat xm, wm, sm, om;
+  if (!view(x, 2, aoti_torch_dtype_float32(), &xm) || !view(w, 3, aoti_torch_dtype_int8(), &wm) ||
+      !view(scale, 2, aoti_torch_dtype_float32(), &sm) ||
+      !view(offs, 1, aoti_torch_dtype_int64(), &om))
+    return AOTI_TORCH_FAILURE;
+  int64_t* wsizes = nullptr;
+  if (aoti_torch_get_sizes(w, &wsizes)) return AOTI_TORCH_FAILURE;
+  const int64_t S = xm.rows, K = xm.cols, E = wsizes[0], N = wsizes[1];
+  if (wsizes[2] != K || sm.rows != E || sm.cols != N || om.rows != E) return AOTI_TORCH_FAILURE;
+  float* y = nullptr;
+  if (AOTITorchError e = new_output(S, N, ret0, &y)) return e;
+  std::fill(y, y + S * N, 0.f);
+  const int64_t* ends = om.as<int64_t>();
+  const float* xp = xm.as<float>();
+  const uint8_t* wp = wm.as<uint8_t>();
+  const float* sp = sm.as<float>();
+  int64_t start = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t end = std::min(ends[e], S);
+    const int64_t M = end - start;
+    if (M > 0 && N > 0) {
+      const float* xe = xp + start * K;
+      const uint8_t* we = wp + e * N * K;
+      const float* se = sp + e * N;
+      float* ye = y + start * N;
+      if (M <= kGemvMaxM[int(Fmt::kInt8)]) {
+        gemv_bytes<Fmt::kInt8>(xe, M, K, we, N, se, ye);
+      } else if (AOTITorchError err =
+                     gemm_chunked(Fmt::kInt8, xe, M, K, we, N, se, nullptr, 0, ye)) {
+        return err;
+      }
+    }
+    start = std::max(start, end);
+  }
+  return AOTI_TORCH_SUCCESS;
+}
+
 }  // namespace
 }  // namespace fxq
 
@@ -1072,6 +1119,14 @@ AOTITorchError aoti_torch_cpu_native_int8_weight_only_linear(AtenTensorHandle x,
                                                              AtenTensorHandle scale,
                                                              AtenTensorHandle* ret0) {
   return bytes_linear(Fmt::kInt8, aoti_torch_dtype_int8(), x, w, scale, ret0);
+}
+
+AOTITorchError aoti_torch_cpu_native_int8_weight_only_grouped_mm(AtenTensorHandle x,
+                                                                 AtenTensorHandle w,
+                                                                 AtenTensorHandle scale,
+                                                                 AtenTensorHandle offs,
+                                                                 AtenTensorHandle* ret0) {
+  return int8_grouped_mm(x, w, scale, offs, ret0);
 }
 
 AOTITorchError aoti_torch_cpu_native_float8_weight_only_linear(AtenTensorHandle x,

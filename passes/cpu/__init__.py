@@ -1,9 +1,9 @@
 """The CPU lowering, one module per scheme family, named as its declarations are
 (``fxquant/core/schemes/<family>.py``): ``int8``, ``int4``, ``float8``, ``mx``, ``bnb``,
-``lowbit``, with ``norm`` (the fused norm → quantize op), ``siblings`` (stacking linears that
-share an input), ``float32`` (the linears a config leaves in fp32), ``common`` (shared
-epilogues) and ``parallel`` (a scope around Inductor's C++ code generation: OpenMP regions that
-open by the size they run at).
+``lowbit``, with ``experts`` (the mixture-of-experts GEMMs), ``norm`` (the fused norm →
+quantize op), ``siblings`` (stacking linears that share an input), ``float32`` (the linears a
+config leaves in fp32), ``common`` (shared epilogues) and ``parallel`` (a scope around
+Inductor's C++ code generation: OpenMP regions that open by the size they run at).
 
 Where it sits: below the lowering pass (``fxquant.passes.lower``), which reads what these
 modules register. Each family module holds, for its ops:

@@ -192,6 +192,11 @@ def by_m(op_name: str, m, candidates: Mapping[str, Callable[..., Tensor]], *args
         raise KeyError(
             f"dispatch_table.json names {missing} for {op_name}; it has {list(candidates)}"
         )
+    return by_plan(plan, m, candidates, *args)
+
+
+def by_plan(plan, m, candidates: Mapping[str, Callable[..., Tensor]], *args) -> Tensor:
+    """``by_m`` with the plan given: ``[(max M, candidate name), ..., (None, name)]``."""
     return _run(plan, m, candidates, args)
 
 

@@ -1,5 +1,5 @@
 """The CPU lowering of the microscaling family (``fxquant/core/schemes/mx.py``): MXFP8, MXFP4
-and NVFP4 linears, and MXFP4's mixture-of-experts GEMM (``mxfp4_grouped_mm``).
+and NVFP4 linears (MXFP4's mixture-of-experts GEMM: ``passes/cpu/experts.py``).
 
 Where it sits: registered by op name (``fxquant.core.registry``) and read by the lowering pass
 (``fxquant.passes.lower``).
@@ -11,8 +11,6 @@ The CUDA lowering (``passes/lower_cuda.py``) is where these formats are meant to
 """
 
 from __future__ import annotations
-
-import torch
 
 import fxquant.core.ops  # noqa: F401  (registers the fxquant:: ops)
 from fxquant.core import reference_mx as ref_mx
@@ -34,17 +32,3 @@ def _mxfp4(x, weight, scale, bias, activations, scale_rule):
 def _nvfp4(x, weight, scale, tensor_scale, bias, activations, scale_rule):
     rule = scale_rule if activations else None
     return ref_mx.nvfp4_linear(x, weight, scale, tensor_scale, bias, activation_rule=rule)
-
-
-@lowering("cpu", "mxfp4_grouped_mm")
-def _mxfp4_grouped_mm(x, weight, scale, offs):
-    # The reference's loop over experts splits rows at data-dependent offsets, which does not
-    # trace into aten. Instead every row meets every expert in one [S, E·N] GEMM and keeps its
-    # own expert's N columns: E/top-k times the FLOPs, but one dense GEMM Inductor compiles and
-    # AOTInductor packages. CUDA runs the grouped Triton kernel (lower_cuda.py).
-    e, n = weight.shape[0], weight.shape[1]
-    w = ref_mx.dequantize_mxfp4_weight(weight, scale)  # [E, N, K]
-    every = (x.float() @ w.flatten(0, 1).t()).unflatten(-1, (e, n))  # [S, E, N]
-    ids = ref_mx.expert_of_rows(offs, x.shape[0])
-    mine = every.gather(1, ids.clamp(max=e - 1)[:, None, None].expand(-1, 1, n)).squeeze(1)
-    return torch.where((ids < e)[:, None], mine, 0.0).to(x.dtype)

@@ -55,6 +55,15 @@ class Int8WeightOnly(_Int8PerChannel):
     def __post_init__(self) -> None:
         check_choice("Int8WeightOnly", "grid", self.grid, ref.INT_GRIDS)
 
+    @property
+    def takes_experts(self) -> bool:  # type: ignore[override]
+        return True
+
+    def grouped_op_args(self, x, constants, offs):
+        # experts [E, N, K] quantize per output channel of each expert, as a linear's [N, K]
+        op = torch.ops.fxquant.int8_weight_only_grouped_mm.default
+        return op, (x, constants["qweight"], constants["scale"], offs)
+
 
 @register_scheme
 @dataclass(frozen=True, kw_only=True)

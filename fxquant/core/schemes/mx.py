@@ -110,9 +110,12 @@ class MXFP4(Scheme):
         dq = ref_mx.dequantize_mxfp4_weight(packed, s)
         return QuantizedWeight({"qweight": packed, "scale": s}, dq)
 
+    @property
+    def takes_experts(self) -> bool:  # type: ignore[override]
+        return not self.activations  # weight-only MXFP4: the format gpt-oss ships
+
     def grouped_op_args(self, x, constants, offs):
-        # planning admits only weight-only MXFP4 at experts sites: the format gpt-oss ships
-        if self.activations:
+        if not self.takes_experts:
             return super().grouped_op_args(x, constants, offs)
         op = torch.ops.fxquant.mxfp4_grouped_mm.default
         return op, (x, constants["qweight"], constants["scale"], offs)

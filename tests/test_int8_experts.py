@@ -1,0 +1,289 @@
+"""int8 weight-only mixture-of-experts weights: reference, op, rewrite, CPU lowering, calibration
+and the cached LLM program of a MoE model (Qwen2-MoE, Mixtral).
+
+The oracles are transformers' own: its ``grouped_mm`` fallback op (what the experts run in an
+exported graph) on the dequantized weights, and the float model with each expert weight replaced
+by its dequantized int8 values. The Triton kernel: tests/test_kernels_int8_grouped.py.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+import torch
+from torch.library import opcheck
+
+transformers = pytest.importorskip("transformers")
+# registers transformers::grouped_mm_fallback
+importlib.import_module("transformers.integrations.moe")
+
+import fxquant  # noqa: E402
+import fxquant.kernels.cpu as native  # noqa: E402
+from conftest import assert_sums_close  # noqa: E402
+from fxquant.core import reference as ref  # noqa: E402
+from fxquant.core.reference import sqnr  # noqa: E402
+from fxquant.llm import export_llm  # noqa: E402
+from fxquant.passes.lower import CPU_LOWERINGS, lower, lowerings  # noqa: E402
+
+fxq = torch.ops.fxquant
+NATIVE_LOWERING = lowerings("cpu")[fxq.int8_weight_only_grouped_mm.default]
+VOCAB = 96
+IDS = torch.randint(0, VOCAB, (1, 12), generator=torch.Generator().manual_seed(3))
+EXPERT_PARAMS = ("gate_up_proj", "down_proj")
+EXPERTS_ONLY = fxquant.QuantConfig(
+    overrides={r"experts\.(gate_up_proj|down_proj)": fxquant.Int8WeightOnly()}
+)
+
+
+def qwen2_moe(seed: int = 0):
+    """Routed experts stored [E, N, K] (read through their transpose) and a shared expert."""
+    config = transformers.Qwen2MoeConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+        moe_intermediate_size=32, shared_expert_intermediate_size=64, num_experts=4,
+        num_experts_per_tok=2,
+    )  # fmt: skip
+    torch.manual_seed(seed)
+    return transformers.AutoModelForCausalLM.from_config(config).eval()
+
+
+def fake_quantized(model):
+    """The float model with each expert weight replaced by its dequantized int8 values."""
+    for layer in model.model.layers:
+        experts = layer.mlp.experts
+        for name in EXPERT_PARAMS:
+            p = getattr(experts, name)
+            w = p.data.transpose(-2, -1) if experts.is_transposed else p.data  # as [E, N, K]
+            dq = ref.dequantize_int8_per_channel(*ref.quantize_int8_per_channel(w))
+            p.data = (dq.transpose(-2, -1) if experts.is_transposed else dq).contiguous()
+    return model
+
+
+def logits(fn, ids=IDS) -> torch.Tensor:
+    with torch.no_grad():
+        out = fn(ids, use_cache=False)
+    return out.logits if hasattr(out, "logits") else out
+
+
+def _experts(e=4, n=24, k=96, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(e, n, k, generator=g)
+    return ref.quantize_int8_per_channel(w)
+
+
+# --------------------------------------------------------------------------------------------
+# Reference, op and CPU lowering
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("offs", [[3, 3, 7, 10], [0, 5, 5, 8], [10, 10, 10, 10], [4, 9, 15, 15]])
+def test_reference_and_cpu_lowering_are_transformers_grouped_mm_on_the_dequantized_weight(
+    offs, dtype
+):
+    q, scale = _experts()
+    x = torch.randn(10, 96).to(dtype)
+    offs_t = torch.tensor(offs, dtype=torch.int32)
+    w_ekn = ref.dequantize_int8_per_channel(q, scale).transpose(-2, -1).contiguous()
+    want = torch.ops.transformers.grouped_mm_fallback(x.float(), w_ekn, offs_t).to(dtype)
+    got = ref.int8_weight_only_grouped_mm(x, q, scale, offs_t)
+    tol = 1e-5 if dtype == torch.float32 else 1.6e-2  # bf16: one rounding of the same fp32 sum
+    torch.testing.assert_close(got, want, rtol=tol, atol=tol)
+    assert got.dtype == dtype and (got[min(offs[-1], 10) :] == 0).all()  # rows past offs[-1]
+    # the aten lowering (each row gathers its expert) is the same function, compiled too
+    lowered = CPU_LOWERINGS[fxq.int8_weight_only_grouped_mm.default]
+    torch.testing.assert_close(lowered(x, q, scale, offs_t), got, rtol=tol, atol=tol)
+
+
+def test_the_compiled_cpu_lowering_takes_any_number_of_rows():
+    q, scale = _experts(e=6, n=40, k=64)
+    lowered = torch.compile(CPU_LOWERINGS[fxq.int8_weight_only_grouped_mm.default], dynamic=True)
+    for s in (1, 3, 37):
+        ids = torch.randint(0, 6, (s,)).sort().values
+        offs = torch.bincount(ids, minlength=6).cumsum(0)
+        x = torch.randn(s, 64)
+        want = ref.int8_weight_only_grouped_mm(x, q, scale, offs)
+        torch.testing.assert_close(lowered(x, q, scale, offs), want, rtol=1e-5, atol=1e-5)
+
+
+def test_op_passes_opcheck_and_zero_weights_give_zeros():
+    q, scale = _experts(e=3, n=8, k=64)
+    offs = torch.tensor([2, 5, 7], dtype=torch.int64)
+    x = torch.randn(7, 64)
+    opcheck(fxq.int8_weight_only_grouped_mm.default, (x, q, scale, offs))
+    zq, zs = ref.quantize_int8_per_channel(torch.zeros(3, 8, 64))
+    assert torch.isfinite(zs).all() and (zq == 0).all()
+    y = fxq.int8_weight_only_grouped_mm(x, zq, zs, offs)
+    assert not y.isnan().any() and y.abs().max() == 0
+
+
+def test_experts_quantize_per_channel_of_each_expert():
+    w = torch.randn(3, 8, 64)
+    q, scale = ref.quantize_int8_per_channel(w)
+    assert q.shape == (3, 8, 64) and scale.shape == (3, 8)
+    for e in range(3):  # each expert exactly as a linear's [N, K] weight
+        qe, se = ref.quantize_int8_per_channel(w[e])
+        assert torch.equal(qe, q[e]) and torch.equal(se, scale[e])
+
+
+# row counts per expert around the native kernel's GEMV / chunked-GEMM threshold, an empty
+# expert, rows past offs[-1] and an end past S
+NEEDS_NATIVE = pytest.mark.skipif(
+    not native.available(), reason=f"no native kernels: {native.unavailable_reason()}"
+)
+NATIVE_ROWS = [[0, 1, 5, 16], [17, 33, 0, 65], [3, 3, 3, 3]]
+
+
+@NEEDS_NATIVE
+@pytest.mark.usefixtures("two_threads")
+@pytest.mark.parametrize("counts", NATIVE_ROWS)
+def test_the_native_kernel_runs_each_experts_rows_on_the_linears_paths(counts):
+    q, scale = _experts(e=4, n=40, k=200)
+    ends = torch.tensor(counts).cumsum(0)
+    s = int(ends[-1]) + 2  # two rows no expert owns
+    x = torch.randn(s, 200)
+    for offs in (ends, ends.int()):
+        want = ref.int8_weight_only_grouped_mm(x, q, scale, offs)
+        lowered = NATIVE_LOWERING(x, q, scale, offs)
+        assert_sums_close(lowered, want)
+        assert (lowered[int(ends[-1]) :] == 0).all()
+    past = ends.clone()
+    past[-1] = s + 5  # an end past S: the reference slices to S, the kernel clips to it
+    want_past = ref.int8_weight_only_grouped_mm(x, q, scale, past)
+    assert_sums_close(NATIVE_LOWERING(x, q, scale, past), want_past)
+    xb = x.bfloat16()  # a bf16 model's rows: the kernel's fp32 sums, one rounding at the end
+    bf16 = NATIVE_LOWERING(xb, q, scale, ends)
+    torch.testing.assert_close(bf16, ref.int8_weight_only_grouped_mm(xb, q, scale, ends))
+
+
+@NEEDS_NATIVE
+def test_the_native_op_passes_opcheck_and_refuses_what_it_cannot_read():
+    q, scale = _experts(e=3, n=8, k=64)
+    offs = torch.tensor([2, 5, 7])
+    x = torch.randn(7, 64)
+    opcheck(fxq.native_int8_weight_only_grouped_mm.default, (x, q, scale, offs))
+    with pytest.raises(RuntimeError, match="outside the kernel's contract"):
+        fxq.native_int8_weight_only_grouped_mm(x, q, scale, offs.int())  # int64 offsets only
+    with pytest.raises(RuntimeError, match="outside the kernel's contract"):
+        fxq.native_int8_weight_only_grouped_mm(x[:, :32], q, scale, offs)
+
+
+# --------------------------------------------------------------------------------------------
+# The rewrite on exported MoE models
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def moe():
+    model = qwen2_moe()
+    return model, torch.export.export(model, (IDS,), kwargs={"use_cache": False})
+
+
+def test_int8wo_quantizes_the_experts(moe):
+    model, ep = moe
+    before = {k: v.clone() for k, v in ep.state_dict.items()}
+    qep = fxquant.quantize(ep, "int8wo")
+    rows = {r["name"]: r for r in fxquant.report(qep).rows}
+    for layer in range(2):
+        for name in EXPERT_PARAMS:
+            row = rows[f"model.layers.{layer}.mlp.experts.{name}"]
+            assert row["status"] == "quantized" and row["kind"] == "grouped_mm", row
+            assert row["experts"] == 4 and row["sqnr_db"] > 40
+            assert row["bytes_after"] < row["bytes_before"] / 3.5
+    assert "4×64×32" in str(fxquant.report(qep))  # E×N×K of down_proj
+    targets = {str(n.target) for n in qep.graph.nodes if n.op == "call_function"}
+    assert "fxquant.int8_weight_only_grouped_mm.default" in targets
+    assert "transformers.grouped_mm_fallback.default" not in targets
+    assert not any(k.endswith("experts.gate_up_proj") for k in qep.state_dict)  # float released
+    got = logits(qep.module())
+    # the lowered linears round x to bf16 (passes/cpu/int8.py); the experts' lowering is fp32
+    assert sqnr(got, logits(lower(qep).module())) > 40
+    assert sqnr(logits(model), got) > 30
+    assert all(torch.equal(before[k], v) for k, v in ep.state_dict.items())  # caller untouched
+
+
+def test_experts_only_config_matches_the_fake_quantized_model(moe):
+    model, ep = moe
+    config = EXPERTS_ONLY
+    qep = fxquant.quantize(ep, config)
+    quantized = [r["name"] for r in fxquant.report(qep).rows if r["status"] == "quantized"]
+    assert len(quantized) == 4 and all(".experts." in n for n in quantized)
+    want = logits(fake_quantized(qwen2_moe()))
+    torch.testing.assert_close(logits(qep.module()), want, rtol=1e-5, atol=1e-5)
+
+
+def test_other_schemes_still_skip_the_experts_and_say_which_take_them(moe):
+    _, ep = moe
+    qep = fxquant.quantize(ep, "int4wo-32")
+    row = {r["name"]: r for r in fxquant.report(qep).rows}["model.layers.0.mlp.experts.down_proj"]
+    assert row["status"] == "skipped"
+    assert (
+        "take only Int8WeightOnly or MXFP4(activations=False), not Int4WeightOnly"
+        in (row["reason"])
+    )
+
+
+def test_the_torch_compile_backend_quantizes_the_experts():
+    model = qwen2_moe()
+    config = EXPERTS_ONLY
+    compiled = torch.compile(model, backend="fxquant", options={"config": config})
+    want = logits(fake_quantized(qwen2_moe()))
+    torch.testing.assert_close(logits(compiled), want, rtol=1e-5, atol=1e-5)
+    assert not torch.equal(logits(compiled), logits(model))  # the caller's model stays float
+
+
+def test_calibration_quantizes_the_experts_to_nearest_and_says_so(moe):
+    from fxquant.evaluate import export_causal_lm
+
+    samples = [torch.randint(0, VOCAB, (1, 12)) for _ in range(2)]
+    ep = export_causal_lm(moe[0])
+    qep = fxquant.calibrate(ep, "int8wo", samples, method=fxquant.GPTQ(), progress=False)
+    rows = {r["name"]: r for r in fxquant.report(qep).rows}
+    row = rows["model.model.layers.0.mlp.experts.gate_up_proj"]  # export_causal_lm's names
+    assert row["status"] == "quantized"
+    assert "not calibrated; quantized by round-to-nearest" in row["calibration"]["reason"]
+    assert rows["model.model.layers.0.self_attn.q_proj"]["calibration"]["status"] == "calibrated"
+
+
+# --------------------------------------------------------------------------------------------
+# The cached LLM program (export_llm) of MoE models
+# --------------------------------------------------------------------------------------------
+
+
+def mixtral(seed: int = 0):
+    config = transformers.MixtralConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
+        num_experts_per_tok=2, max_position_embeddings=128,
+    )  # fmt: skip
+    torch.manual_seed(seed)
+    return transformers.MixtralForCausalLM(config).eval()
+
+
+@pytest.mark.parametrize("build", [qwen2_moe, mixtral])
+def test_cached_int8wo_program_equals_the_uncached_fake_quantized_model(build):
+    config = EXPERTS_ONLY
+    qep = fxquant.quantize(export_llm(build(), max_cache_len=32, logits="all"), config)
+    ids = torch.randint(0, VOCAB, (1, 12))
+    m = qep.module()
+    got = torch.cat(
+        [m(ids[:, :5], torch.arange(5))]
+        + [m(ids[:, i : i + 1], torch.tensor([i])) for i in range(5, 12)],
+        dim=1,
+    )
+    want = logits(fake_quantized(build()), ids)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    assert sqnr(logits(build(), ids), got) > 30  # and close to the float model
+
+
+@pytest.mark.slow
+def test_the_aot_package_of_a_moe_model_runs_its_int8_experts(tmp_path):
+    qep = fxquant.quantize(export_llm(qwen2_moe(), max_cache_len=32, logits="all"), "int8wo")
+    package = fxquant.aot_compile(qep, tmp_path / "moe.pt2")
+    ids = torch.randint(0, VOCAB, (1, 9))
+    m = qep.module()
+    for t in (slice(0, 6), slice(6, 7), slice(7, 8)):  # prefill, then decode steps
+        pos = torch.arange(t.start, t.stop)
+        # the package's linears round x to bf16 (passes/cpu/int8.py); the experts' run in fp32
+        assert sqnr(m(ids[:, t], pos), package(ids[:, t], pos)) > 40

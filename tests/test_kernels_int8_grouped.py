@@ -1,0 +1,120 @@
+"""The int8 weight-only grouped (mixture-of-experts) GEMM kernel,
+kernels/int8_weight_only_grouped.py, and its CUDA lowering against
+``fxquant.core.reference.int8_weight_only_grouped_mm``, on CPU tensors under TRITON_INTERPRET=1.
+
+The kernel multiplies the integer codes exactly in x's dtype and sums in fp32 like the reference,
+in another order, so fp32 outputs match to fp32 rounding and half-precision ones to one rounding
+of the same sum. Shapes include N and S not multiples of the 32×64 tile, K = 96 (half a 64-wide
+K step), experts with no rows, rows past ``offs[-1]`` and an expert whose rows start mid-tile.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.library import opcheck
+
+triton = pytest.importorskip("triton")
+
+from fxquant.core import reference as ref  # noqa: E402
+from fxquant.passes import lower_cuda  # noqa: E402  (registers every fxquant::triton_* op)
+
+pytestmark = pytest.mark.interpreter
+
+fxq = torch.ops.fxquant
+# the interpreter on CPU tensors (conftest sets TRITON_INTERPRET=1 without a GPU), else the GPU
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+INTERPRETED_OPCHECK = ("test_schema", "test_autograd_registration")
+
+# (E, N, K, S, offs): offs are the cumulative row ends, offs[-1] <= S
+CASES = [
+    (1, 1, 16, 1, [1]),
+    (3, 17, 96, 29, [5, 5, 29]),  # expert 1 has no rows; K ends halfway through a K step
+    (4, 48, 128, 40, [0, 33, 34, 37]),  # expert 0 empty, expert 1 spans two row tiles,
+    # expert 2 starts mid-tile, rows 37..39 belong to no expert
+    (2, 20, 64, 7, [3, 3]),  # rows 3..6 past offs[-1]: zeros
+]
+TOLERANCES = [
+    (torch.float32, 1e-5, 1e-5),
+    (torch.bfloat16, 1.6e-2, 1e-4),
+    (torch.float16, 2e-3, 1e-4),
+]
+
+
+def _inputs(e, n, k, s, offs, *, dtype=torch.float32, offs_dtype=torch.int64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(s, k, generator=g).to(dtype)
+    q, scale = ref.quantize_int8_per_channel(torch.randn(e, n, k, generator=g))
+    q[0, 0, : min(k, 2)] = torch.tensor([-127, 127][: min(k, 2)], dtype=torch.int8)
+    o = torch.tensor(offs, dtype=offs_dtype)
+    return tuple(t.to(DEVICE) for t in (x, q, scale, o))
+
+
+def _close(y, want, rtol, atol):
+    assert y.dtype == want.dtype and y.shape == want.shape and torch.isfinite(y).all()
+    scale = want.float().abs().max().item()
+    torch.testing.assert_close(y.float(), want.float(), rtol=rtol, atol=atol * scale)
+
+
+@pytest.mark.parametrize(("dtype", "rtol", "atol"), TOLERANCES)
+@pytest.mark.parametrize(("e", "n", "k", "s", "offs"), CASES)
+def test_kernel_matches_reference(e, n, k, s, offs, dtype, rtol, atol):
+    x, w, sc, o = _inputs(e, n, k, s, offs, dtype=dtype)
+    y = fxq.triton_int8_weight_only_grouped_mm(x, w, sc, o)
+    _close(y, ref.int8_weight_only_grouped_mm(x, w, sc, o), rtol, atol)
+    assert (y[offs[-1] :] == 0).all()
+
+
+@pytest.mark.parametrize("offs_dtype", [torch.int32, torch.int64])
+def test_offs_dtypes_and_offsets_past_s(offs_dtype):
+    x, w, sc, o = _inputs(3, 24, 64, 11, [4, 9, 15], offs_dtype=offs_dtype)
+    want = ref.int8_weight_only_grouped_mm(x, w, sc, o)
+    _close(fxq.triton_int8_weight_only_grouped_mm(x, w, sc, o), want, 1e-5, 1e-5)
+
+
+def test_all_zero_weights_give_zeros_not_nan():
+    x, _, _, o = _inputs(2, 20, 64, 9, [4, 9])
+    zq, zs = ref.quantize_int8_per_channel(torch.zeros(2, 20, 64))
+    y = fxq.triton_int8_weight_only_grouped_mm(x * 1e30, zq.to(DEVICE), zs.to(DEVICE), o)
+    assert torch.isfinite(y).all() and (y == 0).all()
+
+
+def test_the_cuda_lowering_computes_the_semantic_op():
+    x, w, sc, o = _inputs(3, 17, 96, 29, [5, 5, 29], dtype=torch.bfloat16, offs_dtype=torch.int32)
+    lowering = lower_cuda.CUDA_LOWERINGS[fxq.int8_weight_only_grouped_mm.default]
+    _close(lowering(x, w, sc, o), fxq.int8_weight_only_grouped_mm(x, w, sc, o), 1.6e-2, 1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(DEVICE != "cuda", reason="needs a CUDA device")
+def test_opcheck_gpu():
+    opcheck(fxq.triton_int8_weight_only_grouped_mm.default, _inputs(3, 17, 96, 29, [5, 5, 29]))
+
+
+@pytest.mark.skipif(DEVICE == "cuda", reason="the GPU runs every opcheck test (test_opcheck_gpu)")
+def test_triton_op_passes_opcheck():
+    # under the interpreter an op's fake kernel would launch the interpreter on fake tensors
+    # (see test_kernels_activation.py): schema and autograd registration run here
+    args = _inputs(3, 17, 96, 29, [5, 5, 29])
+    opcheck(fxq.triton_int8_weight_only_grouped_mm.default, args, test_utils=INTERPRETED_OPCHECK)
+
+
+def _bad_inputs():
+    x, w, sc, o = _inputs(2, 8, 64, 5, [2, 5])
+    return [
+        ((x[0], w, sc, o), "x must be 2-D"),
+        ((x.double(), w, sc, o), "x must be 2-D .* float32/bfloat16/float16"),
+        ((x, w.to(torch.uint8), sc, o), "weight must be int8"),
+        ((x, w[0], sc, o), "weight must be int8"),
+        ((x[:, :48], w, sc, o), "x has K=48 features, the weight .* K=64"),
+        ((x, w, sc.double(), o), r"scale must be fp32 \[E, N\] = \[2, 8\]"),
+        ((x, w, sc[:, :1], o), r"scale must be fp32 \[E, N\] = \[2, 8\]; got .* \(2, 1\)"),
+        ((x, w, sc, o.float()), r"offs must be int32/int64 \[E\] = \[2\]"),
+        ((x, w, sc, o[:1]), r"offs must be int32/int64 \[E\] = \[2\]; got torch.int64 \(1,\)"),
+    ]
+
+
+@pytest.mark.parametrize(("case", "match"), _bad_inputs())
+def test_bad_inputs_raise(case, match):
+    with pytest.raises(ValueError, match=match):
+        fxq.triton_int8_weight_only_grouped_mm(*case)
