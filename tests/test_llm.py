@@ -269,6 +269,25 @@ def test_the_compiled_wrapper_packs_its_attention_in_one_graph():
     torch._dynamo.reset()
 
 
+def test_the_wrapper_compiles_under_inductor_with_the_attended_length_captured():
+    """``torch.compile(CachedCausalLM(model))`` with Inductor itself (how torchao's rows in
+    benchmarks/llm_decode.py run): the mask reaches the native op as a computation, not a view;
+    a view failed to compile (GuardOnDataDependentSymNode)."""
+    from fxquant.llm import CachedCausalLM
+
+    model = _model(seed=5)
+    ids = torch.randint(0, VOCAB, (1, 7))
+    want = model(ids, use_cache=False).logits
+    torch._dynamo.reset()
+    compiled = torch.compile(CachedCausalLM(model, max_cache_len=16, logits="all"))
+    with torch.no_grad(), torch._dynamo.config.patch(capture_scalar_outputs=True):
+        got = torch.cat([compiled(ids[:, :5], torch.arange(5))] + [
+            compiled(ids[:, i : i + 1], torch.tensor([i])) for i in (5, 6)
+        ], 1)  # fmt: skip
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    torch._dynamo.reset()
+
+
 def test_the_program_compiles_with_the_attended_length_captured():
     """docs/llm.md's setting for a generation loop under torch.compile: the attended length is a
     data-dependent size in the graph. Every layer reads one computed copy of the causal mask

@@ -216,6 +216,12 @@ def packed_gqa_attention(
     # head hk * G + g, row t → head hk, row g * T + t (contiguous first: a plain view, no guards)
     q = query.contiguous().view(b, hk, groups * t, d)
     if native:
+        if torch.compiler.is_dynamo_compiling():
+            # a computation, not a view: under torch.compile with the attended length captured,
+            # Inductor cannot hand the op a view of a mask whose last size is data-dependent
+            # (GuardOnDataDependentSymNode); exported programs get one such copy for all layers
+            # from passes/cpu/attention.py's share_attention_masks
+            mask = mask.ne(0)
         out = torch.ops.fxquant.native_gqa_attention(q, key, value, mask, scale).to(value.dtype)
     else:
         mb, lm = mask.shape[0], mask.shape[-1]
