@@ -9,14 +9,14 @@ routed experts hold most of the weights, and transformers runs them as two group
 ``fxquant::int8_weight_only_grouped_mm``. Rows, measured side by side in one run:
 
 - fp32 Inductor (``torch.compile`` of the program with ``llm_decode.py``'s generation settings:
-  the baseline every ratio is relative to) and fp32 AOTInductor (the program packaged by fxquant;
-  its experts run transformers' grouped_mm fallback op, so that package needs transformers
-  imported where it runs);
+  the baseline every ratio is relative to; its experts run transformers' grouped_mm fallback
+  op, a loop over the experts in Python) and fp32 AOTInductor (the program packaged by fxquant;
+  its experts on fxquant's native fp32 grouped kernel, ``passes/cpu/experts.py``);
 - torchao ``Int8WeightOnlyConfig`` under ``torch.compile`` (``llm_decode.py``'s row, where torchao
   imports): what a user of torchao gets; its ``quantize_`` takes ``nn.Linear`` only, so the
   experts stay float;
-- fxquant ``int8wo`` without the experts (what fxquant gave an MoE model before its experts op:
-  every linear int8, the experts float) and ``int8wo`` (experts int8 too), each an AOTInductor
+- fxquant ``int8wo`` with the experts left float (every linear int8; every recipe left the
+  experts float before 2026-12-07) and ``int8wo`` (experts int8 too), each an AOTInductor
   package.
 
 Timed: one decode step at position P (the cache holding a P-token prompt; the same step repeated,

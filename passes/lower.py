@@ -46,6 +46,7 @@ from fxquant.core.scheme import named_args
 from fxquant.passes import cpu
 from fxquant.passes.cpu.attention import share_attention_masks
 from fxquant.passes.cpu.common import NATIVE
+from fxquant.passes.cpu.experts import lower_float_experts
 from fxquant.passes.cpu.float32 import lower_float32_linears
 from fxquant.passes.cpu.prepack import prepack_table, unique_name
 from fxquant.passes.cpu.siblings import fuse_siblings
@@ -134,6 +135,8 @@ def prepack(editor, *, device: str | torch.device = "cpu") -> int:
     if native:
         # the linears the config left in fp32: the native fp32 kernel (passes/cpu/float32.py)
         done += lower_float32_linears(editor)
+    # experts left in float: out of transformers' Python op, into the package
+    done += lower_float_experts(editor)
     return done
 
 

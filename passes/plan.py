@@ -51,10 +51,10 @@ _GROUPED_TARGETS = {
     **({torch._grouped_mm: _GROUPED} if hasattr(torch, "_grouped_mm") else {}),
     **({F.grouped_mm: _GROUPED} if hasattr(F, "grouped_mm") else {}),
 }
-_GROUPED_BY_NAME = {
-    "transformers.grouped_mm_fallback.default": _GROUPED,
-    "transformers.grouped_mm_fallback": _GROUPED,
-}
+# transformers' grouped_mm fallback (a Python custom op), by name: what the CPU prepack rewrites
+# where a config leaves the experts in float (passes/cpu/experts.py)
+FALLBACK_OPS = ("transformers.grouped_mm_fallback.default", "transformers.grouped_mm_fallback")
+_GROUPED_BY_NAME = dict.fromkeys(FALLBACK_OPS, _GROUPED)
 
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 

@@ -9,6 +9,9 @@ by its dequantized int8 values. The Triton kernel: tests/test_kernels_int8_group
 from __future__ import annotations
 
 import importlib
+import subprocess
+import sys
+import textwrap
 
 import pytest
 import torch
@@ -23,6 +26,7 @@ import fxquant.kernels.cpu as native  # noqa: E402
 from conftest import assert_sums_close  # noqa: E402
 from fxquant.core import reference as ref  # noqa: E402
 from fxquant.core.reference import sqnr  # noqa: E402
+from fxquant.core.registry import lowering_table  # noqa: E402
 from fxquant.llm import export_llm  # noqa: E402
 from fxquant.passes.lower import CPU_LOWERINGS, lower, lowerings  # noqa: E402
 
@@ -169,6 +173,35 @@ def test_the_native_op_passes_opcheck_and_refuses_what_it_cannot_read():
         fxq.native_int8_weight_only_grouped_mm(x[:, :32], q, scale, offs)
 
 
+@pytest.mark.usefixtures("two_threads")
+@pytest.mark.parametrize("kn", [False, True])
+@pytest.mark.parametrize("counts", [[0, 1, 8, 9], [40, 0, 2, 3]])
+def test_float_experts_run_in_fxquant_compositions(counts, kn):
+    """Experts a config leaves in float: ``fxquant::cpu_float_grouped_mm`` (native fp32 kernel,
+    else the gather) computes transformers' fallback, in either stored layout."""
+    e, n, k = 4, 24, 40
+    w = torch.randn(e, k, n) if kn else torch.randn(e, n, k)  # kn: gpt-oss' [E, K, N]
+    ends = torch.tensor(counts).cumsum(0)
+    x = torch.randn(int(ends[-1]) + 1, k)
+    want = torch.ops.transformers.grouped_mm_fallback(x, w if kn else w.mT.contiguous(), ends)
+    op = fxq.cpu_float_grouped_mm.default
+    for lowering in (lowerings("cpu")[op], lowering_table("cpu")[op]):  # native (or aten), aten
+        assert_sums_close(lowering(x, w, ends, kn), want)
+    if native.available():
+        opcheck(fxq.native_float32_grouped_mm.default, (x, w, ends, int(kn)))
+
+
+def test_lowering_takes_float_experts_out_of_transformers_op(moe):
+    """A program whose experts stay float (int4wo skips them) lowers them to fxquant's ops: its
+    package runs without transformers' Python op registered (the runtime never imports it)."""
+    _, ep = moe
+    qep = fxquant.quantize(ep, "int4wo-32")
+    lowered = lower(qep)
+    targets = {str(n.target) for n in lowered.graph.nodes if n.op == "call_function"}
+    assert not any(t.startswith("transformers.") for t in targets), targets
+    assert sqnr(logits(qep.module()), logits(lowered.module())) > 40
+
+
 # --------------------------------------------------------------------------------------------
 # The rewrite on exported MoE models
 # --------------------------------------------------------------------------------------------
@@ -275,6 +308,30 @@ def test_cached_int8wo_program_equals_the_uncached_fake_quantized_model(build):
     want = logits(fake_quantized(build()), ids)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
     assert sqnr(logits(build(), ids), got) > 30  # and close to the float model
+
+
+@pytest.mark.slow
+def test_a_float_moe_package_runs_where_transformers_is_not_imported(tmp_path):
+    ep = export_llm(qwen2_moe(), max_cache_len=32)
+    path = tmp_path / "moe_fp32.pt2"
+    assert fxquant.aot_compile(ep, path, load=False) is None
+    ids = torch.randint(0, VOCAB, (1, 6))
+    want = ep.module()(ids, torch.arange(6))
+    torch.save({"ids": ids, "want": want}, tmp_path / "io.pt")
+    script = textwrap.dedent(
+        f"""
+        import sys, torch
+        pkg = torch._inductor.aoti_load_package({str(path)!r})
+        io = torch.load({str(tmp_path / "io.pt")!r})
+        got = pkg(io["ids"], torch.arange(6))
+        torch.testing.assert_close(got, io["want"], rtol=1e-4, atol=1e-4)
+        loaded = [m for m in sys.modules if m.split(".")[0] in ("fxquant", "transformers")]
+        assert not loaded, loaded
+        print("ok")
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
 
 
 @pytest.mark.slow

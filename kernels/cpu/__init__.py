@@ -97,6 +97,13 @@ NATIVE_OPS = {
         "AtenTensorHandle weight, AtenTensorHandle scale, AtenTensorHandle offs, "
         "AtenTensorHandle* ret0)",
     ),
+    # mixture-of-experts weights kept in fp32 (float32.cpp): weight [E, N, K], or [E, K, N] with
+    # kn = 1 (gpt-oss' layout)
+    "native_float32_grouped_mm": (
+        "native_float32_grouped_mm(Tensor x, Tensor weight, Tensor offs, int kn) -> Tensor",
+        "AOTITorchError aoti_torch_cpu_native_float32_grouped_mm(AtenTensorHandle x, "
+        "AtenTensorHandle weight, AtenTensorHandle offs, int64_t kn, AtenTensorHandle* ret0)",
+    ),
     "native_float8_weight_only_linear": (
         "native_float8_weight_only_linear(Tensor x, Tensor weight, Tensor scale) -> Tensor",
         "AOTITorchError aoti_torch_cpu_native_float8_weight_only_linear(AtenTensorHandle x, "
@@ -262,6 +269,11 @@ torch.library.register_fake("fxquant::native_int8_weight_only_linear", lib=_lib)
 )
 torch.library.register_fake("fxquant::native_int8_weight_only_grouped_mm", lib=_lib)(
     lambda x, weight, scale, offs: x.new_empty((x.shape[0], weight.shape[1]), dtype=torch.float32)
+)
+torch.library.register_fake("fxquant::native_float32_grouped_mm", lib=_lib)(
+    lambda x, weight, offs, kn: x.new_empty(
+        (x.shape[0], weight.shape[2] if kn else weight.shape[1]), dtype=torch.float32
+    )
 )
 torch.library.register_fake("fxquant::native_float8_weight_only_linear", lib=_lib)(
     lambda x, weight, scale: _out(x, weight)

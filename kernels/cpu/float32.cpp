@@ -13,6 +13,8 @@
 //
 // Numerics: fp32 products and sums, in another order than MKL's (the sums differ by rounding).
 
+#include <algorithm>
+
 #include "float_rows.h"
 
 namespace fxq {
@@ -22,12 +24,14 @@ namespace {
 // L1/L2: 8 rows of K = 1536 are 48 KiB); above, MKL's sgemm, whose GEMM blocking wins there.
 constexpr int64_t kGemvMaxMFloat32 = 8;
 
-// y = x @ w^T by ATen's mm into y's storage (w as a [K, N] transposed view)
+// y = x @ w^T by ATen's mm into y's storage (w [N, K] as a [K, N] transposed view; kn: w
+// stored [K, N] already)
 AOTITorchError mm_float32(const float* x, int64_t M, int64_t K, const float* w, int64_t N,
-                          float* y) {
+                          float* y, bool kn = false) {
   Owned xt, wt, yt;
   if (AOTITorchError e = matrix_blob(x, M, K, K, 1, &xt.h)) return e;
-  if (AOTITorchError e = matrix_blob(w, K, N, 1, K, &wt.h)) return e;
+  if (AOTITorchError e = kn ? matrix_blob(w, K, N, N, 1, &wt.h) : matrix_blob(w, K, N, 1, K, &wt.h))
+    return e;
   if (AOTITorchError e = matrix_blob(y, M, N, N, 1, &yt.h)) return e;
   return aoti_torch_cpu_mm_out(yt.h, xt.h, wt.h);
 }
@@ -50,6 +54,46 @@ AOTITorchError aoti_torch_cpu_native_float32_linear(AtenTensorHandle x, AtenTens
   auto gemv = [&](float* y) { gemv_float_rows<Fp32Format>(xp, M, K, wp, N, y); };
   auto mm = [&](float* y) { return mm_float32(xp, M, K, wp, N, y); };
   return run_linear(M, N, kGemvMaxMFloat32, ret0, gemv, mm);
+}
+
+// Mixture-of-experts weights a config leaves in fp32: x [S, K] with its rows sorted by expert,
+// offs [E] (int64) each expert's cumulative row end, w [E, N, K] ([E, K, N] with kn, gpt-oss'
+// layout): each expert's rows on the linear's paths above (the GEMV up to kGemvMaxMFloat32 rows
+// for [N, K] weights, ATen's mm otherwise), rows at or past offs[E-1] zeros. What transformers'
+// grouped_mm fallback computes, without its Python op in the package.
+AOTITorchError aoti_torch_cpu_native_float32_grouped_mm(AtenTensorHandle x, AtenTensorHandle w,
+                                                        AtenTensorHandle offs, int64_t kn,
+                                                        AtenTensorHandle* ret0) {
+  Mat xm, wm, om;
+  int64_t* wsizes = nullptr;
+  if (!view(x, 2, aoti_torch_dtype_float32(), &xm) ||
+      !view(w, 3, aoti_torch_dtype_float32(), &wm) ||
+      !view(offs, 1, aoti_torch_dtype_int64(), &om) || aoti_torch_get_sizes(w, &wsizes))
+    return AOTI_TORCH_FAILURE;
+  const int64_t S = xm.rows, K = xm.cols, E = wsizes[0];
+  const int64_t N = kn ? wsizes[2] : wsizes[1];
+  if ((kn ? wsizes[1] : wsizes[2]) != K || om.rows != E) return AOTI_TORCH_FAILURE;
+  float* y = nullptr;
+  if (AOTITorchError e = new_output(S, N, ret0, &y)) return e;
+  std::fill(y, y + S * N, 0.f);
+  const int64_t* ends = om.as<int64_t>();
+  const float *xp = xm.as<float>(), *wp = wm.as<float>();
+  int64_t start = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t end = std::min(ends[e], S), M = end - start;
+    if (M > 0 && N > 0) {
+      const float* xe = xp + start * K;
+      const float* we = wp + e * N * K;
+      float* ye = y + start * N;
+      if (!kn && M <= kGemvMaxMFloat32) {
+        gemv_float_rows<Fp32Format>(xe, M, K, we, N, ye);
+      } else if (AOTITorchError err = mm_float32(xe, M, K, we, N, ye, kn)) {
+        return err;
+      }
+    }
+    start = std::max(start, end);
+  }
+  return AOTI_TORCH_SUCCESS;
 }
 
 }  // extern "C"

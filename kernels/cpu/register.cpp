@@ -11,6 +11,9 @@
 extern "C" {
 AOTITorchError aoti_torch_cpu_native_int8_weight_only_linear(AtenTensorHandle, AtenTensorHandle,
                                                              AtenTensorHandle, AtenTensorHandle*);
+AOTITorchError aoti_torch_cpu_native_float32_grouped_mm(AtenTensorHandle, AtenTensorHandle,
+                                                        AtenTensorHandle, int64_t,
+                                                        AtenTensorHandle*);
 AOTITorchError aoti_torch_cpu_native_int8_weight_only_grouped_mm(AtenTensorHandle,
                                                                  AtenTensorHandle,
                                                                  AtenTensorHandle,
@@ -91,6 +94,12 @@ Tensor int8_weight_only(Tensor x, Tensor w, Tensor scale) {
   AtenTensorHandle out = nullptr;
   auto err = aoti_torch_cpu_native_int8_weight_only_linear(x.get(), w.get(), scale.get(), &out);
   return checked(err, out, "native_int8_weight_only_linear");
+}
+
+Tensor float32_grouped(Tensor x, Tensor w, Tensor offs, int64_t kn) {
+  AtenTensorHandle out = nullptr;
+  auto err = aoti_torch_cpu_native_float32_grouped_mm(x.get(), w.get(), offs.get(), kn, &out);
+  return checked(err, out, "native_float32_grouped_mm");
 }
 
 Tensor int8_weight_only_grouped(Tensor x, Tensor w, Tensor scale, Tensor offs) {
@@ -245,6 +254,7 @@ Tensor gqa_attention(Tensor q, Tensor key, Tensor value, Tensor mask, double sca
 STABLE_TORCH_LIBRARY_IMPL(fxquant, CPU, m) {
   m.impl("native_int8_weight_only_linear", TORCH_BOX(&int8_weight_only));
   m.impl("native_int8_weight_only_grouped_mm", TORCH_BOX(&int8_weight_only_grouped));
+  m.impl("native_float32_grouped_mm", TORCH_BOX(&float32_grouped));
   m.impl("native_float8_weight_only_linear", TORCH_BOX(&float8_weight_only));
   m.impl("native_int8_bf16dot_linear", TORCH_BOX(&int8_bf16dot));
   m.impl("native_float8_bf16dot_linear", TORCH_BOX(&float8_bf16dot));

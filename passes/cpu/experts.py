@@ -29,8 +29,9 @@ import fxquant.kernels.cpu  # noqa: F401  (declares the fxquant::native_* ops)
 from fxquant.core import reference as ref
 from fxquant.core import reference_mx as ref_mx
 from fxquant.core.registry import lowering
-from fxquant.passes.cpu.common import NATIVE
+from fxquant.passes.cpu.common import NATIVE, device_op
 from fxquant.passes.cpu.dispatch import by_plan
+from fxquant.passes.plan import FALLBACK_OPS, find_sites, node_value
 
 fxq = torch.ops.fxquant
 
@@ -60,6 +61,62 @@ def _int8_weight_only_grouped_mm(x, weight, scale, offs):
         return (xf[:, None, :] * weight[ids].float()).sum(-1) * scale[ids]
 
     return per_row_expert(x, offs, weight.shape[0], product).to(x.dtype)
+
+
+# --------------------------------------------------------------------------------------------
+# Experts a config leaves in float: transformers' own grouped_mm fallback op is a Python custom
+# op, which an AOTInductor package calls back into (so the package needed transformers imported
+# where it runs, and fxquant's runtime does not import it). The prepack step rewrites it to a
+# device op whose compositions run in the package: the native fp32 kernel (each expert's rows on
+# the fp32 linear's GEMV / mm, kernels/cpu/float32.cpp), else each row gathering its expert.
+# --------------------------------------------------------------------------------------------
+
+
+def _float_fake(x, weight, offs, kn):
+    return x.new_empty((x.shape[0], weight.shape[2] if kn else weight.shape[1]))
+
+
+@device_op(
+    "cpu", "cpu_float_grouped_mm",
+    schema="(Tensor x, Tensor weight, Tensor offs, bool kn) -> Tensor", fake=_float_fake,
+)  # fmt: skip
+def _cpu_float_grouped_mm(x, weight, offs, kn):
+    w = weight.transpose(-2, -1) if kn else weight  # as [E, N, K]
+
+    def product(xf, ids):
+        return (xf[:, None, :] * w[ids].float()).sum(-1)
+
+    return per_row_expert(x, offs, w.shape[0], product).to(x.dtype)
+
+
+@lowering(NATIVE, "cpu_float_grouped_mm")
+def _native_float_grouped_mm(x, weight, offs, kn):
+    if x.dtype != torch.float32 or weight.dtype != torch.float32:
+        return _cpu_float_grouped_mm(x, weight, offs, kn)
+    return fxq.native_float32_grouped_mm(x.contiguous(), weight.contiguous(), offs.long(), kn)
+
+
+def lower_float_experts(editor) -> int:
+    """Rewrite every transformers ``grouped_mm_fallback`` on a stored float expert weight (the
+    experts a config left in float) to ``fxquant::cpu_float_grouped_mm``. Returns how many."""
+    from fxquant.passes.rewrite import counters
+
+    op = fxq.cpu_float_grouped_mm.default
+    done = 0
+    for site in find_sites(editor.graph, editor.weight_of):
+        x = node_value(site.x)
+        if site.kind != "grouped_mm" or str(site.node.target) not in FALLBACK_OPS:
+            continue
+        if not (isinstance(x, Tensor) and x.dim() == 2 and site.weight.is_floating_point()):
+            continue
+        view = site.weight_node  # read before the swap
+        # stored [E, N, K] and read through its transpose, or stored [E, K, N] as grouped_mm takes
+        editor.swap(site.node, op, (site.x, site.weight_source, site.offs, not site.stored_nk))
+        if site.stored_nk and not view.users:
+            editor.graph.erase_node(view)
+        counters[f"prepack.{op._opname}"] += 1
+        done += 1
+    return done
 
 
 # Measured on a 2-core Zen 4 (32 experts of 1024 × 1024, Inductor): the gather costs about 2 ms a
