@@ -97,20 +97,28 @@ class Report:
         same GEMM as their scheme's unfused op."""
         from fxquant.passes import cpu
         from fxquant.passes.cpu.dispatch import kernel_plan
+        from fxquant.passes.cpu.experts import EXPERT_KERNELS, FLOAT_EXPERTS_KERNEL
 
         native = cpu.available()
+        aten = "aten lowering (the native kernels are not available here)"
         out: dict[str, dict] = {}
         for r in self.quantized:
             name = _scheme_str(r)
-            if name not in out:
+            if r.kind == "grouped_mm":  # a mixture-of-experts GEMM: its own op and kernel
+                name = f"{name} experts"
+                native_only, kernel = EXPERT_KERNELS[scheme_from_dict(r.scheme).name]
+                kernel = aten if native_only and not native else kernel
+            else:
                 op = scheme_from_dict(r.scheme).op_name()
-                kernel = (
-                    kernel_plan(op, r.scheme, machine)
-                    if native
-                    else "aten lowering (the native kernels are not available here)"
-                )
+                kernel = kernel_plan(op, r.scheme, machine) if native else aten
+            if name not in out:
                 out[name] = {"scheme": name, "layers": [], "kernel": kernel}
             out[name]["layers"].append(r.name)
+        # experts kept in float: out of transformers' Python op (passes/cpu/experts.py)
+        kept = [r.name for r in self.skipped if r.kind == "grouped_mm"]
+        if kept:
+            kernel = FLOAT_EXPERTS_KERNEL if native else aten
+            out["experts"] = {"scheme": "experts (kept in float)", "layers": kept, "kernel": kernel}
         # the layers kept in fp32, bf16 or fp16 (passes/cpu/float32.py rewrites those of a
         # linear's layout: an [N, K] weight, as it is or read through a transpose)
         if native:

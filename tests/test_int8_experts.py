@@ -225,6 +225,10 @@ def test_int8wo_quantizes_the_experts(moe):
             assert row["experts"] == 4 and row["sqnr_db"] > 40
             assert row["bytes_after"] < row["bytes_before"] / 3.5
     assert "4×64×32" in str(fxquant.report(qep))  # E×N×K of down_proj
+    kernels = {k["scheme"]: k for k in fxquant.report(qep).cpu_kernels()}
+    assert len(kernels["Int8WeightOnly() experts"]["layers"]) == 4
+    if native.available():
+        assert "native int8 grouped kernel" in kernels["Int8WeightOnly() experts"]["kernel"]
     targets = {str(n.target) for n in qep.graph.nodes if n.op == "call_function"}
     assert "fxquant.int8_weight_only_grouped_mm.default" in targets
     assert "transformers.grouped_mm_fallback.default" not in targets

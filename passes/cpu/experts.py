@@ -36,6 +36,26 @@ from fxquant.passes.plan import FALLBACK_OPS, find_sites, node_value
 fxq = torch.ops.fxquant
 
 
+# what each experts op runs on CPU, in words (the report's CPU-kernel lines), by scheme name:
+# (needs the native kernels, the words)
+EXPERT_KERNELS = {
+    "int8_weight_only": (
+        True,
+        "fxquant native int8 grouped kernel: each expert's rows on the int8 linear's GEMV (fp32 "
+        "x) up to M = 32, then its chunked fp32 GEMM",
+    ),
+    "mxfp4": (
+        False,
+        "aten: each row decodes its expert's e2m1 bytes up to 3 rows an expert, then every "
+        "expert decoded once and one dense GEMM (no CPU has FP4 arithmetic)",
+    ),
+}
+FLOAT_EXPERTS_KERNEL = (
+    "fxquant native fp32 grouped kernel: each expert's rows on the fp32 GEMV up to M = 8, then "
+    "ATen's mm (bf16 weights: each row gathers its expert)"
+)
+
+
 def per_row_expert(x: Tensor, offs: Tensor, experts: int, product: Callable) -> Tensor:
     """fp32 [S, N]: ``product(x, ids)`` with ``ids`` [S] each row's expert, zeros for the rows
     past ``offs[-1]`` (no expert owns them, as in the reference)."""
