@@ -398,6 +398,14 @@ def _quantized_layers(ep: ExportedProgram):
         row = LayerRow.from_node(node)
         if node.op != "call_function" or row is None or row.status != "quantized":
             continue
+        if row.kind == "grouped_mm":
+            raise CheckpointError(
+                f"{row.name!r}: mixture-of-experts weights ({row.experts} experts, quantized "
+                f"{scheme_from_dict(row.scheme)}) have no compressed-tensors layout here (it "
+                "describes Linear modules); quantize with the experts kept in float to write "
+                "this program: QuantConfig(..., overrides={r'experts\\.(gate_up_proj|"
+                "down_proj)': None})"
+            )
         fqns = [by_node.get(a.name) for a in node.args if isinstance(a, torch.fx.Node)]
         qfqn = next((f for f in fqns if f and f.endswith("qweight")), None)
         if qfqn is None:

@@ -31,6 +31,7 @@ FourOverSixConfig), ``fp_quant`` (FPQuantConfig), ``gptq_awq`` and ``auto_round`
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from collections.abc import Mapping
 from typing import Any
@@ -115,7 +116,7 @@ def from_hf(config: Any) -> QuantConfig:
     if entry["status"] == "calibration":
         raise NotImplementedError(f"from_hf({entry['class']}): {entry['why']}")
     _check_fields(entry, config, fields)
-    return _approximated(entry, MAPPERS[method](fields))
+    return _approximated(entry, _linears_only(method, MAPPERS[method](fields)))
 
 
 def calibration_from_hf(config: Any) -> tuple[QuantConfig, Any]:
@@ -133,6 +134,7 @@ def calibration_from_hf(config: Any) -> tuple[QuantConfig, Any]:
         )
     _check_fields(entry, config, fields)
     qconfig, algorithm, approximation = MAPPERS[method](fields)
+    qconfig = _linears_only(method, qconfig)
     if approximation:
         warnings.warn(f"{entry['class']} mapped approximately: {approximation}",
                       ApproximationWarning, stacklevel=2)  # fmt: skip
@@ -157,6 +159,18 @@ def _check_fields(entry: Mapping[str, Any], config: Any, fields: Mapping[str, An
         )
     if fields.get("fmt", "e4m3") != "e4m3":
         raise refuse(entry["class"], "fmt", fields["fmt"], "fxquant's fp8 is e4m3")
+
+
+def _linears_only(method: str, config: QuantConfig) -> QuantConfig:
+    """A mixture-of-experts model's 3-D expert weights (``MXFP4_EXPERTS``, run by grouped_mm):
+    in transformers only Mxfp4Config quantizes them, every other quantizer takes nn.Linear
+    modules; so the mapping keeps them float where its scheme could take them (int8 weight-only),
+    to compute what transformers would. Per-expert nn.Linear modules (``experts.0.gate_proj``)
+    are linears and do not match."""
+    if method == "mxfp4" or not any(s.takes_experts for s in config.schemes):
+        return config
+    overrides = {MXFP4_EXPERTS: None, **config.overrides}
+    return dataclasses.replace(config, overrides=overrides)
 
 
 def _approximated(entry: Mapping[str, Any], result: QuantConfig) -> QuantConfig:
