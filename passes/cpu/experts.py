@@ -1,20 +1,22 @@
 """The CPU lowering of the mixture-of-experts GEMMs (``int8_weight_only_grouped_mm``,
-``mxfp4_grouped_mm``): each row of x [S, K] times its own expert's weight.
+``mxfp4_grouped_mm``, and the experts a config leaves in float): each row of x [S, K] times its
+own expert's weight.
 
 Where it sits: registered by op name (``fxquant.core.registry``) and read by the lowering pass
-(``fxquant.passes.lower``); the oracles are ``fxquant.core.reference.grouped_linear`` and the ops'
-references.
+(``fxquant.passes.lower``), and ``lower_float_experts``, a step of its prepack; the oracles are
+``fxquant.core.reference.grouped_linear`` and the ops' references.
 
 The reference loops over experts and slices rows at data-dependent offsets, which does not trace
-into aten. Here every row gathers its expert's weight (``weight[ids]`` with ``ids`` from
-``offs``) and reduces over K in one product Inductor fuses: no [S, N, K] copy is made, the loads
-are indirect. Decode (S = top-k rows) reads only the experts its token chose, in their stored
-bytes (int8: a quarter of fp32's); prefill reads each expert's weight once per row, not once per
-expert, which the cache absorbs while rows are sorted by expert. Measured on a 2-core Zen 4 (32
-experts of 1024 × 1024, Inductor, against transformers' fallback loop on fp32 weights): S = 4
-2.0× faster, S = 16 4.9×, S = 64 3.7×, S = 512 about even. MXFP4's e2m1 decode is dear per
-value: its gather serves decode (2-3 ms where one GEMM of every row with every expert took 54
-ms), that dense GEMM prefill (past three rows per expert).
+into aten. Where fxquant's native kernels are built, int8 and fp32 experts go to a native op
+that reads the offsets on the host and runs each expert's rows on the linear's own GEMV or GEMM
+(kernels/cpu/int8_fp8.cpp, float32.cpp): decode reads only the experts its token chose, prefill
+runs one GEMM per expert. Measured by hand on a 2-core Zen 4 (16 experts of 1024 × 1024, int8,
+against transformers' fallback loop on the fp32 weights): S = 1 2.6× faster, S = 4 4.0×, S = 64
+4.8×, S = 512 even. Elsewhere every row gathers its expert's weight (``weight[ids]``, ``ids`` from
+``offs``) and reduces over K in one product Inductor fuses (no [S, N, K] copy, indirect loads):
+at S = 4 2.0× the fallback, at S = 512 0.8× (32 experts). MXFP4's e2m1 decode is dear per value:
+its gather serves decode (2-3 ms where one GEMM of every row with every expert took 54 ms), that
+dense GEMM prefill (past three rows per expert). No CPU kernel here has FP4 arithmetic.
 """
 
 from __future__ import annotations
