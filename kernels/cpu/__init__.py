@@ -89,13 +89,13 @@ NATIVE_OPS = {
     ),
     # mixture-of-experts (int8_fp8.cpp): x [S, K] fp32 sorted by expert, weight [E, N, K] int8,
     # scale [E, N] fp32, offs [E] int64 cumulative row ends; each expert's rows on the linear's
-    # paths, rows past offs[-1] zeros
+    # paths (bf16_x: its bf16-dot GEMM from 2 rows, x rounded to bf16), rows past offs[-1] zeros
     "native_int8_weight_only_grouped_mm": (
-        "native_int8_weight_only_grouped_mm(Tensor x, Tensor weight, Tensor scale, Tensor offs) "
-        "-> Tensor",
+        "native_int8_weight_only_grouped_mm(Tensor x, Tensor weight, Tensor scale, Tensor offs, "
+        "int bf16_x) -> Tensor",
         "AOTITorchError aoti_torch_cpu_native_int8_weight_only_grouped_mm(AtenTensorHandle x, "
         "AtenTensorHandle weight, AtenTensorHandle scale, AtenTensorHandle offs, "
-        "AtenTensorHandle* ret0)",
+        "int64_t bf16_x, AtenTensorHandle* ret0)",
     ),
     # mixture-of-experts weights kept in fp32 (float32.cpp): weight [E, N, K], or [E, K, N] with
     # kn = 1 (gpt-oss' layout)
@@ -268,7 +268,9 @@ torch.library.register_fake("fxquant::native_int8_weight_only_linear", lib=_lib)
     lambda x, weight, scale: _out(x, weight)
 )
 torch.library.register_fake("fxquant::native_int8_weight_only_grouped_mm", lib=_lib)(
-    lambda x, weight, scale, offs: x.new_empty((x.shape[0], weight.shape[1]), dtype=torch.float32)
+    lambda x, weight, scale, offs, bf16_x: x.new_empty(
+        (x.shape[0], weight.shape[1]), dtype=torch.float32
+    )
 )
 torch.library.register_fake("fxquant::native_float32_grouped_mm", lib=_lib)(
     lambda x, weight, offs, kn: x.new_empty(

@@ -1065,9 +1065,11 @@ AOTITorchError vnni_linear(const uint8_t* xu, const float* xs, int64_t M, int64_
 // expert's weight (the GEMV up to kGemvMaxM rows, the chunked GEMM above), so decode reads only
 // the experts its token chose and prefill runs one GEMM per expert. Rows at or past offs[E-1]
 // are zeros (transformers' grouped_mm fallback, the reference). The offsets are read here, on
-// the host: the data-dependent row split an aten composition cannot express.
+// the host: the data-dependent row split an aten composition cannot express. bf16_x: an
+// expert's rows from kBf16MinM on take the bf16-dot GEMM, x rounded to bf16 (the int8 linear's
+// bf16_dot candidate, where the machine's dispatch table picks it); one row keeps fp32 x.
 AOTITorchError int8_grouped_mm(AtenTensorHandle x, AtenTensorHandle w, AtenTensorHandle scale,
-                               AtenTensorHandle offs, AtenTensorHandle* ret0) {
+                               AtenTensorHandle offs, bool bf16_x, AtenTensorHandle* ret0) {
   Mat xm, wm, sm, om;
   if (!view(x, 2, aoti_torch_dtype_float32(), &xm) || !view(w, 3, aoti_torch_dtype_int8(), &wm) ||
       !view(scale, 2, aoti_torch_dtype_float32(), &sm) ||
@@ -1093,6 +1095,17 @@ AOTITorchError int8_grouped_mm(AtenTensorHandle x, AtenTensorHandle w, AtenTenso
       const uint8_t* we = wp + e * N * K;
       const float* se = sp + e * N;
       float* ye = y + start * N;
+      std::vector<float> rounded;
+      if (bf16_x && M >= kBf16MinM) {
+#ifdef FXQ_BF16_512
+        gemm_bf16(xe, M, K, ByteWeight<Fmt::kInt8>{we, K}, N, se, ye);
+        start = std::max(start, end);
+        continue;
+#else
+        rounded = bf16_rounded(xe, M, K);  // the same numerics on the fp32 paths below
+        xe = rounded.data();
+#endif
+      }
       if (M <= kGemvMaxM[int(Fmt::kInt8)]) {
         gemv_bytes<Fmt::kInt8>(xe, M, K, we, N, se, ye);
       } else if (AOTITorchError err =
@@ -1125,8 +1138,9 @@ AOTITorchError aoti_torch_cpu_native_int8_weight_only_grouped_mm(AtenTensorHandl
                                                                  AtenTensorHandle w,
                                                                  AtenTensorHandle scale,
                                                                  AtenTensorHandle offs,
+                                                                 int64_t bf16_x,
                                                                  AtenTensorHandle* ret0) {
-  return int8_grouped_mm(x, w, scale, offs, ret0);
+  return int8_grouped_mm(x, w, scale, offs, bf16_x != 0, ret0);
 }
 
 AOTITorchError aoti_torch_cpu_native_float8_weight_only_linear(AtenTensorHandle x,

@@ -17,7 +17,7 @@ AOTITorchError aoti_torch_cpu_native_float32_grouped_mm(AtenTensorHandle, AtenTe
 AOTITorchError aoti_torch_cpu_native_int8_weight_only_grouped_mm(AtenTensorHandle,
                                                                  AtenTensorHandle,
                                                                  AtenTensorHandle,
-                                                                 AtenTensorHandle,
+                                                                 AtenTensorHandle, int64_t,
                                                                  AtenTensorHandle*);
 AOTITorchError aoti_torch_cpu_native_float8_weight_only_linear(AtenTensorHandle, AtenTensorHandle,
                                                                AtenTensorHandle,
@@ -102,10 +102,10 @@ Tensor float32_grouped(Tensor x, Tensor w, Tensor offs, int64_t kn) {
   return checked(err, out, "native_float32_grouped_mm");
 }
 
-Tensor int8_weight_only_grouped(Tensor x, Tensor w, Tensor scale, Tensor offs) {
+Tensor int8_weight_only_grouped(Tensor x, Tensor w, Tensor scale, Tensor offs, int64_t bf16_x) {
   AtenTensorHandle out = nullptr;
   auto err = aoti_torch_cpu_native_int8_weight_only_grouped_mm(x.get(), w.get(), scale.get(),
-                                                               offs.get(), &out);
+                                                               offs.get(), bf16_x, &out);
   return checked(err, out, "native_int8_weight_only_grouped_mm");
 }
 

@@ -10,13 +10,17 @@ The reference loops over experts and slices rows at data-dependent offsets, whic
 into aten. Where fxquant's native kernels are built, int8 and fp32 experts go to a native op
 that reads the offsets on the host and runs each expert's rows on the linear's own GEMV or GEMM
 (kernels/cpu/int8_fp8.cpp, float32.cpp): decode reads only the experts its token chose, prefill
-runs one GEMM per expert. Measured by hand on a 2-core Zen 4 (16 experts of 1024 × 1024, int8,
-against transformers' fallback loop on the fp32 weights): S = 1 2.6× faster, S = 4 4.0×, S = 64
-4.8×, S = 512 even. Elsewhere every row gathers its expert's weight (``weight[ids]``, ``ids`` from
-``offs``) and reduces over K in one product Inductor fuses (no [S, N, K] copy, indirect loads):
-at S = 4 2.0× the fallback, at S = 512 0.8× (32 experts). MXFP4's e2m1 decode is dear per value:
-its gather serves decode (2-3 ms where one GEMM of every row with every expert took 54 ms), that
-dense GEMM prefill (past three rows per expert). No CPU kernel here has FP4 arithmetic.
+runs one GEMM per expert. Measured by hand on a 2-core Zen 4 (16 experts of 1024 × 1024, int8 on
+its fp32 paths, against transformers' fallback loop on the fp32 weights): S = 1 2.6× faster,
+S = 4 4.0×, S = 64 4.8×, S = 512 even. Where the machine's dispatch table runs the int8 linear's
+large rows on its bf16-dot GEMM (AVX-512 BF16, AMX), the experts' rows do too from 2 rows an
+expert (x rounded to bf16, as there): on the Zen 4 a 32-row expert took 0.21 ms there against
+0.63 on the fp32 path (1024 × 1024). Elsewhere every row gathers its expert's weight
+(``weight[ids]``, ``ids`` from ``offs``) and reduces over K in one product Inductor fuses (no
+[S, N, K] copy, indirect loads): at S = 4 2.0× the fallback, at S = 512 0.8× (32 experts).
+MXFP4's e2m1 decode is dear per value: its gather serves decode (2-3 ms where one GEMM of every
+row with every expert took 54 ms), that dense GEMM prefill (past three rows per expert). No CPU
+kernel here has FP4 arithmetic.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from fxquant.core import reference as ref
 from fxquant.core import reference_mx as ref_mx
 from fxquant.core.registry import lowering
 from fxquant.passes.cpu.common import NATIVE, device_op
-from fxquant.passes.cpu.dispatch import by_plan
+from fxquant.passes.cpu.dispatch import by_plan, plan_for
 from fxquant.passes.plan import FALLBACK_OPS, find_sites, node_value
 
 fxq = torch.ops.fxquant
@@ -43,8 +47,9 @@ fxq = torch.ops.fxquant
 EXPERT_KERNELS = {
     "int8_weight_only": (
         True,
-        "fxquant native int8 grouped kernel: each expert's rows on the int8 linear's GEMV (fp32 "
-        "x) up to M = 32, then its chunked fp32 GEMM",
+        "fxquant native int8 grouped kernel: each expert's rows on the int8 linear's kernels "
+        "(its bf16-dot GEMM from 2 rows, x rounded to bf16, where this CPU class's table runs the "
+        "int8 linear so; else the fp32 GEMV up to M = 32, then the chunked fp32 GEMM)",
     ),
     "mxfp4": (
         False,
@@ -67,13 +72,21 @@ def per_row_expert(x: Tensor, offs: Tensor, experts: int, product: Callable) -> 
     return torch.where(owned[:, None], y, 0.0)
 
 
+def bf16_experts() -> bool:
+    """Whether int8 experts take the bf16-dot GEMM from 2 rows on this machine: where the
+    dispatch table (``dispatch_table.json``) runs the int8 linear's largest rows on it."""
+    return plan_for("native_int8_weight_only_linear")[-1][1] == "bf16_dot"
+
+
 @lowering(NATIVE, "int8_weight_only_grouped_mm")
 def _native_int8_weight_only_grouped_mm(x, weight, scale, offs):
     # the native kernel splits the rows by expert on the host and runs each expert's rows on the
-    # int8 linear's own GEMV / GEMM (kernels/cpu/int8_fp8.cpp): fp32 x, the reference's products
+    # int8 linear's own GEMV / GEMM (kernels/cpu/int8_fp8.cpp): fp32 x, the reference's products,
+    # or from 2 rows its bf16-dot GEMM (x rounded to bf16) where the machine's table picks it
     y = fxq.native_int8_weight_only_grouped_mm(
-        x.float().contiguous(), weight.contiguous(), scale.float().contiguous(), offs.long()
-    )
+        x.float().contiguous(), weight.contiguous(), scale.float().contiguous(), offs.long(),
+        bf16_experts(),
+    )  # fmt: skip
     return y.to(x.dtype)
 
 
