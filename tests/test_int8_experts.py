@@ -1,5 +1,6 @@
-"""int8 weight-only mixture-of-experts weights: reference, op, rewrite, CPU lowering, calibration
-and the cached LLM program of a MoE model (Qwen2-MoE, Mixtral).
+"""int8 weight-only mixture-of-experts weights: reference, op, rewrite, CPU lowering (the native
+kernel and the aten gather), calibration, the checkpoint writer, from_hf, the lowering of experts
+kept in float, and the cached LLM program of a MoE model (Qwen2-MoE, Mixtral) and its package.
 
 The oracles are transformers' own: its ``grouped_mm`` fallback op (what the experts run in an
 exported graph) on the dequantized weights, and the float model with each expert weight replaced
