@@ -26,6 +26,7 @@ from torch.library import triton_op, wrap_triton
 
 from fxquant.core.registry import lowering
 from fxquant.kernels.gemm import as_operand, dot_f32, load_a, store_tile
+from fxquant.kernels.mxfp4_grouped import expert_rows
 
 _BLOCK_M, _BLOCK_N, _BLOCK_K = 32, 64, 64
 _X_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -46,10 +47,7 @@ def _int8_grouped_kernel(
     BLOCK_K: tl.constexpr,
 ):
     # ---- rows of this program: its expert's slice of x, from offs ----------------------------
-    e = tl.program_id(0)
-    start = tl.load(offs_ptr + e - 1, mask=e > 0, other=0).to(tl.int64)
-    end = tl.minimum(tl.load(offs_ptr + e).to(tl.int64), S)  # offs past S never read past S
-    row0 = start + tl.program_id(1) * BLOCK_M
+    e, row0, end = expert_rows(offs_ptr, S, BLOCK_M)
     if row0 >= end:
         return
     offs_m = row0 + tl.arange(0, BLOCK_M)

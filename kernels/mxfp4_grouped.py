@@ -35,6 +35,20 @@ from fxquant.kernels.gemm import store_tile
 from fxquant.kernels.mxfp4 import dot_fp4, e8m0_to_f32
 
 _MX_BLOCK = 32  # K values per E8M0 scale
+
+
+@triton.jit
+def expert_rows(offs_ptr, S, BLOCK_M: tl.constexpr):
+    """(expert e = program_id(0), the first row of this program's tile, the expert's row end):
+    expert e owns rows ``[offs[e-1], offs[e])`` (``offs[-1]`` as 0) and tile program_id(1) of
+    them starts BLOCK_M · program_id(1) rows in; an end past S is clipped to S, so no row past S
+    is read. The grouped kernels' (MXFP4's here, int8's) shared prologue."""
+    e = tl.program_id(0)
+    start = tl.load(offs_ptr + e - 1, mask=e > 0, other=0).to(tl.int64)
+    end = tl.minimum(tl.load(offs_ptr + e).to(tl.int64), S)
+    return e, start + tl.program_id(1) * BLOCK_M, end
+
+
 # One fixed tile, not autotuned (kernels.configs' lists are for the dense GEMMs): BLOCK_M = 32
 # suits the few rows an expert gets per step (decode: about one; prefill: S·top_k/E), and
 # BLOCK_K = 64 (32 bytes a weight row, two 32-deep dots) divides gpt-oss' K = 2880. Not yet
@@ -59,10 +73,7 @@ def _fp4_grouped_kernel(
     BLOCK_K: tl.constexpr,
 ):
     # ---- rows of this program: its expert's slice of x, from offs ----------------------------
-    e = tl.program_id(0)
-    start = tl.load(offs_ptr + e - 1, mask=e > 0, other=0).to(tl.int64)
-    end = tl.minimum(tl.load(offs_ptr + e).to(tl.int64), S)  # offs past S never read past S
-    row0 = start + tl.program_id(1) * BLOCK_M
+    e, row0, end = expert_rows(offs_ptr, S, BLOCK_M)
     if row0 >= end:
         return
     offs_m = row0 + tl.arange(0, BLOCK_M)
