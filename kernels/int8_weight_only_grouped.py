@@ -26,7 +26,7 @@ from torch.library import triton_op, wrap_triton
 
 from fxquant.core.registry import lowering
 from fxquant.kernels.gemm import as_operand, dot_f32, load_a, store_tile
-from fxquant.kernels.mxfp4_grouped import expert_rows
+from fxquant.kernels.mxfp4_grouped import check_offsets, expert_rows
 
 _BLOCK_M, _BLOCK_N, _BLOCK_K = 32, 64, 64
 _X_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -86,13 +86,7 @@ def _check(x: Tensor, weight: Tensor, scale: Tensor, offs: Tensor) -> None:
         raise ValueError(
             f"{what}: scale must be fp32 [E, N] = {[e, n]}; got {scale.dtype} {tuple(scale.shape)}"
         )
-    if offs.dtype not in (torch.int32, torch.int64) or tuple(offs.shape) != (e,):
-        raise ValueError(
-            f"{what}: offs must be int32/int64 [E] = [{e}]; got {offs.dtype} {tuple(offs.shape)}"
-        )
-    devices = {t.device for t in (x, weight, scale, offs)}
-    if len(devices) != 1:
-        raise ValueError(f"{what}: x, weight, scale and offs must share a device; got {devices}")
+    check_offsets(what, x, weight, scale, offs)
 
 
 @triton_op("fxquant::triton_int8_weight_only_grouped_mm", mutates_args=())

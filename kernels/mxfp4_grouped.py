@@ -128,6 +128,13 @@ def _check(x: Tensor, weight: Tensor, scale: Tensor, offs: Tensor) -> None:
             f"{what}: scale shape {tuple(scale.shape)}; allowed: {(e, n, k // _MX_BLOCK)} "
             f"([E, N, K/{_MX_BLOCK}])"
         )
+    check_offsets(what, x, weight, scale, offs)
+
+
+def check_offsets(what: str, x: Tensor, weight: Tensor, scale: Tensor, offs: Tensor) -> None:
+    """The grouped kernels' (MXFP4's here, int8's) shared checks: ``offs`` int32/int64 [E] for
+    the weight's E experts, and every operand on one device."""
+    e = weight.shape[0]
     if offs.dtype not in (torch.int32, torch.int64) or tuple(offs.shape) != (e,):
         raise ValueError(
             f"{what}: offs must be int32/int64 [E] = [{e}]; got {offs.dtype} {tuple(offs.shape)}"
