@@ -103,15 +103,15 @@ class Report:
         aten = "aten lowering (the native kernels are not available here)"
         out: dict[str, dict] = {}
         for r in self.quantized:
-            name = _scheme_str(r)
-            if r.kind == "grouped_mm":  # a mixture-of-experts GEMM: its own op and kernel
-                name = f"{name} experts"
-                native_only, kernel = EXPERT_KERNELS[scheme_from_dict(r.scheme).name]
-                kernel = aten if native_only and not native else kernel
-            else:
-                op = scheme_from_dict(r.scheme).op_name()
-                kernel = kernel_plan(op, r.scheme, machine) if native else aten
-            if name not in out:
+            experts = r.kind == "grouped_mm"  # a mixture-of-experts GEMM: its own op and kernel
+            name = f"{_scheme_str(r)} experts" if experts else _scheme_str(r)
+            if name not in out:  # the kernel once a group
+                scheme = scheme_from_dict(r.scheme)
+                if experts:
+                    native_only, kernel = EXPERT_KERNELS[scheme.name]
+                    kernel = aten if native_only and not native else kernel
+                else:
+                    kernel = kernel_plan(scheme.op_name(), r.scheme, machine) if native else aten
                 out[name] = {"scheme": name, "layers": [], "kernel": kernel}
             out[name]["layers"].append(r.name)
         # experts kept in float: out of transformers' Python op (passes/cpu/experts.py)
