@@ -13,8 +13,6 @@
 //
 // Numerics: fp32 products and sums, in another order than MKL's (the sums differ by rounding).
 
-#include <algorithm>
-
 #include "float_rows.h"
 
 namespace fxq {
@@ -73,27 +71,15 @@ AOTITorchError aoti_torch_cpu_native_float32_grouped_mm(AtenTensorHandle x, Aten
   const int64_t S = xm.rows, K = xm.cols, E = wsizes[0];
   const int64_t N = kn ? wsizes[2] : wsizes[1];
   if ((kn ? wsizes[1] : wsizes[2]) != K || om.rows != E) return AOTI_TORCH_FAILURE;
-  float* y = nullptr;
-  if (AOTITorchError e = new_output(S, N, ret0, &y)) return e;
-  std::fill(y, y + S * N, 0.f);
-  const int64_t* ends = om.as<int64_t>();
   const float *xp = xm.as<float>(), *wp = wm.as<float>();
-  int64_t start = 0;
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t end = std::min(ends[e], S), M = end - start;
-    if (M > 0 && N > 0) {
-      const float* xe = xp + start * K;
-      const float* we = wp + e * N * K;
-      float* ye = y + start * N;
-      if (!kn && M <= kGemvMaxMFloat32) {
-        gemv_float_rows<Fp32Format>(xe, M, K, we, N, ye);
-      } else if (AOTITorchError err = mm_float32(xe, M, K, we, N, ye, kn)) {
-        return err;
-      }
-    }
-    start = std::max(start, end);
-  }
-  return AOTI_TORCH_SUCCESS;
+  auto rows = [&](int64_t e, int64_t start, int64_t M, float* ye) -> AOTITorchError {
+    const float* xe = xp + start * K;
+    const float* we = wp + e * N * K;
+    if (kn || M > kGemvMaxMFloat32) return mm_float32(xe, M, K, we, N, ye, kn);
+    gemv_float_rows<Fp32Format>(xe, M, K, we, N, ye);
+    return AOTI_TORCH_SUCCESS;
+  };
+  return run_grouped(S, N, om.as<int64_t>(), E, ret0, rows);
 }
 
 }  // extern "C"

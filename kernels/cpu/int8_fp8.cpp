@@ -4,7 +4,6 @@
 
 #include <omp.h>
 
-#include <algorithm>
 #include <type_traits>
 #include <vector>
 
@@ -1079,43 +1078,29 @@ AOTITorchError int8_grouped_mm(AtenTensorHandle x, AtenTensorHandle w, AtenTenso
   if (aoti_torch_get_sizes(w, &wsizes)) return AOTI_TORCH_FAILURE;
   const int64_t S = xm.rows, K = xm.cols, E = wsizes[0], N = wsizes[1];
   if (wsizes[2] != K || sm.rows != E || sm.cols != N || om.rows != E) return AOTI_TORCH_FAILURE;
-  float* y = nullptr;
-  if (AOTITorchError e = new_output(S, N, ret0, &y)) return e;
-  std::fill(y, y + S * N, 0.f);
-  const int64_t* ends = om.as<int64_t>();
   const float* xp = xm.as<float>();
   const uint8_t* wp = wm.as<uint8_t>();
   const float* sp = sm.as<float>();
-  int64_t start = 0;
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t end = std::min(ends[e], S);
-    const int64_t M = end - start;
-    if (M > 0 && N > 0) {
-      const float* xe = xp + start * K;
-      const uint8_t* we = wp + e * N * K;
-      const float* se = sp + e * N;
-      float* ye = y + start * N;
-      std::vector<float> rounded;
-      if (bf16_x && M >= kBf16MinM) {
+  auto rows = [&](int64_t e, int64_t start, int64_t M, float* ye) -> AOTITorchError {
+    const float* xe = xp + start * K;
+    const uint8_t* we = wp + e * N * K;
+    const float* se = sp + e * N;
+    std::vector<float> rounded;
+    if (bf16_x && M >= kBf16MinM) {
 #ifdef FXQ_BF16_512
-        gemm_bf16(xe, M, K, ByteWeight<Fmt::kInt8>{we, K}, N, se, ye);
-        start = std::max(start, end);
-        continue;
+      gemm_bf16(xe, M, K, ByteWeight<Fmt::kInt8>{we, K}, N, se, ye);
+      return AOTI_TORCH_SUCCESS;
 #else
-        rounded = bf16_rounded(xe, M, K);  // the same numerics on the fp32 paths below
-        xe = rounded.data();
+      rounded = bf16_rounded(xe, M, K);  // the same numerics on the fp32 paths below
+      xe = rounded.data();
 #endif
-      }
-      if (M <= kGemvMaxM[int(Fmt::kInt8)]) {
-        gemv_bytes<Fmt::kInt8>(xe, M, K, we, N, se, ye);
-      } else if (AOTITorchError err =
-                     gemm_chunked(Fmt::kInt8, xe, M, K, we, N, se, nullptr, 0, ye)) {
-        return err;
-      }
     }
-    start = std::max(start, end);
-  }
-  return AOTI_TORCH_SUCCESS;
+    if (M > kGemvMaxM[int(Fmt::kInt8)])
+      return gemm_chunked(Fmt::kInt8, xe, M, K, we, N, se, nullptr, 0, ye);
+    gemv_bytes<Fmt::kInt8>(xe, M, K, we, N, se, ye);
+    return AOTI_TORCH_SUCCESS;
+  };
+  return run_grouped(S, N, om.as<int64_t>(), E, ret0, rows);
 }
 
 }  // namespace

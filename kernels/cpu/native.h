@@ -451,6 +451,29 @@ AOTITorchError run_linear(int64_t M, int64_t N, int64_t gemv_max_m, AtenTensorHa
   return AOTI_TORCH_SUCCESS;
 }
 
+// The grouped (mixture-of-experts) shims' walk: a new fp32 y [S, N] in *ret, zeros, then
+// rows(e, start, M, y + start * N) for each expert e with rows, where expert e owns rows
+// [offs[e-1], offs[e]) of x (offs[-1] taken as 0; an end past S clipped to S; a decreasing end
+// gives no rows), what transformers' grouped_mm fallback reads from its offsets. Rows at or past
+// offs[E-1] stay zeros. Stops at the first error rows returns.
+template <class Rows>
+AOTITorchError run_grouped(int64_t S, int64_t N, const int64_t* offs, int64_t E,
+                           AtenTensorHandle* ret, Rows rows) {
+  float* y = nullptr;
+  if (AOTITorchError e = new_output(S, N, ret, &y)) return e;
+  std::fill(y, y + S * N, 0.f);
+  if (N == 0) return AOTI_TORCH_SUCCESS;
+  int64_t start = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t end = std::min(offs[e], S);
+    if (end > start) {
+      if (AOTITorchError err = rows(e, start, end - start, y + start * N)) return err;
+    }
+    start = std::max(start, end);
+  }
+  return AOTI_TORCH_SUCCESS;
+}
+
 // y [M, N] = x [M, K] (fp32) @ dequant(w)^T for large M (offset and group: int4 only);
 // bf16_weight: the dequantized values rounded to bf16 first (the bf16-dot ops' numerics, in the
 // builds without AVX-512 BF16)
