@@ -468,13 +468,22 @@ def _replace(editor, plan: LayerPlan, constants: dict[str, fx.Node]) -> fx.Node:
     else:
         op, args = plan.scheme.op_args(site.x, constants, site.bias)
     weight_node, source = site.weight_node, site.weight_source  # read before the swap
-    new = editor.swap(site.node, op, args)
-    if site.stored_nk and not weight_node.users:
-        # a weight read through a transpose: drop it, then the parameter it read
-        editor.graph.erase_node(weight_node)
-        weight_node = source
-    editor.release(weight_node)
+    new, dropped = swap_site(editor, site, op, args)
+    # a weight read through a transpose: the view is gone, release the parameter it read
+    editor.release(source if dropped else weight_node)
     return new
+
+
+def swap_site(editor, site, target, args: tuple) -> tuple[fx.Node, bool]:
+    """Swap ``site``'s node for ``target(*args)``, whose args read the weight as stored
+    (``site.weight_source``); a transpose view the site read it through (``x @ W.T``, experts
+    stored [E, N, K]) that nothing else reads is erased. Returns (new node, whether it was)."""
+    view = site.weight_node  # read before the swap
+    new = editor.swap(site.node, target, args)
+    dropped = site.stored_nk and not view.users
+    if dropped:
+        editor.graph.erase_node(view)
+    return new, dropped
 
 
 def _swap(graph: fx.Graph, node: fx.Node, target, args: tuple, fake_mode) -> fx.Node:

@@ -134,7 +134,7 @@ def _native_float_grouped_mm(x, weight, offs, kn):
 def lower_float_experts(editor) -> int:
     """Rewrite every transformers ``grouped_mm_fallback`` on a stored float expert weight (the
     experts a config left in float) to ``fxquant::cpu_float_grouped_mm``. Returns how many."""
-    from fxquant.passes.rewrite import counters
+    from fxquant.passes.rewrite import counters, swap_site
 
     op = fxq.cpu_float_grouped_mm.default
     done = 0
@@ -144,11 +144,8 @@ def lower_float_experts(editor) -> int:
             continue
         if not (isinstance(x, Tensor) and x.dim() == 2 and site.weight.is_floating_point()):
             continue
-        view = site.weight_node  # read before the swap
         # stored [E, N, K] and read through its transpose, or stored [E, K, N] as grouped_mm takes
-        editor.swap(site.node, op, (site.x, site.weight_source, site.offs, not site.stored_nk))
-        if site.stored_nk and not view.users:
-            editor.graph.erase_node(view)
+        swap_site(editor, site, op, (site.x, site.weight_source, site.offs, not site.stored_nk))
         counters[f"prepack.{op._opname}"] += 1
         done += 1
     return done

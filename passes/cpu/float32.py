@@ -80,19 +80,16 @@ for _dtype in KERNELS:
 def lower_float32_linears(editor) -> int:
     """Rewrite every fp32 (bf16, fp16) ``linear`` on a stored fp32 (bf16, fp16) weight to the
     native device op of that dtype. Returns the nodes rewritten."""
-    from fxquant.passes.rewrite import counters
+    from fxquant.passes.rewrite import counters, swap_site
 
     ops = {getattr(torch, d): getattr(fxq, f"cpu_native_{d}_linear").default for d in KERNELS}
     done = 0
     for site in find_sites(editor.graph, editor.weight_of):
-        node, weight = site.node, site.weight
+        weight = site.weight
         if site.transposed or site.kind == "grouped_mm" or not _eligible(site.x, weight, ops):
             continue
         op = ops[weight.dtype]
-        view = site.weight_node  # read before the swap
-        editor.swap(node, op, (site.x, site.weight_source, site.bias))
-        if site.stored_nk and not view.users:  # x @ W.T: the transpose is read no more
-            editor.graph.erase_node(view)
+        swap_site(editor, site, op, (site.x, site.weight_source, site.bias))
         counters[f"prepack.{op._opname}"] += 1
         done += 1
     return done
