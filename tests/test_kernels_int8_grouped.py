@@ -4,8 +4,9 @@ kernels/int8_weight_only_grouped.py, and its CUDA lowering against
 
 The kernel multiplies the integer codes exactly in x's dtype and sums in fp32 like the reference,
 in another order, so fp32 outputs match to fp32 rounding and half-precision ones to one rounding
-of the same sum. Shapes include N and S not multiples of the 32×64 tile, K = 96 (half a 64-wide
-K step), experts with no rows, rows past ``offs[-1]`` and an expert whose rows start mid-tile.
+of the same sum. Shapes (tests/test_kernels_mxfp4_grouped.py's) include N and S not multiples of
+the 32×64 tile, K = 96 (half a 64-wide K step), experts with no rows, rows past ``offs[-1]`` and
+an expert whose rows start mid-tile.
 """
 
 from __future__ import annotations
@@ -16,29 +17,22 @@ from torch.library import opcheck
 
 triton = pytest.importorskip("triton")
 
+# the MXFP4 experts' kernel test's cases and checks: both kernels take the same rows and offsets
+# (kernels.mxfp4_grouped.expert_rows) and round one fp32 sum to x's dtype
+from test_kernels_mxfp4_grouped import (  # noqa: E402
+    CASES,
+    DEVICE,
+    INTERPRETED_OPCHECK,
+    TOLERANCES,
+    _close,
+)
+
 from fxquant.core import reference as ref  # noqa: E402
 from fxquant.passes import lower_cuda  # noqa: E402  (registers every fxquant::triton_* op)
 
 pytestmark = pytest.mark.interpreter
 
 fxq = torch.ops.fxquant
-# the interpreter on CPU tensors (conftest sets TRITON_INTERPRET=1 without a GPU), else the GPU
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-INTERPRETED_OPCHECK = ("test_schema", "test_autograd_registration")
-
-# (E, N, K, S, offs): offs are the cumulative row ends, offs[-1] <= S
-CASES = [
-    (1, 1, 16, 1, [1]),
-    (3, 17, 96, 29, [5, 5, 29]),  # expert 1 has no rows; K ends halfway through a K step
-    (4, 48, 128, 40, [0, 33, 34, 37]),  # expert 0 empty, expert 1 spans two row tiles,
-    # expert 2 starts mid-tile, rows 37..39 belong to no expert
-    (2, 20, 64, 7, [3, 3]),  # rows 3..6 past offs[-1]: zeros
-]
-TOLERANCES = [
-    (torch.float32, 1e-5, 1e-5),
-    (torch.bfloat16, 1.6e-2, 1e-4),
-    (torch.float16, 2e-3, 1e-4),
-]
 
 
 def _inputs(e, n, k, s, offs, *, dtype=torch.float32, offs_dtype=torch.int64, seed=0):
@@ -48,12 +42,6 @@ def _inputs(e, n, k, s, offs, *, dtype=torch.float32, offs_dtype=torch.int64, se
     q[0, 0, : min(k, 2)] = torch.tensor([-127, 127][: min(k, 2)], dtype=torch.int8)
     o = torch.tensor(offs, dtype=offs_dtype)
     return tuple(t.to(DEVICE) for t in (x, q, scale, o))
-
-
-def _close(y, want, rtol, atol):
-    assert y.dtype == want.dtype and y.shape == want.shape and torch.isfinite(y).all()
-    scale = want.float().abs().max().item()
-    torch.testing.assert_close(y.float(), want.float(), rtol=rtol, atol=atol * scale)
 
 
 @pytest.mark.parametrize(("dtype", "rtol", "atol"), TOLERANCES)
