@@ -48,6 +48,7 @@ from llm_decode import build_inductor, build_torchao, torchao_status  # noqa: E4
 from machine import bench_interleaved, machine_info, write_results  # noqa: E402
 
 import fxquant  # noqa: E402
+from fxquant.core.config import EXPERT_WEIGHTS  # noqa: E402
 from fxquant.core.reference import sqnr  # noqa: E402
 from fxquant.llm import export_llm  # noqa: E402
 
@@ -59,7 +60,6 @@ SIZES = {
     "quick": dict(hidden_size=512, num_hidden_layers=2, moe_intermediate_size=256,
                   shared_expert_intermediate_size=1024, num_experts=8, num_experts_per_tok=2),
 }  # fmt: skip
-EXPERTS = r"experts\.(gate_up_proj|down_proj)"
 
 
 def build_model(size: str):
@@ -105,7 +105,7 @@ def main() -> None:
     configs = {
         "int8wo_linears_only": fxquant.QuantConfig(
             scheme=fxquant.Int8WeightOnly(), modules_to_not_convert=("lm_head",),
-            overrides={EXPERTS: None},
+            overrides={EXPERT_WEIGHTS: None},
         ),
         "int8wo": fxquant.QuantConfig(scheme=fxquant.Int8WeightOnly()),
     }  # fmt: skip

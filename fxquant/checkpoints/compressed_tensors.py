@@ -387,7 +387,7 @@ def _layer_entry(scheme: Scheme, c: dict[str, torch.Tensor], n: int, k: int):
 
 def _quantized_layers(ep: ExportedProgram):
     """(module name, scheme, {constant name: tensor}, N, K, constant fqns) per quantized weight."""
-    from fxquant.core.config import scheme_from_dict
+    from fxquant.core.config import EXPERT_WEIGHTS, scheme_from_dict
 
     by_node = {
         s.arg.name: s.target for s in ep.graph_signature.input_specs if hasattr(s.arg, "name")
@@ -403,8 +403,7 @@ def _quantized_layers(ep: ExportedProgram):
                 f"{row.name!r}: mixture-of-experts weights ({row.experts} experts, quantized "
                 f"{scheme_from_dict(row.scheme)}) have no compressed-tensors layout here (it "
                 "describes Linear modules); quantize with the experts kept in float to write "
-                "this program: QuantConfig(..., overrides={r'experts\\.(gate_up_proj|"
-                "down_proj)': None})"
+                f"this program: QuantConfig(..., overrides={{r'{EXPERT_WEIGHTS}': None}})"
             )
         fqns = [by_node.get(a.name) for a in node.args if isinstance(a, torch.fx.Node)]
         qfqn = next((f for f in fqns if f and f.endswith("qweight")), None)

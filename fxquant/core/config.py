@@ -43,6 +43,9 @@ __all__ = [
 
 
 LM_HEAD_SUFFIX = "+lm_head"  # "<recipe>+lm_head[=<recipe>]": QuantConfig.from_recipe
+# a pattern naming a mixture-of-experts model's 3-D expert weights (transformers 5's
+# experts.gate_up_proj / down_proj, run by grouped_mm), for overrides
+EXPERT_WEIGHTS = r"experts\.(gate_up_proj|down_proj)"
 
 
 def name_matches(pattern: str, module_name: str) -> bool:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fxquant.core.config import MXFP4, NVFP4, QuantConfig, Scheme
+from fxquant.core.config import EXPERT_WEIGHTS, MXFP4, NVFP4, QuantConfig, Scheme
 from fxquant.hf.base import SKIP, maps, not_converted, refuse
 
 MXFP4_CONFIG = {
@@ -27,7 +27,7 @@ MXFP4_CONFIG = {
 }
 
 # the 3-D expert weights transformers' Mxfp4Config quantizes (gpt-oss' names)
-MXFP4_EXPERTS = r"experts\.(gate_up_proj|down_proj)"
+MXFP4_EXPERTS = EXPERT_WEIGHTS
 
 
 @maps("mxfp4", MXFP4_CONFIG)
