@@ -1,4 +1,4 @@
-"""How fast does a mixture-of-experts LLM decode on this CPU once its experts are int8?
+"""How fast does a mixture-of-experts LLM decode on this CPU once its experts are int8 or int4?
 
 A Qwen2-MoE-shaped model with random weights (no small MoE checkpoint ships with the assets;
 speed does not depend on the values),
@@ -6,7 +6,8 @@ fp32, batch 1, built by ``fxquant.export_llm`` (one program with its KV cache). 
 attention, a shared expert, a router and E routed experts of which each token takes top-k; the
 routed experts hold most of the weights, and transformers runs them as two grouped GEMMs
 (``grouped_mm`` over the tokens sorted by expert), which fxquant's ``int8wo`` quantizes to
-``fxquant::int8_weight_only_grouped_mm``. Rows, measured side by side in one run:
+``fxquant::int8_weight_only_grouped_mm``, its int4 recipes to their grouped ops. Rows,
+measured side by side in one run:
 
 - fp32 Inductor (``torch.compile`` of the program with ``llm_decode.py``'s generation settings:
   the baseline every ratio is relative to; its experts run transformers' grouped_mm fallback
@@ -16,8 +17,9 @@ routed experts hold most of the weights, and transformers runs them as two group
   imports): what a user of torchao gets; its ``quantize_`` takes ``nn.Linear`` only, so the
   experts stay float;
 - fxquant ``int8wo`` with the experts left float (every linear int8; every recipe left the
-  experts float before 2026-12-07) and ``int8wo`` (experts int8 too), each an AOTInductor
-  package.
+  experts float before 2026-12-07), ``int8wo`` (experts int8 too), ``int4wo-64`` and
+  ``w4a8-64`` (experts int4 too: ``fxquant::int4_weight_only_grouped_mm`` /
+  ``int8_dynamic_int4_grouped_mm``), each an AOTInductor package.
 
 Timed: one decode step at position P (the cache holding a P-token prompt; the same step repeated,
 so identical work per call) and a P-token prefill, interleaved rounds, medians. Per row: weight
@@ -108,6 +110,8 @@ def main() -> None:
             overrides={EXPERT_WEIGHTS: None},
         ),
         "int8wo": fxquant.QuantConfig(scheme=fxquant.Int8WeightOnly()),
+        "int4wo-64": fxquant.QuantConfig(scheme=fxquant.Int4WeightOnly(group_size=64)),
+        "w4a8-64": fxquant.QuantConfig(scheme=fxquant.Int8DynamicActivationInt4(group_size=64)),
     }  # fmt: skip
     rows, calls, notes = {}, {}, {}
     reference = program.module()(ids, torch.arange(p))

@@ -549,7 +549,7 @@ def _rate(row: dict, phase: str, spec: str) -> str:
 
 
 def moe_decode_section() -> str:
-    title = "### A mixture-of-experts LLM with int8 experts (CPU)"
+    title = "### A mixture-of-experts LLM with int8 and int4 experts (CPU)"
     how = "python benchmarks/moe_decode.py"
     rec, missing = _load("moe_decode.json", how)
     if rec is None:

@@ -26,7 +26,7 @@ from torch.library import triton_op, wrap_triton
 
 from fxquant.core.registry import lowering
 from fxquant.kernels.gemm import as_operand, dot_f32, load_a, store_tile
-from fxquant.kernels.mxfp4_grouped import check_offsets, expert_rows
+from fxquant.kernels.mxfp4_grouped import check_offsets, expert_tile
 
 _BLOCK_M, _BLOCK_N, _BLOCK_K = 32, 64, 64
 _X_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -47,14 +47,10 @@ def _int8_grouped_kernel(
     BLOCK_K: tl.constexpr,
 ):
     # ---- rows of this program: its expert's slice of x, from offs ----------------------------
-    e, row0, end = expert_rows(offs_ptr, S, BLOCK_M)
+    e, row0, end, offs_m, offs_n, mask_m, mask_n = expert_tile(offs_ptr, S, N, BLOCK_M, BLOCK_N)
     if row0 >= end:
         return
-    offs_m = row0 + tl.arange(0, BLOCK_M)
-    offs_n = tl.program_id(2) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
-    mask_m = offs_m < end
-    mask_n = offs_n < N
     w_cols = w_ptr + (e.to(tl.int64) * N + offs_n[None, :]) * K  # [1, BLOCK_N]: as [K, N]
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     # ---- K loop: the weight tile exact in x's dtype, fp32 sums --------------------------------

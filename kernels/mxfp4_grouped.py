@@ -38,15 +38,20 @@ _MX_BLOCK = 32  # K values per E8M0 scale
 
 
 @triton.jit
-def expert_rows(offs_ptr, S, BLOCK_M: tl.constexpr):
-    """(expert e = program_id(0), the first row of this program's tile, the expert's row end):
-    expert e owns rows ``[offs[e-1], offs[e])`` (``offs[-1]`` as 0) and tile program_id(1) of
-    them starts BLOCK_M · program_id(1) rows in; an end past S is clipped to S, so no row past S
-    is read. The grouped kernels' (MXFP4's here, int8's) shared prologue."""
+def expert_tile(offs_ptr, S, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """This program's tile: (expert e = program_id(0), its first row, the expert's row end, the
+    tile's rows and columns and their masks). Expert e owns rows ``[offs[e-1], offs[e])``
+    (``offs[-1]`` as 0) and tile program_id(1) of them starts BLOCK_M · program_id(1) rows in;
+    an end past S is clipped to S, so no row past S is read; columns are tile program_id(2) of
+    N. A program whose first row is at or past the end has no work. The grouped kernels'
+    (MXFP4's here, int8's, int4's) shared prologue."""
     e = tl.program_id(0)
     start = tl.load(offs_ptr + e - 1, mask=e > 0, other=0).to(tl.int64)
     end = tl.minimum(tl.load(offs_ptr + e).to(tl.int64), S)
-    return e, start + tl.program_id(1) * BLOCK_M, end
+    row0 = start + tl.program_id(1) * BLOCK_M
+    offs_m = row0 + tl.arange(0, BLOCK_M)
+    offs_n = tl.program_id(2) * BLOCK_N + tl.arange(0, BLOCK_N)
+    return e, row0, end, offs_m, offs_n, offs_m < end, offs_n < N
 
 
 # One fixed tile, not autotuned (kernels.configs' lists are for the dense GEMMs): BLOCK_M = 32
@@ -73,13 +78,9 @@ def _fp4_grouped_kernel(
     BLOCK_K: tl.constexpr,
 ):
     # ---- rows of this program: its expert's slice of x, from offs ----------------------------
-    e, row0, end = expert_rows(offs_ptr, S, BLOCK_M)
+    e, row0, end, offs_m, offs_n, mask_m, mask_n = expert_tile(offs_ptr, S, N, BLOCK_M, BLOCK_N)
     if row0 >= end:
         return
-    offs_m = row0 + tl.arange(0, BLOCK_M)
-    offs_n = tl.program_id(2) * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask_m = offs_m < end
-    mask_n = offs_n < N
     kh = K // 2
     ks = K // 32
     x_rows = x_ptr + offs_m[:, None] * K  # [BLOCK_M, 1]

@@ -302,7 +302,9 @@ def _shape_problem(site: Site, scheme: Scheme) -> str | None:
 
 
 # the schemes whose ``takes_experts`` is true, as an error message names them
-_EXPERT_SCHEMES = "Int8WeightOnly or MXFP4(activations=False)"
+_EXPERT_SCHEMES = (
+    "Int8WeightOnly, Int4WeightOnly, Int8DynamicActivationInt4 or MXFP4(activations=False)"
+)
 
 
 def _grouped_problem(site: Site, scheme: Scheme, x: torch.Tensor) -> str | None:

@@ -226,10 +226,10 @@ def test_float_experts_run_in_fxquant_compositions(counts, kn):
 
 
 def test_lowering_takes_float_experts_out_of_transformers_op(moe):
-    """A program whose experts stay float (int4wo skips them) lowers them to fxquant's ops: its
+    """A program whose experts stay float (w8a8 skips them) lowers them to fxquant's ops: its
     package runs without transformers' Python op registered (the runtime never imports it)."""
     _, ep = moe
-    qep = fxquant.quantize(ep, "int4wo-32")
+    qep = fxquant.quantize(ep, "w8a8")
     lowered = lower(qep)
     targets = {str(n.target) for n in lowered.graph.nodes if n.op == "call_function"}
     assert not any(t.startswith("transformers.") for t in targets), targets
@@ -308,12 +308,12 @@ def test_hugging_face_configs_keep_the_experts_float_as_transformers_does(moe):
 
 def test_other_schemes_still_skip_the_experts_and_say_which_take_them(moe):
     _, ep = moe
-    qep = fxquant.quantize(ep, "int4wo-32")
+    qep = fxquant.quantize(ep, "w8a8")
     row = {r["name"]: r for r in fxquant.report(qep).rows}["model.layers.0.mlp.experts.down_proj"]
     assert row["status"] == "skipped"
     assert (
-        "take only Int8WeightOnly or MXFP4(activations=False), not Int4WeightOnly"
-        in (row["reason"])
+        "take only Int8WeightOnly, Int4WeightOnly, Int8DynamicActivationInt4 or "
+        "MXFP4(activations=False), not Int8DynamicActivation" in row["reason"]
     )
 
 
@@ -401,12 +401,22 @@ def test_a_float_moe_package_runs_where_transformers_is_not_imported(tmp_path):
 
 
 @pytest.mark.slow
-def test_the_aot_package_of_a_moe_model_runs_its_int8_experts(tmp_path):
-    qep = fxquant.quantize(export_llm(qwen2_moe(), max_cache_len=32, logits="all"), "int8wo")
+def test_the_aot_package_of_a_moe_model_runs_its_int8_and_int4_experts(tmp_path):
+    # one package, each native grouped shim: int8 weight-only experts, int4 weight-only and W4A8
+    # (tests/test_int4_experts.py), the linears int8 weight-only
+    config = fxquant.QuantConfig(scheme=fxquant.Int8WeightOnly(), overrides={
+        r"layers\.0\.mlp\.experts\.down_proj": fxquant.Int8DynamicActivationInt4(group_size=32),
+        r"layers\.1\.mlp\.experts\.\w+": fxquant.Int4WeightOnly(group_size=32),
+    })  # fmt: skip
+    qep = fxquant.quantize(export_llm(qwen2_moe(), max_cache_len=32, logits="all"), config)
+    targets = {str(n.target) for n in qep.graph.nodes if n.op == "call_function"}
+    for op in ("int8_weight_only", "int4_weight_only", "int8_dynamic_int4"):
+        assert f"fxquant.{op}_grouped_mm.default" in targets
     package = fxquant.aot_compile(qep, tmp_path / "moe.pt2")
     ids = torch.randint(0, VOCAB, (1, 9))
     m = qep.module()
     for t in (slice(0, 6), slice(6, 7), slice(7, 8)):  # prefill, then decode steps
         pos = torch.arange(t.start, t.stop)
-        # the package's linears round x to bf16 (passes/cpu/int8.py); the experts' run in fp32
+        # the package's linears, and from 2 rows the int4 experts, round x to bf16 where this
+        # machine's table runs them so (passes/cpu/int8.py, experts.py)
         assert sqnr(m(ids[:, t], pos), package(ids[:, t], pos)) > 40

@@ -348,11 +348,12 @@ def _cases():
 
 def _format_cases():
     """bitsandbytes 4-bit (plain and double-quantized absmax), LLM.int8's activation quantizer
-    (with and without outlier columns), MXFP4 / NVFP4 (E8M0 or e4m3 block scales), the MXFP4
-    and int8 experts' grouped GEMMs and MXFP8."""
+    (with and without outlier columns), MXFP4 / NVFP4 (E8M0 or e4m3 block scales), the MXFP4,
+    int8 and int4 experts' grouped GEMMs and MXFP8."""
     from fxquant.kernels import (
         bnb4_weight_only,
         gemm,
+        int4_weight_only_grouped,
         int8_weight_only_grouped,
         llm_int8,
         mxfp4,
@@ -457,26 +458,22 @@ def _format_cases():
                 },
             )
         )
-    # the int8 experts' grouped GEMM: bf16 x on the tensor cores, fp32 x in IEEE fp32 dots
-    g = int8_weight_only_grouped
-    for offs, x in (("*i32", "bf16"), ("*i64", "fp32")):
-        cases.append(
-            _case(
-                f"int8 weight-only grouped mm offs={offs} x={x}",
-                g._int8_grouped_kernel,
-                {
-                    "x_ptr": f"*{x}",
-                    "w_ptr": "*i8",
-                    "s_ptr": "*fp32",
-                    "offs_ptr": offs,
-                    "out_ptr": f"*{x}",
-                    "S": "i32",
-                    "N": "i32",
-                    "K": "i32",
-                },
-                {"BLOCK_M": g._BLOCK_M, "BLOCK_N": g._BLOCK_N, "BLOCK_K": g._BLOCK_K},
+    # the int8 and int4 experts' grouped GEMMs (int4's also W4A8's, on dequantized int8 rows):
+    # bf16 x on the tensor cores, fp32 x in IEEE fp32 dots
+    g8, g4 = int8_weight_only_grouped, int4_weight_only_grouped
+    grouped = (
+        ("int8 weight-only", g8, g8._int8_grouped_kernel, {"w_ptr": "*i8", "s_ptr": "*fp32"}, {}),
+        ("int4", g4, g4._int4_grouped_kernel,
+         {"w_ptr": "*u8", "s_ptr": "*fp32", "z_ptr": "*u8"}, {"GROUP_SIZE": 128}),
+    )  # fmt: skip
+    for name, g, kernel, weight, group in grouped:
+        for offs, x in (("*i32", "bf16"), ("*i64", "fp32")):
+            sig = {"x_ptr": f"*{x}", **weight, "offs_ptr": offs, "out_ptr": f"*{x}"}
+            sig.update(S="i32", N="i32", K="i32", **({"GROUPS": "i32"} if group else {}))
+            tile = {"BLOCK_M": g._BLOCK_M, "BLOCK_N": g._BLOCK_N, "BLOCK_K": g._BLOCK_K}
+            cases.append(
+                _case(f"{name} grouped mm offs={offs} x={x}", kernel, sig, {**group, **tile})
             )
-        )
     for rows in (1, 128):
         bm, bn = mxfp4.block_sizes(rows)  # mxfp8 launches with mxfp4.launch
         cases.append(

@@ -18,7 +18,7 @@ from torch.library import opcheck
 triton = pytest.importorskip("triton")
 
 # the MXFP4 experts' kernel test's cases and checks: both kernels take the same rows and offsets
-# (kernels.mxfp4_grouped.expert_rows) and round one fp32 sum to x's dtype
+# (kernels.mxfp4_grouped.expert_tile) and round one fp32 sum to x's dtype
 from test_kernels_mxfp4_grouped import (  # noqa: E402
     CASES,
     DEVICE,

@@ -16,8 +16,9 @@ wall-clock budget (``--budget-s``) so the call ends well before the device's per
    Dynamic-activation recipes are timed twice: the whole linear (activation quantization +
    GEMM) and the GEMM alone on a pre-quantized activation (what ``_scaled_mm`` is given).
 1b. **experts**: gpt-oss-20b's expert GEMM shapes (32 experts, d = 2880, top-4; 1, 16, 512
-   tokens) in MXFP4 and int8 weight-only, through the CUDA lowerings of
-   ``fxquant::mxfp4_grouped_mm`` and ``fxquant::int8_weight_only_grouped_mm``, checked against
+   tokens) in MXFP4, int8 and int4 weight-only, through the CUDA lowerings of
+   ``fxquant::mxfp4_grouped_mm``, ``int8_weight_only_grouped_mm`` and
+   ``int4_weight_only_grouped_mm``, checked against
    their references and timed beside bf16 ``torch._grouped_mm`` on the dequantized weights.
 2. **norm_quant**: the fused RMSNorm → quantize kernel on a [8192, 4096] bf16 activation, as a
    fraction of the HBM copy bandwidth measured in the same run (target >= 75 %).
@@ -317,9 +318,10 @@ def _kernel_line(row: dict) -> str:
 
 
 def run_experts(res: Results, budget: Budget, *, device: str, smoke: bool) -> None:
-    """gpt-oss-20b's expert shapes (E = 32, d = 2880, top-4) in MXFP4 and int8 weight-only: the
-    lowered ``fxquant::mxfp4_grouped_mm`` / ``int8_weight_only_grouped_mm`` beside bf16
-    ``torch._grouped_mm`` on the dequantized weight."""
+    """gpt-oss-20b's expert shapes (E = 32, d = 2880, top-4) in MXFP4, int8 and int4 (groups of
+    64) weight-only: the lowered ``fxquant::mxfp4_grouped_mm`` / ``int8_weight_only_grouped_mm``
+    / ``int4_weight_only_grouped_mm`` beside bf16 ``torch._grouped_mm`` on the dequantized
+    weight."""
     from fxquant.core import reference as ref
     from fxquant.core import reference_mx as rmx
     from fxquant.passes.lower import lowerings
@@ -340,7 +342,23 @@ def run_experts(res: Results, budget: Budget, *, device: str, smoke: bool) -> No
         dq = ref.dequantize_int8_per_channel(q, scale)
         return op, ref.int8_weight_only_grouped_mm, (q, scale), dq
 
-    for fmt, quantize in (("mxfp4", mxfp4), ("int8", int8)):
+    def int4(w, g=64):  # 2880 = 45 groups of 64
+        packed, scale, zero = ref.quantize_int4_grouped(
+            w.flatten(0, 1), group_size=g, symmetric=False
+        )
+        dq = ref.dequantize_int4_grouped(packed, scale, zero, group_size=g)[:, : w.shape[2]]
+        consts = tuple(t.unflatten(0, w.shape[:2]) for t in (packed, scale, zero))
+        op = ops[torch.ops.fxquant.int4_weight_only_grouped_mm.default]
+
+        def fast(x, *c):
+            return op(x, *c, g)
+
+        def reference(x, *c):
+            return ref.int4_weight_only_grouped_mm(x, *c, group_size=g)
+
+        return fast, reference, consts, dq.reshape(w.shape)
+
+    for fmt, quantize in (("mxfp4", mxfp4), ("int8", int8), ("int4", int4)):
         for label, n, k in shapes:
             torch.manual_seed(0)
             w = torch.randn(e, n, k, device=device) * 0.02

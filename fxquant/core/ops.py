@@ -15,7 +15,8 @@ Written here are the ops no single scheme declares: the fusion pass's (``fxquant
 ``norm_quant`` (a norm that writes its output already quantized, with its scale) and the
 ``*_scaled_linear`` ops that read such an activation (a dynamic-activation linear is exactly
 its activation quantizer followed by its scaled linear), the experts GEMMs of MXFP4 and int8
-weight-only (``mxfp4_grouped_mm``, ``int8_weight_only_grouped_mm``), and the attention
+weight-only, int4 weight-only and W4A8 (``mxfp4_grouped_mm``, ``int8_weight_only_grouped_mm``,
+``int4_weight_only_grouped_mm``, ``int8_dynamic_int4_grouped_mm``), and the attention
 ``fxquant.export_llm`` emits on CPU where fxquant's
 native kernels are built (``native_gqa_attention``: its CPU kernel is kernels/cpu/attention.cpp,
 registered when ``fxquant.kernels.cpu`` loads the library).
@@ -55,6 +56,32 @@ def int8_weight_only_grouped_mm(x: Tensor, weight: Tensor, scale: Tensor, offs: 
 @int8_weight_only_grouped_mm.register_fake
 def _(x, weight, scale, offs):
     return x.new_empty((x.shape[0], weight.shape[1]))
+
+
+def _int4_grouped_fake(x, weight, scale, zero, offs, group_size):
+    return x.new_empty((x.shape[0], weight.shape[1]))
+
+
+@torch.library.custom_op(f"{_LIB}::int4_weight_only_grouped_mm", mutates_args=())
+def int4_weight_only_grouped_mm(
+    x: Tensor, weight: Tensor, scale: Tensor, zero: Tensor, offs: Tensor, group_size: int
+) -> Tensor:
+    """Expert GEMM: x [S, K] (rows sorted by expert, ``offs`` [E] their cumulative ends) · the
+    row's expert's packed int4 W [E, N, Kp/2] with scales and zero points [E, N, Kp/g] → [S, N]."""
+    return ref.int4_weight_only_grouped_mm(x, weight, scale, zero, offs, group_size=group_size)
+
+
+@torch.library.custom_op(f"{_LIB}::int8_dynamic_int4_grouped_mm", mutates_args=())
+def int8_dynamic_int4_grouped_mm(
+    x: Tensor, weight: Tensor, scale: Tensor, zero: Tensor, offs: Tensor, group_size: int
+) -> Tensor:
+    """W4A8 expert GEMM: ``int4_weight_only_grouped_mm``'s weights, x quantized per token to
+    int8 at run time (``w4a8-<g>``'s activation) → [S, N]."""
+    return ref.int8_dynamic_int4_grouped_mm(x, weight, scale, zero, offs, group_size=group_size)
+
+
+int4_weight_only_grouped_mm.register_fake(_int4_grouped_fake)
+int8_dynamic_int4_grouped_mm.register_fake(_int4_grouped_fake)
 
 
 # --------------------------------------------------------------------------------------------

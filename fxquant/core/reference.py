@@ -339,6 +339,28 @@ def int8_weight_only_grouped_mm(x, weight, scale, offs):
     return grouped_linear(x, expert, offs).to(x.dtype)
 
 
+def int4_weight_only_grouped_mm(x, weight, scale, zero, offs, *, group_size: int):
+    """Experts with int4 weights [E, N, Kp/2] and scales / zero points [E, N, Kp/g]: each row of
+    x [S, K] times its expert's weight (``grouped_linear``), as ``int4_weight_only_linear``
+    computes it: W dequantized in fp32 (its first K columns), an fp32 product. → [S, N] in x's
+    dtype."""
+
+    def expert(rows, e):
+        w = dequantize_int4_grouped(weight[e], scale[e], zero[e], group_size=group_size)
+        return rows.float() @ w[:, : x.shape[-1]].t()
+
+    return grouped_linear(x, expert, offs).to(x.dtype)
+
+
+def int8_dynamic_int4_grouped_mm(x, weight, scale, zero, offs, *, group_size: int):
+    """W4A8 experts: x quantized per token to int8 (a row's grid does not depend on its expert),
+    then each row times its expert's int4 weight as ``int4_weight_only_grouped_mm``, then the
+    token's scale: ``int8_dynamic_int4_linear`` per expert. → [S, N] in x's dtype."""
+    xq, xs = quantize_int8_per_token(x)
+    y = int4_weight_only_grouped_mm(xq.float(), weight, scale, zero, offs, group_size=group_size)
+    return (y * xs).to(x.dtype)
+
+
 def int4_weight_only_linear(x, weight, scale, zero, bias=None, *, group_size: int):
     w = dequantize_int4_grouped(weight, scale, zero, group_size=group_size)
     y = x.float() @ w[:, : x.shape[-1]].t()

@@ -164,7 +164,7 @@ def _check_fields(entry: Mapping[str, Any], config: Any, fields: Mapping[str, An
 def _linears_only(method: str, config: QuantConfig) -> QuantConfig:
     """A mixture-of-experts model's 3-D expert weights (``MXFP4_EXPERTS``, run by grouped_mm):
     in transformers only Mxfp4Config quantizes them, every other quantizer takes nn.Linear
-    modules; so the mapping keeps them float where its scheme could take them (int8 weight-only),
+    modules; so the mapping keeps them float where its scheme could take them (int8, int4),
     to compute what transformers would. Per-expert nn.Linear modules (``experts.0.gate_proj``)
     are linears and do not match."""
     if method == "mxfp4" or not any(s.takes_experts for s in config.schemes):

@@ -97,6 +97,17 @@ NATIVE_OPS = {
         "AtenTensorHandle weight, AtenTensorHandle scale, AtenTensorHandle offs, "
         "int64_t bf16_x, AtenTensorHandle* ret0)",
     ),
+    # int4 experts (int4.cpp): weight [E, N, K/2] in the int4 linear's layout, scale and offset
+    # [E, N, K/g]; an expert with at least int8_from rows (0: never) takes x per token in int8
+    # and the W4A8 kernels, else from bf16_from rows (0: never) the bf16-dot path, else fp32
+    "native_int4_grouped_mm": (
+        "native_int4_grouped_mm(Tensor x, Tensor weight, Tensor scale, Tensor offset, "
+        "Tensor offs, int group_size, int bf16_from, int int8_from) -> Tensor",
+        "AOTITorchError aoti_torch_cpu_native_int4_grouped_mm(AtenTensorHandle x, "
+        "AtenTensorHandle weight, AtenTensorHandle scale, AtenTensorHandle offset, "
+        "AtenTensorHandle offs, int64_t group_size, int64_t bf16_from, int64_t int8_from, "
+        "AtenTensorHandle* ret0)",
+    ),
     # mixture-of-experts weights kept in fp32 (float32.cpp): weight [E, N, K], or [E, K, N] with
     # kn = 1 (gpt-oss' layout)
     "native_float32_grouped_mm": (
@@ -269,6 +280,11 @@ torch.library.register_fake("fxquant::native_int8_weight_only_linear", lib=_lib)
 )
 torch.library.register_fake("fxquant::native_int8_weight_only_grouped_mm", lib=_lib)(
     lambda x, weight, scale, offs, bf16_x: x.new_empty(
+        (x.shape[0], weight.shape[1]), dtype=torch.float32
+    )
+)
+torch.library.register_fake("fxquant::native_int4_grouped_mm", lib=_lib)(
+    lambda x, weight, scale, offset, offs, group_size, bf16_from, int8_from: x.new_empty(
         (x.shape[0], weight.shape[1]), dtype=torch.float32
     )
 )

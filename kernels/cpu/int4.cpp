@@ -694,11 +694,62 @@ struct Int4Weight {
 };
 #endif
 
-// ---- The weight-only shims' shared body ------------------------------------------------------
+// ---- The shims' shared bodies (the linears' and the experts') --------------------------------
 
-// bf16_x: the bf16-dot op (from 2 rows x and the dequantized weight rounded to bf16, fp32 sums:
-// bf16_dot.h with AVX-512 BF16; builds without it round both the same way and multiply in fp32,
-// on the chunked path), else fp32 x as it is; one row (decode) is the fp32 GEMV either way
+// y [M, N] (M >= 1) = x . dequant(w)^T on the int4 kernel layout. bf16_x: the bf16-dot path
+// (from 2 rows x and the dequantized weight rounded to bf16, fp32 sums: bf16_dot.h with
+// AVX-512 BF16; builds without it round both the same way and multiply in fp32, on the chunked
+// path), else fp32 x as it is; one row (decode) is the fp32 GEMV either way
+AOTITorchError int4_rows(const float* xp, int64_t M, int64_t K, const uint8_t* wp, int64_t N,
+                         const float* sp, const float* op, int64_t group_size, bool bf16_x,
+                         float* y) {
+  if (bf16_x && M >= kBf16MinM) {
+#ifdef FXQ_BF16_512
+    gemm_bf16(xp, M, K, Int4Weight{wp, K / 2, K / group_size, group_size, sp, op}, N, nullptr, y);
+    return AOTI_TORCH_SUCCESS;
+#else
+    const std::vector<float> xr = bf16_rounded(xp, M, K);
+    return gemm_chunked(Fmt::kInt4, xr.data(), M, K, wp, N, sp, op, group_size, y, true);
+#endif
+  }
+  if (M > kGemvMaxM[int(Fmt::kInt4)])
+    return gemm_chunked(Fmt::kInt4, xp, M, K, wp, N, sp, op, group_size, y);
+  gemv_int4(xp, M, K, wp, N, sp, op, group_size, y);
+  return AOTI_TORCH_SUCCESS;
+}
+
+// y [M, N] (M >= 1) = (xq . w) * xs on the int4 kernel layout, groups of 32 to 256 (checked by
+// the callers): the GEMV for small M, the machine's integer GEMM above
+AOTITorchError int8_int4_rows(const int8_t* xp, const float* xsp, int64_t M, int64_t K,
+                              const uint8_t* wp, int64_t N, const float* sp, const float* op,
+                              int64_t group_size, float* y) {
+  if (M <= kGemvMaxMInt4Int8) {
+    gemv_int4_int8(xp, xsp, M, K, wp, N, sp, op, group_size, y);
+    return AOTI_TORCH_SUCCESS;
+  }
+#if defined(FXQ_AMX)
+  if (M >= kAmxMinM && group_size % 64 == 0 && amx_ready()) {
+    gemm_int4_int8_amx(xp, xsp, M, K, wp, N, sp, op, group_size, y);
+    return AOTI_TORCH_SUCCESS;
+  }
+#endif
+#if defined(FXQ_VNNI512)
+  gemm_int4_int8_vnni(xp, xsp, M, K, wp, N, sp, op, group_size, y);
+  return AOTI_TORCH_SUCCESS;
+#elif defined(FXQ_AVX2)
+  gemm_int4_int8(xp, xsp, M, K, wp, N, sp, op, group_size, y);
+  return AOTI_TORCH_SUCCESS;
+#else
+  const std::vector<float> xf = dequantize_activation(xp, xsp, M, K);
+  return gemm_chunked(Fmt::kInt4, xf.data(), M, K, wp, N, sp, op, group_size, y);
+#endif
+}
+
+// the W4A8 kernel's groups: the int16 lanes hold a group's sums, and the kernel is instantiated
+// per size (see dot_int4_int8)
+inline bool w4a8_group(int64_t g) { return g == 32 || g == 64 || g == 128 || g == 256; }
+
+// The weight-only shims' body (bf16_x: int4_rows')
 AOTITorchError int4_linear(AtenTensorHandle x, AtenTensorHandle w, AtenTensorHandle scale,
                            AtenTensorHandle offset, int64_t group_size, AtenTensorHandle* ret0,
                            bool bf16_x = false) {
@@ -711,30 +762,14 @@ AOTITorchError int4_linear(AtenTensorHandle x, AtenTensorHandle w, AtenTensorHan
   if (group_size <= 0 || group_size % 32 != 0 || K % group_size != 0 || wm.cols * 2 != K ||
       sm.rows != N || sm.cols != K / group_size || om.rows != N || om.cols != sm.cols)
     return AOTI_TORCH_FAILURE;
-  const float* xp = xm.as<float>();
-  const uint8_t* wp = wm.as<uint8_t>();
-  const float* sp = sm.as<float>();
-  const float* op = om.as<float>();
-  if (bf16_x && M >= kBf16MinM) {
-    float* y = nullptr;
-    if (AOTITorchError e = new_output(M, N, ret0, &y)) return e;
-    if (N == 0) return AOTI_TORCH_SUCCESS;
-#ifdef FXQ_BF16_512
-    gemm_bf16(xp, M, K, Int4Weight{wp, K / 2, K / group_size, group_size, sp, op}, N, nullptr, y);
-    return AOTI_TORCH_SUCCESS;
-#else
-    const std::vector<float> xr = bf16_rounded(xp, M, K);
-    return gemm_chunked(Fmt::kInt4, xr.data(), M, K, wp, N, sp, op, group_size, y, true);
-#endif
-  }
-  auto gemv = [&](float* y) { gemv_int4(xp, M, K, wp, N, sp, op, group_size, y); };
-  auto mm = [&](float* y) {
-    return gemm_chunked(Fmt::kInt4, xp, M, K, wp, N, sp, op, group_size, y);
-  };
-  return run_linear(M, N, kGemvMaxM[int(Fmt::kInt4)], ret0, gemv, mm);
+  float* y = nullptr;
+  if (AOTITorchError e = new_output(M, N, ret0, &y)) return e;
+  if (M == 0 || N == 0) return AOTI_TORCH_SUCCESS;
+  return int4_rows(xm.as<float>(), M, K, wm.as<uint8_t>(), N, sm.as<float>(), om.as<float>(),
+                   group_size, bf16_x, y);
 }
 
-// y = (xq . w) * xs on the int4 kernel layout, groups of 32 to 256: the W4A8 shims' body
+// y = (xq . w) * xs on the int4 kernel layout: the W4A8 shims' body
 AOTITorchError int8_int4_linear(const int8_t* xp, const float* xsp, int64_t M, int64_t K,
                                 AtenTensorHandle w, AtenTensorHandle scale,
                                 AtenTensorHandle offset, int64_t group_size,
@@ -745,35 +780,65 @@ AOTITorchError int8_int4_linear(const int8_t* xp, const float* xsp, int64_t M, i
       !view(offset, 2, aoti_torch_dtype_float32(), &om))
     return AOTI_TORCH_FAILURE;
   const int64_t N = wm.rows;
-  // groups of 32 to 256 columns, powers of two: the int16 lanes hold a group's sums, and the
-  // kernel is instantiated per size (see dot_int4_int8)
-  if ((group_size != 32 && group_size != 64 && group_size != 128 && group_size != 256) ||
-      K % group_size != 0 || wm.cols * 2 != K || sm.rows != N || sm.cols != K / group_size ||
-      om.rows != N || om.cols != sm.cols)
+  if (!w4a8_group(group_size) || K % group_size != 0 || wm.cols * 2 != K || sm.rows != N ||
+      sm.cols != K / group_size || om.rows != N || om.cols != sm.cols)
     return AOTI_TORCH_FAILURE;
+  float* y = nullptr;
+  if (AOTITorchError e = new_output(M, N, ret0, &y)) return e;
+  if (M == 0 || N == 0) return AOTI_TORCH_SUCCESS;
+  return int8_int4_rows(xp, xsp, M, K, wm.as<uint8_t>(), N, sm.as<float>(), om.as<float>(),
+                        group_size, y);
+}
+
+// ---- mixture-of-experts: int4 experts, weight-only and W4A8 ---------------------------------
+// x [S, K] fp32 with its rows sorted by expert, offs [E] (int64) each expert's cumulative row
+// end, w [E, N, K/2] in the kernel's int4 layout, scale and offset [E, N, K/g]: each expert's
+// rows take the int4 linear's paths on that expert's weight (int8_fp8.cpp's int8 experts say
+// why: decode reads only the chosen experts' bytes). An expert with at least int8_from rows (0:
+// never) quantizes them per token to int8 (the reference's bytes) and takes the W4A8 kernels:
+// W4A8 experts pass 1, int4 weight-only ones where the machine's dispatch table runs the int4
+// linear so from that M. Else from bf16_from rows (0: never) the bf16-dot path, else fp32.
+AOTITorchError int4_grouped_mm(AtenTensorHandle x, AtenTensorHandle w, AtenTensorHandle scale,
+                               AtenTensorHandle offset, AtenTensorHandle offs, int64_t group_size,
+                               int64_t bf16_from, int64_t int8_from, AtenTensorHandle* ret0) {
+  Mat xm, wm, sm, om, fm;
+  if (!view(x, 2, aoti_torch_dtype_float32(), &xm) || !view(w, 3, aoti_torch_dtype_uint8(), &wm) ||
+      !view(scale, 3, aoti_torch_dtype_float32(), &sm) ||
+      !view(offset, 3, aoti_torch_dtype_float32(), &om) ||
+      !view(offs, 1, aoti_torch_dtype_int64(), &fm))
+    return AOTI_TORCH_FAILURE;
+  int64_t *ws = nullptr, *ss = nullptr, *os = nullptr;
+  if (aoti_torch_get_sizes(w, &ws) || aoti_torch_get_sizes(scale, &ss) ||
+      aoti_torch_get_sizes(offset, &os))
+    return AOTI_TORCH_FAILURE;
+  const int64_t S = xm.rows, K = xm.cols, E = ws[0], N = ws[1];
+  if (group_size <= 0 || group_size % 32 != 0 || K % group_size != 0 || ws[2] * 2 != K ||
+      fm.rows != E || (int8_from > 0 && !w4a8_group(group_size)))
+    return AOTI_TORCH_FAILURE;
+  const int64_t G = K / group_size;
+  for (int i = 0; i < 3; ++i) {
+    const int64_t want = i == 0 ? E : i == 1 ? N : G;
+    if (ss[i] != want || os[i] != want) return AOTI_TORCH_FAILURE;
+  }
+  const float* xp = xm.as<float>();
   const uint8_t* wp = wm.as<uint8_t>();
   const float* sp = sm.as<float>();
   const float* op = om.as<float>();
-  auto gemv = [&](float* y) { gemv_int4_int8(xp, xsp, M, K, wp, N, sp, op, group_size, y); };
-  auto mm = [&](float* y) {
-#if defined(FXQ_AMX)
-    if (M >= kAmxMinM && group_size % 64 == 0 && amx_ready()) {
-      gemm_int4_int8_amx(xp, xsp, M, K, wp, N, sp, op, group_size, y);
-      return AOTI_TORCH_SUCCESS;
+  auto rows = [&](int64_t e, int64_t start, int64_t M, float* ye) -> AOTITorchError {
+    const float* xe = xp + start * K;
+    const uint8_t* we = wp + e * N * (K / 2);
+    const float* se = sp + e * N * G;
+    const float* oe = op + e * N * G;
+    if (int8_from > 0 && M >= int8_from) {
+      std::vector<uint8_t> q(M * K);
+      std::vector<float> qs(M);
+      quantize_int8_rows(xe, M, K, q.data(), K, 0, qs.data());
+      return int8_int4_rows((const int8_t*)q.data(), qs.data(), M, K, we, N, se, oe, group_size,
+                            ye);
     }
-#endif
-#if defined(FXQ_VNNI512)
-    gemm_int4_int8_vnni(xp, xsp, M, K, wp, N, sp, op, group_size, y);
-    return AOTI_TORCH_SUCCESS;
-#elif defined(FXQ_AVX2)
-    gemm_int4_int8(xp, xsp, M, K, wp, N, sp, op, group_size, y);
-    return AOTI_TORCH_SUCCESS;
-#else
-    const std::vector<float> xf = dequantize_activation(xp, xsp, M, K);
-    return gemm_chunked(Fmt::kInt4, xf.data(), M, K, wp, N, sp, op, group_size, y);
-#endif
+    return int4_rows(xe, M, K, we, N, se, oe, group_size, bf16_from > 0 && M >= bf16_from, ye);
   };
-  return run_linear(M, N, kGemvMaxMInt4Int8, ret0, gemv, mm);
+  return run_grouped(S, N, fm.as<int64_t>(), E, ret0, rows);
 }
 
 }  // namespace
@@ -826,6 +891,14 @@ AOTITorchError aoti_torch_cpu_native_int8_dynamic_int4_linear(AtenTensorHandle x
   if (!int8_rows(x, 1, 0, &xq)) return AOTI_TORCH_FAILURE;
   return int8_int4_linear(xq.as_int8(), xq.scale.data(), xq.rows, xq.cols, w, scale, offset,
                           group_size, ret0);
+}
+
+AOTITorchError aoti_torch_cpu_native_int4_grouped_mm(AtenTensorHandle x, AtenTensorHandle w,
+                                                    AtenTensorHandle scale,
+                                                    AtenTensorHandle offset, AtenTensorHandle offs,
+                                                    int64_t group_size, int64_t bf16_from,
+                                                    int64_t int8_from, AtenTensorHandle* ret0) {
+  return int4_grouped_mm(x, w, scale, offset, offs, group_size, bf16_from, int8_from, ret0);
 }
 
 }  // extern "C"

@@ -19,6 +19,10 @@ AOTITorchError aoti_torch_cpu_native_int8_weight_only_grouped_mm(AtenTensorHandl
                                                                  AtenTensorHandle,
                                                                  AtenTensorHandle, int64_t,
                                                                  AtenTensorHandle*);
+AOTITorchError aoti_torch_cpu_native_int4_grouped_mm(AtenTensorHandle, AtenTensorHandle,
+                                                    AtenTensorHandle, AtenTensorHandle,
+                                                    AtenTensorHandle, int64_t, int64_t, int64_t,
+                                                    AtenTensorHandle*);
 AOTITorchError aoti_torch_cpu_native_float8_weight_only_linear(AtenTensorHandle, AtenTensorHandle,
                                                                AtenTensorHandle,
                                                                AtenTensorHandle*);
@@ -107,6 +111,15 @@ Tensor int8_weight_only_grouped(Tensor x, Tensor w, Tensor scale, Tensor offs, i
   auto err = aoti_torch_cpu_native_int8_weight_only_grouped_mm(x.get(), w.get(), scale.get(),
                                                                offs.get(), bf16_x, &out);
   return checked(err, out, "native_int8_weight_only_grouped_mm");
+}
+
+Tensor int4_grouped(Tensor x, Tensor w, Tensor scale, Tensor offset, Tensor offs,
+                    int64_t group_size, int64_t bf16_from, int64_t int8_from) {
+  AtenTensorHandle out = nullptr;
+  auto err = aoti_torch_cpu_native_int4_grouped_mm(x.get(), w.get(), scale.get(), offset.get(),
+                                                   offs.get(), group_size, bf16_from, int8_from,
+                                                   &out);
+  return checked(err, out, "native_int4_grouped_mm");
 }
 
 Tensor float8_weight_only(Tensor x, Tensor w, Tensor scale) {
@@ -255,6 +268,7 @@ STABLE_TORCH_LIBRARY_IMPL(fxquant, CPU, m) {
   m.impl("native_int8_weight_only_linear", TORCH_BOX(&int8_weight_only));
   m.impl("native_int8_weight_only_grouped_mm", TORCH_BOX(&int8_weight_only_grouped));
   m.impl("native_float32_grouped_mm", TORCH_BOX(&float32_grouped));
+  m.impl("native_int4_grouped_mm", TORCH_BOX(&int4_grouped));
   m.impl("native_float8_weight_only_linear", TORCH_BOX(&float8_weight_only));
   m.impl("native_int8_bf16dot_linear", TORCH_BOX(&int8_bf16dot));
   m.impl("native_float8_bf16dot_linear", TORCH_BOX(&float8_bf16dot));

@@ -1,6 +1,6 @@
 """The CPU lowering of the mixture-of-experts GEMMs (``int8_weight_only_grouped_mm``,
-``mxfp4_grouped_mm``, and the experts a config leaves in float): each row of x [S, K] times its
-own expert's weight.
+``int4_weight_only_grouped_mm``, ``int8_dynamic_int4_grouped_mm``, ``mxfp4_grouped_mm``, and the
+experts a config leaves in float): each row of x [S, K] times its own expert's weight.
 
 Where it sits: registered by op name (``fxquant.core.registry``) and read by the lowering pass
 (``fxquant.passes.lower``), and ``lower_float_experts``, a step of its prepack; the oracles are
@@ -18,7 +18,10 @@ expert (x rounded to bf16, as there): on the Zen 4 a 32-row expert took 0.21 ms 
 0.63 on the fp32 path (1024 × 1024). Elsewhere every row gathers its expert's weight
 (``weight[ids]``, ``ids`` from ``offs``) and reduces over K in one product Inductor fuses (no
 [S, N, K] copy, indirect loads): at S = 4 2.0× the fallback, at S = 512 0.8× (32 experts).
-MXFP4's e2m1 decode is dear per value: its gather serves decode (2-3 ms where one GEMM of every
+int4 experts (weight-only and W4A8) are prepacked once into the int4 linear's kernel layout and
+run the same way on its kernels (kernels/cpu/int4.cpp), each expert's rows on the path that
+linear takes at that row count on this machine (``int4_row_paths``). MXFP4's e2m1 decode is dear
+per value: its gather serves decode (2-3 ms where one GEMM of every
 row with every expert took 54 ms), that dense GEMM prefill (past three rows per expert). No CPU
 kernel here has FP4 arithmetic.
 """
@@ -28,15 +31,17 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 import fxquant.core.ops  # noqa: F401  (registers the fxquant:: ops)
-import fxquant.kernels.cpu  # noqa: F401  (declares the fxquant::native_* ops)
+import fxquant.kernels.cpu as native  # declares the fxquant::native_* ops
 from fxquant.core import reference as ref
 from fxquant.core import reference_mx as ref_mx
 from fxquant.core.registry import lowering
 from fxquant.passes.cpu.common import NATIVE, device_op
 from fxquant.passes.cpu.dispatch import by_plan, plan_for
+from fxquant.passes.cpu.prepack import prepack_rule
 from fxquant.passes.plan import FALLBACK_OPS, find_sites, node_value
 
 fxq = torch.ops.fxquant
@@ -50,6 +55,17 @@ EXPERT_KERNELS = {
         "fxquant native int8 grouped kernel: each expert's rows on the int8 linear's kernels "
         "(its bf16-dot GEMM from 2 rows, x rounded to bf16, where this CPU class's table runs the "
         "int8 linear so; else the fp32 GEMV up to M = 32, then the chunked fp32 GEMM)",
+    ),
+    "int4_weight_only": (
+        True,
+        "fxquant native int4 grouped kernel: each expert's rows on the int4 linear's kernels at "
+        "that row count, as this CPU class's table runs that linear (fp32 GEMV, bf16-dot GEMM, or "
+        "x quantized per token to int8 on the W4A8 kernels)",
+    ),
+    "int8_dynamic_int4": (
+        True,
+        "fxquant native int4 grouped kernel: each expert's rows quantized per token to int8 on "
+        "the W4A8 linear's kernels (GEMV, then the integer GEMM)",
     ),
     "mxfp4": (
         False,
@@ -96,6 +112,109 @@ def _int8_weight_only_grouped_mm(x, weight, scale, offs):
         return (xf[:, None, :] * weight[ids].float()).sum(-1) * scale[ids]
 
     return per_row_expert(x, offs, weight.shape[0], product).to(x.dtype)
+
+
+# --------------------------------------------------------------------------------------------
+# int4 experts (int4wo-<g>, w4a8-<g>): the int4 linear's layout and kernels per expert
+# --------------------------------------------------------------------------------------------
+
+
+def _int4_gather(x, weight, scale, zero, group_size):
+    """fp32 [S, N]: each row of x times its gathered expert's int4 weight, decoded inside the
+    reduction (x zero-padded to the stored Kp columns, which decode to exactly zero)."""
+    kp = 2 * weight.shape[-1]
+    xp = F.pad(x.float(), (0, kp - x.shape[-1]))
+
+    def product(xf, ids):
+        u = ref.unpack_int4(weight[ids]).float()  # [S, N, Kp]
+        u = u.unflatten(-1, (kp // group_size, group_size))
+        w = (u - zero[ids].float()[..., None]) * scale[ids][..., None]
+        return (xf[:, None, :] * w.flatten(-2)).sum(-1)
+
+    return product, xp
+
+
+@lowering("cpu", "int4_weight_only_grouped_mm")
+def _int4_weight_only_grouped_mm(x, weight, scale, zero, offs, group_size):
+    product, xp = _int4_gather(x, weight, scale, zero, group_size)
+    return per_row_expert(xp, offs, weight.shape[0], product).to(x.dtype)
+
+
+@lowering("cpu", "int8_dynamic_int4_grouped_mm")
+def _int8_dynamic_int4_grouped_mm(x, weight, scale, zero, offs, group_size):
+    xq, xs = ref.quantize_int8_per_token(x)  # per row: the grid does not depend on the expert
+    product, xp = _int4_gather(xq, weight, scale, zero, group_size)
+    return (per_row_expert(xp, offs, weight.shape[0], product) * xs).to(x.dtype)
+
+
+def int4_row_paths() -> tuple[int, int]:
+    """(bf16_from, int8_from) of ``native_int4_grouped_mm`` for int4 weight-only experts: the
+    first M at which the machine's dispatch table runs the int4 linear on bf16 dot products and
+    on the W4A8 kernel with x quantized per token (0: at no M), so an expert's rows run as a
+    linear's would at that M."""
+    bf16_from = int8_from = 0
+    first = 1
+    for max_m, name in plan_for("native_int4_weight_only_linear"):
+        if name in ("bf16_dot", "bf16") and not bf16_from:
+            bf16_from = first
+        if name == "int8_act" and not int8_from:
+            int8_from = first
+        if max_m is None:
+            break
+        first = max_m + 1
+    return bf16_from, int8_from
+
+
+def _native_int4_fake(x, weight, scale, offset, offs, group_size):
+    return x.new_empty((x.shape[0], weight.shape[1]))
+
+
+_NATIVE_INT4_SCHEMA = (
+    "(Tensor x, Tensor weight, Tensor scale, Tensor offset, Tensor offs, SymInt group_size) "
+    "-> Tensor"
+)
+
+
+def _native_int4_experts(x, weight, scale, offset, offs, group_size, paths):
+    x2 = native.pad_columns(x.float(), 2 * weight.shape[-1]).contiguous()
+    y = fxq.native_int4_grouped_mm(
+        x2, weight, scale, offset, offs.long(), group_size, *paths
+    )  # fmt: skip
+    return y.to(x.dtype)
+
+
+@device_op(NATIVE, "cpu_native_int4_grouped_mm", schema=_NATIVE_INT4_SCHEMA, fake=_native_int4_fake)
+def _cpu_native_int4_grouped_mm(x, weight, scale, offset, offs, group_size):
+    return _native_int4_experts(x, weight, scale, offset, offs, group_size, int4_row_paths())
+
+
+@device_op(
+    NATIVE, "cpu_native_int8_int4_grouped_mm", schema=_NATIVE_INT4_SCHEMA, fake=_native_int4_fake
+)
+def _cpu_native_int8_int4_grouped_mm(x, weight, scale, offset, offs, group_size):
+    # W4A8: every expert's rows quantized per token inside the kernel (the reference's bytes)
+    return _native_int4_experts(x, weight, scale, offset, offs, group_size, (0, 1))
+
+
+@prepack_rule(
+    NATIVE, "int4_weight_only_grouped_mm", "int8_dynamic_int4_grouped_mm",
+    consts=("weight", "scale", "zero"),
+)  # fmt: skip
+def _native_prepack_int4_experts(node, args, consts):
+    # the int4 linear's kernel layout, each expert's rows as a linear's [N, K/2]
+    device_op = fxq.cpu_native_int4_grouped_mm.default
+    if node.target == fxq.int8_dynamic_int4_grouped_mm.default:
+        device_op = fxq.cpu_native_int8_int4_grouped_mm.default
+    weight, scale, zero = consts["weight"], consts["scale"], consts["zero"]
+    e, n = weight.shape[0], weight.shape[1]
+    flat = (t.flatten(0, 1) for t in (weight, scale, zero))
+    w, s, o = (
+        t.unflatten(0, (e, n)).contiguous()
+        for t in native.prepack_int4(*flat, group_size=args["group_size"])
+    )
+    return device_op, (
+        args["x"], ("weight", w), ("scale", s), ("offset", o), args["offs"], args["group_size"]
+    )  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+import torch
+
 from fxquant.core import reference as ref
 from fxquant.core.scheme import QuantizedWeight, Scheme, check_choice, recipe, register_scheme
 
@@ -41,17 +43,33 @@ class _Int4Grouped(Scheme):
         return -(-in_features // g) * g
 
     def quantize(self, w):
+        # W [N, K], or experts' [E, N, K]: each expert's rows quantize as a linear's
+        lead, (n, k) = w.shape[:-2], w.shape[-2:]
         packed, s, z = ref.quantize_int4_grouped(
-            w, group_size=self.group_size, symmetric=self.symmetric, grid=self.grid
+            w.reshape(-1, k), group_size=self.group_size, symmetric=self.symmetric, grid=self.grid
         )
-        dq = ref.dequantize_int4_grouped(packed, s, z, group_size=self.group_size)
-        return QuantizedWeight({"qweight": packed, "scale": s, "zero": z}, dq[:, : w.shape[1]])
+        dq = ref.dequantize_int4_grouped(packed, s, z, group_size=self.group_size)[:, :k]
+        stored = {"qweight": packed, "scale": s, "zero": z}
+        stored = {name: t.reshape(*lead, n, t.shape[-1]) for name, t in stored.items()}
+        return QuantizedWeight(stored, dq.reshape(w.shape))
+
+    @property
+    def takes_experts(self) -> bool:  # type: ignore[override]
+        return True
+
+    def grouped_op_args(self, x, constants, offs):
+        # experts [E, N, K]: groups along K within each expert's rows, as a linear's [N, K]
+        op = getattr(torch.ops.fxquant, f"{self.name}_grouped_mm").default
+        c = constants
+        return op, (x, c["qweight"], c["scale"], c["zero"], offs, self.group_size)
 
 
 @register_scheme
 @dataclass(frozen=True, kw_only=True)
 class Int4WeightOnly(_Int4Grouped):
-    """int4 weights in groups of ``group_size`` along K; activations stay in float.
+    """int4 weights in groups of ``group_size`` along K; activations stay in float. Takes a
+    mixture-of-experts model's expert weights too ([E, N, K], run by grouped_mm: each expert as
+    a linear's weight), as ``Int8DynamicActivationInt4`` does.
 
     Args:
         group_size: elements of K sharing one scale (and zero point): 32, 64, 128 or 256. K that
