@@ -165,7 +165,10 @@ class CachedCausalLM(nn.Module):
         last = self.logits == "last"
         # packed grouped-query attention in every mode (eager, export, torch.compile): under
         # Dynamo transformers' sdpa repeats the visible cache per layer and step
-        with _PackedAttention(self.model.config, enabled=self.pack_attention):
+        with (
+            _PackedAttention(self.model.config, enabled=self.pack_attention),
+            _ChunksAsCausal(self.model.config, self.max_cache_len),
+        ):
             out = self.model(
                 input_ids=input_ids,
                 position_ids=position_ids,
@@ -325,6 +328,39 @@ class _PackedAttention:
             self.config._attn_implementation = self.was
 
 
+def _chunk_limit(config) -> int | None:
+    """Llama 4's chunk length (``attention_chunk_size``) where some layer attends within chunks
+    of it, else None."""
+    chunk = getattr(config, "attention_chunk_size", None)
+    chunked = "chunked_attention" in (getattr(config, "layer_types", None) or ())
+    return chunk if chunked and isinstance(chunk, int) and chunk > 0 else None
+
+
+class _ChunksAsCausal:
+    """Llama 4's chunked-attention layers attend within chunks of ``attention_chunk_size``
+    positions (8192); a cache no longer than that holds one chunk, where that is the causal
+    mask. Run those layers with the causal mask then (the config's layer types restored
+    afterwards): the chunked mask, exported, has sizes AOTInductor packaged wrongly (under 5 dB
+    SQNR against the model on tiny Llama 4s, and no error; torch 2.13). Longer caches keep the
+    chunked mask (``export_llm`` refuses them)."""
+
+    def __init__(self, config, max_cache_len: int) -> None:
+        limit = _chunk_limit(config)
+        self.config, self.was = config, None
+        self.on = limit is not None and max_cache_len <= limit
+
+    def __enter__(self) -> None:
+        if self.on:
+            self.was = self.config.layer_types
+            self.config.layer_types = [
+                "full_attention" if t == "chunked_attention" else t for t in self.was
+            ]
+
+    def __exit__(self, *exc) -> None:
+        if self.on:
+            self.config.layer_types = self.was
+
+
 def _dtype(model: nn.Module) -> torch.dtype:
     return next(model.parameters()).dtype
 
@@ -343,7 +379,8 @@ def cache_len_limit(config) -> int | None:
     ``max_cache_len`` is capped at."""
     if hasattr(config, "get_text_config"):
         config = config.get_text_config()
-    return _positional_limit(config)
+    limits = [v for v in (_positional_limit(config), _chunk_limit(config)) if v is not None]
+    return min(limits, default=None)
 
 
 def _eos_ids(model: nn.Module) -> list[int]:
@@ -367,6 +404,14 @@ def _check(model: nn.Module, config, *, max_cache_len: int, max_batch: int) -> N
         raise ValueError(
             f"export_llm: max_cache_len={max_cache_len} is above {arch}'s positional limit "
             f"({limit} positions, config.max_position_embeddings); allowed: 2..{limit}"
+        )
+    chunk = _chunk_limit(config)
+    if chunk is not None and max_cache_len > chunk:
+        raise ValueError(
+            f"export_llm: max_cache_len={max_cache_len} is above {arch}'s attention chunk "
+            f"({chunk} positions, config.attention_chunk_size): past it its chunked layers "
+            f"attend within their chunk, which the exported cache does not build; allowed: "
+            f"2..{chunk}"
         )
     if getattr(config, "is_encoder_decoder", False):
         raise LLMExportError(
@@ -498,6 +543,10 @@ def _export(wrapper: CachedCausalLM, ids: torch.Tensor) -> ExportedProgram:
             (ids, torch.arange(ids.shape[1])),
             dynamic_shapes=({1: tokens}, {0: tokens}),
             strict=False,
+            # a guard that holds over the whole range but that the solver cannot prove becomes a
+            # runtime check instead of a refusal: Llama 4 guards t · min(L, L·t) == L·t, true
+            # for every t ≥ 1
+            prefer_deferred_runtime_asserts_over_guards=True,
         )
     # every layer's attention reads one computed copy of the causal mask, not views of it: under
     # torch.compile with the attended length captured (docs/llm.md) or AOTInductor its size is

@@ -75,6 +75,11 @@ def _config(arch: str):
             vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
             num_kv_heads=2, new_decoder_architecture=True, max_position_embeddings=128,
         )  # fmt: skip
+    if arch == "llama4":  # chunked-attention layers (chunks of 48 here), routed experts
+        return tf.Llama4TextConfig(
+            **_COMMON, head_dim=16, intermediate_size_mlp=128, num_local_experts=4,
+            attention_chunk_size=48,
+        )  # fmt: skip
     raise AssertionError(arch)
 
 
@@ -107,7 +112,7 @@ def _cached_logits(fn, ids: torch.Tensor, split: int) -> torch.Tensor:
     "arch",
     [
         "llama", "gpt2", "qwen2", "qwen3", "mistral", "falcon", "gemma3", "phi3", "qwen2_moe",
-        "deepseek_v3",
+        "deepseek_v3", "llama4",
     ],
 )  # fmt: skip
 def test_cached_program_equals_the_uncached_model(arch):
@@ -123,6 +128,27 @@ def test_cached_program_equals_the_uncached_model(arch):
     info = llm_info(ep)
     assert info["max_cache_len"] == 32 and info["max_batch"] == 1 and info["vocab_size"] == VOCAB
     assert info["logits"] == "all"
+
+
+@pytest.mark.slow
+def test_llama4_chunked_layers_package_as_the_program_within_one_chunk(tmp_path):
+    """Llama 4's chunked-attention layers attend within chunks of attention_chunk_size: a cache
+    no longer than one chunk runs them on the causal mask (the same attention there), and its
+    package gives the program's logits (the chunked mask, packaged, gave under 5 dB and no
+    error); a longer cache is refused, and the command line's default stops at the chunk."""
+    from fxquant.llm import cache_len_limit
+
+    model = _model("llama4")
+    chunked = ["chunked_attention"] * 2
+    assert model.config.layer_types == chunked and cache_len_limit(model.config) == 48
+    with pytest.raises(ValueError, match=r"max_cache_len=64 is above .* attention chunk \(48"):
+        export_llm(model, max_cache_len=64)
+    ep = export_llm(model, max_cache_len=32, logits="all")
+    assert model.config.layer_types == chunked  # the caller's model is kept
+    pkg = fxquant.aot_compile(ep, tmp_path / "llama4.pt2")
+    ids = torch.randint(0, VOCAB, (1, 12))
+    want = _cached_logits(ep.module(), ids, split=8)
+    torch.testing.assert_close(_cached_logits(pkg, ids, split=8), want, atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])
