@@ -4,9 +4,10 @@ A GPU is lent rarely and for minutes, so the script it runs must not have rotted
 smoke run is the same code on CPU tensors (Triton's interpreter, tiny shapes), staged the way
 ``run.sh`` stages it on the device (fxquant copied with ``passes/`` and ``kernels/`` inside, put
 first on ``PYTHONPATH``). The sections here are the ones no other test exercises end to end:
-the LLM decode section (``export_llm`` → quantize → the program), FP8 training, the exported
-stack and the MXFP4 experts (~45 s on two cores). The kernel and every-K sections run the CUDA
-lowering that ``tests/test_lower_cuda.py`` and ``tests/test_lower_every_k.py`` cover.
+the LLM decode section (``export_llm`` → quantize → the program), FP8 training (three of its
+rows: ``fp8_training.SMOKE_ROWS``), the exported stack and the MXFP4 experts (~70 s on two cores
+with empty caches). The kernel and every-K sections run the CUDA lowering that
+``tests/test_lower_cuda.py`` and ``tests/test_lower_every_k.py`` cover.
 """
 
 from __future__ import annotations
