@@ -119,6 +119,13 @@ class Report:
         if kept:
             kernel = FLOAT_EXPERTS_KERNEL if native else aten
             out["experts"] = {"scheme": "experts (kept in float)", "layers": kept, "kernel": kernel}
+        batched = [r.name for r in self.skipped if r.kind == "bmm"]  # Llama 4's: never quantized
+        if batched:
+            out["bmm experts"] = {
+                "scheme": "experts (kept in float)",
+                "layers": batched,
+                "kernel": "aten.bmm, as the model runs it (every token through every expert)",
+            }
         # the layers kept in fp32, bf16 or fp16 (passes/cpu/float32.py rewrites those of a
         # linear's layout: an [N, K] weight, as it is or read through a transpose)
         if native:

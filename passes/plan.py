@@ -7,8 +7,10 @@ a bare parameter), ``aten.addmm``/``aten.mm``/``aten.matmul`` with W stored [K, 
 ``FalconLinear``, hand-written linears), the torch-level spellings of the same calls that a Dynamo
 graph holds; and a mixture-of-experts
 ``grouped_mm`` with a constant 3-D W [E, K, N], or the transpose of one stored [E, N, K]
-(transformers' grouped experts: gpt-oss, Mixtral, Qwen3-MoE …), named after that parameter. The plan
-is data: the report prints it and the tests assert on it.
+(transformers' grouped experts: gpt-oss, Mixtral, Qwen3-MoE …), named after that parameter; a
+``bmm`` with a constant 3-D W [E, K, N] (Llama 4's experts, every token through every expert) is a
+site too, always kept in float and reported as such. The plan is data: the report prints it and
+the tests assert on it.
 """
 
 from __future__ import annotations
@@ -55,13 +57,18 @@ _GROUPED_TARGETS = {
 # where a config leaves the experts in float (passes/cpu/experts.py)
 FALLBACK_OPS = ("transformers.grouped_mm_fallback.default", "transformers.grouped_mm_fallback")
 _GROUPED_BY_NAME = dict.fromkeys(FALLBACK_OPS, _GROUPED)
+# x [E, T, K] · W [E, K, N]: every expert's weight on the same T rows (Llama 4's
+# Llama4TextExperts, which routes by scaling the rows). Planned so the report lists it, never
+# quantized (the grouped ops take rows split by offsets, not this layout).
+_BMM = ("bmm", 0, 1, None)
+_BMM_TARGETS = {aten.bmm.default: _BMM, torch.bmm: _BMM}
 
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def _spec(target) -> tuple[str, int, int, int | None] | None:
     """(kind, index of x, index of W, index of bias or None) of a site's target, or None."""
-    spec = _LINEAR_TARGETS.get(target) or _GROUPED_TARGETS.get(target)
+    spec = _LINEAR_TARGETS.get(target) or _GROUPED_TARGETS.get(target) or _BMM_TARGETS.get(target)
     if spec is None and isinstance(target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
         spec = _GROUPED_BY_NAME.get(str(target))
     return spec
@@ -76,7 +83,7 @@ class Site:
     """One linear-like node with a constant weight."""
 
     node: fx.Node
-    kind: str  # linear | addmm | mm | matmul | grouped_mm
+    kind: str  # linear | addmm | mm | matmul | grouped_mm | bmm
     weight_fqn: str
     # as stored: [N, K] for linear, [K, N] otherwise ([E, K, N] for experts), or [N, K]
     # ([E, N, K]) when the node reads it through a transpose (``stored_nk``)
@@ -119,7 +126,7 @@ class Site:
 
     @property
     def experts(self) -> int | None:
-        return self.weight.shape[0] if self.kind == "grouped_mm" else None
+        return self.weight.shape[0] if self.kind in ("grouped_mm", "bmm") else None
 
     @property
     def transposed(self) -> bool:
@@ -206,7 +213,7 @@ def find_sites(graph: fx.Graph, weight_of: WeightLookup) -> list[Site]:
         if found is None:
             continue
         fqn, weight = found
-        if weight.dim() != (3 if kind == "grouped_mm" else 2):
+        if weight.dim() != (3 if kind in ("grouped_mm", "bmm") else 2):
             continue
         if kind == "addmm" and (
             node.kwargs.get("beta", 1) != 1 or node.kwargs.get("alpha", 1) != 1
@@ -289,6 +296,11 @@ def _shape_problem(site: Site, scheme: Scheme) -> str | None:
         return f"input shape {tuple(x.shape)} does not end in K={site.in_features}"
     if site.kind == "matmul" and x.dim() < 2:
         return "matmul of a vector"
+    if site.kind == "bmm":
+        return (
+            "a batched matmul of every expert's weight [E, K, N] over the same rows (Llama 4's "
+            "experts): fxquant quantizes grouped_mm experts only"
+        )
     if site.kind == "grouped_mm":
         problem = _grouped_problem(site, scheme, x)
         if problem is not None:

@@ -98,6 +98,8 @@ class CalibrationRun:
         # Linears reading one input node form a group; groups with a planned linear are run.
         groups: dict[fx.Node, list[LayerPlan]] = {}
         for p in plans:
+            if p.site.kind == "bmm":  # never planned a scheme (passes/plan.py)
+                continue
             if p.site.kind == "grouped_mm":
                 # every method's statistics are per linear ([N, K] and the rows it reads); an
                 # expert's rows are a data-dependent slice of x

@@ -33,7 +33,8 @@ class LayerRow(Mapping):
         name: the layer's module name (its weight's name without ``.weight``).
         weight: the weight's name in the program.
         node: the graph node the site was.
-        kind: ``linear``, ``addmm``, ``mm``, ``matmul`` or ``grouped_mm`` (experts).
+        kind: ``linear``, ``addmm``, ``mm``, ``matmul``, ``grouped_mm`` (experts) or ``bmm``
+            (experts every row goes through, Llama 4's: always kept in float).
         in_features, out_features: K and N of the float weight.
         dtype: the float weight's dtype (``float32``).
         status: ``quantized`` or ``skipped``.

@@ -86,7 +86,7 @@ def lower_float32_linears(editor) -> int:
     done = 0
     for site in find_sites(editor.graph, editor.weight_of):
         weight = site.weight
-        if site.transposed or site.kind == "grouped_mm" or not _eligible(site.x, weight, ops):
+        if site.transposed or site.experts is not None or not _eligible(site.x, weight, ops):
             continue
         op = ops[weight.dtype]
         swap_site(editor, site, op, (site.x, site.weight_source, site.bias))
