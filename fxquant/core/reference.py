@@ -330,24 +330,24 @@ def grouped_linear(x: torch.Tensor, expert_linear, offs: torch.Tensor) -> torch.
 
 def int8_weight_only_grouped_mm(x, weight, scale, offs):
     """Experts with int8 weights [E, N, K] and per-channel scales [E, N]: each row of x [S, K]
-    times its expert's weight (``grouped_linear``), as ``int8_weight_only_linear`` computes it:
+    times its expert's weight (``grouped_linear``): ``int8_weight_only_linear`` on fp32 rows,
     the fp32 product of the integer codes, then the scale. → [S, N] in x's dtype."""
 
     def expert(rows, e):
-        return (rows.float() @ weight[e].float().t()) * scale[e]
+        return int8_weight_only_linear(rows.float(), weight[e], scale[e])
 
     return grouped_linear(x, expert, offs).to(x.dtype)
 
 
 def int4_weight_only_grouped_mm(x, weight, scale, zero, offs, *, group_size: int):
     """Experts with int4 weights [E, N, Kp/2] and scales / zero points [E, N, Kp/g]: each row of
-    x [S, K] times its expert's weight (``grouped_linear``), as ``int4_weight_only_linear``
-    computes it: W dequantized in fp32 (its first K columns), an fp32 product. → [S, N] in x's
-    dtype."""
+    x [S, K] times its expert's weight (``grouped_linear``): ``int4_weight_only_linear`` on fp32
+    rows, W dequantized in fp32 (its first K columns), an fp32 product. → [S, N] in x's dtype."""
 
     def expert(rows, e):
-        w = dequantize_int4_grouped(weight[e], scale[e], zero[e], group_size=group_size)
-        return rows.float() @ w[:, : x.shape[-1]].t()
+        return int4_weight_only_linear(
+            rows.float(), weight[e], scale[e], zero[e], group_size=group_size
+        )
 
     return grouped_linear(x, expert, offs).to(x.dtype)
 
