@@ -1,13 +1,15 @@
 """How fast does a mixture-of-experts LLM decode on this CPU once its experts are int8 or int4?
 
-A Qwen2-MoE-shaped model with random weights (no small MoE checkpoint ships with the assets;
-speed does not depend on the values),
-fp32, batch 1, built by ``fxquant.export_llm`` (one program with its KV cache). Per layer:
-attention, a shared expert, a router and E routed experts of which each token takes top-k; the
-routed experts hold most of the weights, and transformers runs them as two grouped GEMMs
-(``grouped_mm`` over the tokens sorted by expert), which fxquant's ``int8wo`` quantizes to
-``fxquant::int8_weight_only_grouped_mm``, its int4 recipes to their grouped ops. Rows,
-measured side by side in one run:
+A Qwen2-MoE-shaped model (``--arch qwen2_moe``, the default) or a Llama-4-shaped one
+(``--arch llama4``) with random weights (no small MoE checkpoint ships with the assets; speed
+does not depend on the values), fp32, batch 1, built by ``fxquant.export_llm`` (one program with
+its KV cache). Per layer: attention, a shared expert, a router and E routed experts of which
+each token takes top-k; the routed experts hold most of the weights. transformers runs
+Qwen2-MoE's as two grouped GEMMs (``grouped_mm`` over the tokens sorted by expert) and Llama 4's
+as two bmm of every token through every expert (scaled by 0 where the token did not choose it),
+which fxquant's ``int8wo`` quantizes to ``fxquant::int8_weight_only_grouped_mm`` (Llama 4's: E
+groups of T rows), its int4 recipes to their grouped ops. Rows, measured side by side in one
+run:
 
 - fp32 Inductor (``torch.compile`` of the program with ``llm_decode.py``'s generation settings:
   the baseline every ratio is relative to; its experts run transformers' grouped_mm fallback
@@ -27,10 +29,11 @@ bytes (the program's constants but the embedding table), decode tok/s and ratio,
 and ratio, and the SQNR of its last-position prefill logits against the fp32 program's (dB; a
 sanity check: with random weights, near-tied routers flip experts under any perturbation).
 
-    python benchmarks/moe_decode.py            # ~3.5 min on 2 cores, cold
-    python benchmarks/moe_decode.py --quick    # smaller model, fewer rounds
+    python benchmarks/moe_decode.py                 # ~3.5 min on 2 cores, cold
+    python benchmarks/moe_decode.py --arch llama4   # Llama 4's experts
+    python benchmarks/moe_decode.py --quick         # smaller model, fewer rounds
 
-Writes results/moe_decode.json.
+Writes results/moe_decode.json (results/moe_decode_llama4.json for Llama 4).
 """
 
 from __future__ import annotations
@@ -64,14 +67,36 @@ SIZES = {
 }  # fmt: skip
 
 
-def build_model(size: str):
+# Llama 4 Scout's proportions, narrowed the same way: hidden 1024 (5120 there), 16 experts (16)
+# 512 wide (8192) of which 1 per token (1), a shared expert as wide as one routed expert; every
+# layer a MoE layer (interleave_moe_layer_step 1, as Scout); attention chunks past the cache
+LLAMA4_SIZES = {
+    "full": dict(hidden_size=1024, num_hidden_layers=4, intermediate_size=512,
+                 num_local_experts=16, num_experts_per_tok=1),
+    "quick": dict(hidden_size=512, num_hidden_layers=2, intermediate_size=256,
+                  num_local_experts=8, num_experts_per_tok=1),
+}  # fmt: skip
+ARCHS = {
+    "qwen2_moe": ("Qwen2MoeForCausalLM (random weights)", SIZES),
+    "llama4": ("Llama4ForCausalLM, text only (random weights)", LLAMA4_SIZES),
+}
+
+
+def build_model(size: str, arch: str = "qwen2_moe"):
     import transformers
 
-    dims = SIZES[size]
-    config = transformers.Qwen2MoeConfig(
-        vocab_size=8192, intermediate_size=4 * dims["hidden_size"], num_attention_heads=16,
-        num_key_value_heads=4, max_position_embeddings=1024, **dims,
-    )  # fmt: skip
+    dims = ARCHS[arch][1][size]
+    common = dict(vocab_size=8192, num_attention_heads=16, num_key_value_heads=4,
+                  max_position_embeddings=1024)  # fmt: skip
+    if arch == "llama4":
+        config = transformers.Llama4TextConfig(
+            **common, **dims, head_dim=dims["hidden_size"] // 16,
+            intermediate_size_mlp=4 * dims["hidden_size"], attention_chunk_size=8192,
+        )  # fmt: skip
+    else:
+        config = transformers.Qwen2MoeConfig(
+            **common, **dims, intermediate_size=4 * dims["hidden_size"]
+        )
     torch.manual_seed(0)
     return transformers.AutoModelForCausalLM.from_config(config).eval()
 
@@ -91,14 +116,17 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--prompt", type=int, default=128, help="prefill tokens P")
     parser.add_argument("--rounds", type=int, default=None)
-    parser.add_argument("--out", default=str(HERE / "results" / "moe_decode.json"))
+    parser.add_argument("--arch", choices=sorted(ARCHS), default="qwen2_moe")
+    parser.add_argument("--out", default=None, help="default results/moe_decode[_llama4].json")
     args = parser.parse_args()
+    suffix = "" if args.arch == "qwen2_moe" else f"_{args.arch}"
+    out = args.out or str(HERE / "results" / f"moe_decode{suffix}.json")
     size = "quick" if args.quick else "full"
     rounds = args.rounds or (5 if args.quick else 9)
     t_start = time.time()
     torch.set_grad_enabled(False)
 
-    model = build_model(size)
+    model = build_model(size, args.arch)
     p = args.prompt
     program = export_llm(model, max_cache_len=2 * p)  # logits of the last position, as served
     ids = torch.randint(
@@ -157,9 +185,7 @@ def main() -> None:
             rep = fxquant.report(qep)
             reports[name] = {
                 "quantized": len(rep.quantized),
-                "experts_quantized": sum(
-                    1 for r in rep.rows if r["kind"] == "grouped_mm" and r["status"] == "quantized"
-                ),
+                "experts_quantized": sum(1 for r in rep.quantized if r.experts is not None),
             }
             add(name, fxquant.aot_compile(qep, os.path.join(tmp, f"{name}.pt2")), weight_bytes(qep))
             notes[name] = "export_llm → quantize → fxquant.aot_compile"
@@ -167,7 +193,7 @@ def main() -> None:
         timings = bench_interleaved(calls, rounds=rounds)
 
     base = {ph: timings[f"fp32_inductor/{ph}"]["median_ms"] for ph in ("decode", "prefill")}
-    print(f"\n{size} model, prompt {p}, {rounds} rounds, {machine_info()['cpu_model']}")
+    print(f"\n{args.arch} {size} model, prompt {p}, {rounds} rounds, {machine_info()['cpu_model']}")
     print(f"{'row':24} {'MB':>7} {'decode tok/s':>12} {'×':>6} {'prefill tok/s':>13} {'×':>6} "
           f"{'SQNR dB':>8}")  # fmt: skip
     for name, row in rows.items():
@@ -193,8 +219,8 @@ def main() -> None:
         "benchmark": "moe_decode",
         "machine": machine_info(),
         "model": {
-            "architecture": "Qwen2MoeForCausalLM (random weights)",
-            **SIZES[size],
+            "architecture": ARCHS[args.arch][0],
+            **ARCHS[args.arch][1][size],
             "vocab_size": model.config.vocab_size,
             "dtype": "float32",
         },  # fmt: skip
@@ -204,7 +230,7 @@ def main() -> None:
         "skipped": {k: v for k, v in notes.items() if k not in rows},
         "wall_s": time.time() - t_start,
     }
-    write_results(res, args.out)
+    write_results(res, out)
 
 
 if __name__ == "__main__":

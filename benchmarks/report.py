@@ -548,21 +548,27 @@ def _rate(row: dict, phase: str, spec: str) -> str:
     return f"{_f(row.get(f'{phase}_tok_s'), spec)} ({ratio}×)"
 
 
-def moe_decode_section() -> str:
+def moe_decode_section(arch: str = "qwen2_moe") -> str:
+    llama4 = arch == "llama4"
     title = "### A mixture-of-experts LLM with int8 and int4 experts (CPU)"
-    how = "python benchmarks/moe_decode.py"
-    rec, missing = _load("moe_decode.json", how)
+    if llama4:
+        title = "### Llama 4's experts (every token through every expert) in int8 and int4 (CPU)"
+    how = "python benchmarks/moe_decode.py" + (" --arch llama4" if llama4 else "")
+    file = "moe_decode_llama4.json" if llama4 else "moe_decode.json"
+    rec, missing = _load(file, how)
     if rec is None:
         return "\n\n".join([title, missing])
     m, p = rec.get("model", {}), rec.get("prompt_tokens", "?")
+    experts = m.get("num_experts", m.get("num_local_experts", "?"))
+    width = m.get("moe_intermediate_size", m.get("intermediate_size", "?"))
     out = [
         title,
         "",
-        f"From `{how}` → `benchmarks/results/moe_decode.json`; {_machine(rec)}.",
+        f"From `{how}` → `benchmarks/results/{file}`; {_machine(rec)}.",
         "",
         f"{m.get('architecture', '?')}: {m.get('num_hidden_layers', '?')} layers, hidden "
-        f"{m.get('hidden_size', '?')}, {m.get('num_experts', '?')} experts "
-        f"{m.get('moe_intermediate_size', '?')} wide (top-{m.get('num_experts_per_tok', '?')})"
+        f"{m.get('hidden_size', '?')}, {experts} experts {width} wide "
+        f"(top-{m.get('num_experts_per_tok', '?')})"
         f" and a shared one, fp32, batch 1, `export_llm` program. Decode: one step at position "
         f"{p}; prefill: {p} tokens; medians "
         f"of {rec.get('rounds', '?')} interleaved rounds, × vs fp32 Inductor in the same run. MB: "
@@ -595,6 +601,7 @@ def build_block() -> str:
         llm_decode_section(),
         hf_generate_section(),
         moe_decode_section(),
+        moe_decode_section("llama4"),
         latency_section(),
         demo_section(),
         fp8_training_section(),

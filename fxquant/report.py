@@ -103,7 +103,8 @@ class Report:
         aten = "aten lowering (the native kernels are not available here)"
         out: dict[str, dict] = {}
         for r in self.quantized:
-            experts = r.kind == "grouped_mm"  # a mixture-of-experts GEMM: its own op and kernel
+            # a mixture-of-experts GEMM (grouped_mm, or Llama 4's bmm): its own op and kernel
+            experts = r.experts is not None
             name = f"{_scheme_str(r)} experts" if experts else _scheme_str(r)
             if name not in out:  # the kernel once a group
                 scheme = scheme_from_dict(r.scheme)
@@ -119,7 +120,7 @@ class Report:
         if kept:
             kernel = FLOAT_EXPERTS_KERNEL if native else aten
             out["experts"] = {"scheme": "experts (kept in float)", "layers": kept, "kernel": kernel}
-        batched = [r.name for r in self.skipped if r.kind == "bmm"]  # Llama 4's: never quantized
+        batched = [r.name for r in self.skipped if r.kind == "bmm"]  # Llama 4's, kept in float
         if batched:
             out["bmm experts"] = {
                 "scheme": "experts (kept in float)",
@@ -183,7 +184,7 @@ class Report:
                 (
                     r.name or "<root>",
                     _scheme_str(r) if r.status == "quantized" else "float (skipped)",
-                    # experts' weights (grouped_mm sites): E×N×K
+                    # experts' weights (grouped_mm and bmm sites): E×N×K
                     ("" if r.experts is None else f"{r.experts}×")
                     + f"{r.out_features}×{r.in_features}",
                     f"{r.bytes_before:,}",

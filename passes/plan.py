@@ -7,10 +7,10 @@ a bare parameter), ``aten.addmm``/``aten.mm``/``aten.matmul`` with W stored [K, 
 ``FalconLinear``, hand-written linears), the torch-level spellings of the same calls that a Dynamo
 graph holds; and a mixture-of-experts
 ``grouped_mm`` with a constant 3-D W [E, K, N], or the transpose of one stored [E, N, K]
-(transformers' grouped experts: gpt-oss, Mixtral, Qwen3-MoE …), named after that parameter; a
-``bmm`` with a constant 3-D W [E, K, N] (Llama 4's experts, every token through every expert) is a
-site too, always kept in float and reported as such. The plan is data: the report prints it and
-the tests assert on it.
+(transformers' grouped experts: gpt-oss, Mixtral, Qwen3-MoE …), named after that parameter; and a
+``bmm`` of x [E, T, K] with a constant 3-D W [E, K, N] (Llama 4's experts: every expert over the
+same T rows), which the rewrite runs as the same grouped ops, each expert's T rows in turn. The
+plan is data: the report prints it and the tests assert on it.
 """
 
 from __future__ import annotations
@@ -58,8 +58,8 @@ _GROUPED_TARGETS = {
 FALLBACK_OPS = ("transformers.grouped_mm_fallback.default", "transformers.grouped_mm_fallback")
 _GROUPED_BY_NAME = dict.fromkeys(FALLBACK_OPS, _GROUPED)
 # x [E, T, K] · W [E, K, N]: every expert's weight on the same T rows (Llama 4's
-# Llama4TextExperts, which routes by scaling the rows). Planned so the report lists it, never
-# quantized (the grouped ops take rows split by offsets, not this layout).
+# Llama4TextExperts, which routes by scaling the rows: an expert a token did not choose sees it
+# multiplied by 0). Quantized as grouped rows: x viewed [E·T, K], expert e's rows ending at (e+1)·T.
 _BMM = ("bmm", 0, 1, None)
 _BMM_TARGETS = {aten.bmm.default: _BMM, torch.bmm: _BMM}
 
@@ -296,13 +296,8 @@ def _shape_problem(site: Site, scheme: Scheme) -> str | None:
         return f"input shape {tuple(x.shape)} does not end in K={site.in_features}"
     if site.kind == "matmul" and x.dim() < 2:
         return "matmul of a vector"
-    if site.kind == "bmm":
-        return (
-            "a batched matmul of every expert's weight [E, K, N] over the same rows (Llama 4's "
-            "experts): fxquant quantizes grouped_mm experts only"
-        )
-    if site.kind == "grouped_mm":
-        problem = _grouped_problem(site, scheme, x)
+    if site.kind in ("grouped_mm", "bmm"):
+        problem = _experts_problem(site, scheme, x)
         if problem is not None:
             return problem
     if site.bias is not None:
@@ -319,8 +314,13 @@ _EXPERT_SCHEMES = (
 )
 
 
-def _grouped_problem(site: Site, scheme: Scheme, x: torch.Tensor) -> str | None:
+def _experts_problem(site: Site, scheme: Scheme, x: torch.Tensor) -> str | None:
     node = site.node
+    if site.kind == "bmm":
+        # every expert over the same rows: x [E, T, K], its E the weight's (a static size)
+        if x.dim() != 3 or x.shape[0] != site.experts:
+            return f"bmm of an input of shape {tuple(x.shape)}, not [{site.experts}, T, K]"
+        return _experts_scheme_problem(scheme, "bmm")
     # torch's grouped_mm also takes a bias and an out dtype (torch 2.13 refuses both, but for
     # bf16 out), transformers' op neither: the fxquant op has no bias and returns x's dtype
     if str(node.target) not in _GROUPED_BY_NAME:
@@ -330,9 +330,13 @@ def _grouped_problem(site: Site, scheme: Scheme, x: torch.Tensor) -> str | None:
             return "grouped_mm with a bias or an out_dtype other than its input's"
     if site.offs is None or x.dim() != 2:
         return f"grouped_mm of a {x.dim()}-D input or without offsets (only 2-D x with offs)"
-    if not scheme.takes_experts:
-        return (
-            f"expert weights ([E, K, N], grouped_mm) take only {_EXPERT_SCHEMES}, "
-            f"not {type(scheme).__name__}"
-        )
-    return None
+    return _experts_scheme_problem(scheme, "grouped_mm")
+
+
+def _experts_scheme_problem(scheme: Scheme, kind: str) -> str | None:
+    if scheme.takes_experts:
+        return None
+    return (
+        f"expert weights ([E, K, N], {kind}) take only {_EXPERT_SCHEMES}, "
+        f"not {type(scheme).__name__}"
+    )

@@ -44,6 +44,8 @@ from fxquant.core.row import LayerRow
 from fxquant.core.scheme import QuantizedWeight, check_layout
 from fxquant.passes.plan import LayerPlan, find_sites, node_value, plan_sites
 
+aten = torch.ops.aten
+
 CONFIG_KEY = "fxquant_config"  # ... and on the first site, the whole QuantConfig, as JSON
 COPIED_META = (
     "nn_module_stack",
@@ -465,13 +467,62 @@ def _replace(editor, plan: LayerPlan, constants: dict[str, fx.Node]) -> fx.Node:
     site = plan.site
     if site.kind == "grouped_mm":
         op, args = plan.scheme.grouped_op_args(site.x, constants, site.offs)
+    elif site.kind == "bmm":
+        rows, offs = _bmm_as_grouped_rows(editor, site)
+        op, args = plan.scheme.grouped_op_args(rows, constants, offs)
     else:
         op, args = plan.scheme.op_args(site.x, constants, site.bias)
     weight_node, source = site.weight_node, site.weight_source  # read before the swap
+    bmm = site.kind == "bmm"
     new, dropped = swap_site(editor, site, op, args)
     # a weight read through a transpose: the view is gone, release the parameter it read
     editor.release(source if dropped else weight_node)
+    if bmm:  # the grouped op's rows [E·T, N] back to the bmm's [E, T, N]
+        _reshape_users(editor, new, [site.experts, -1, site.out_features])
     return new
+
+
+def _bmm_as_grouped_rows(editor, site) -> tuple[fx.Node, fx.Node]:
+    """A bmm site's x [E, T, K] as the grouped ops read rows: (x viewed [E·T, K], offs [E] =
+    T, 2T … E·T, int32), new nodes before the site. T may be symbolic (a prompt's length)."""
+    x = site.x
+    value = node_value(x)
+    call = _inserter(editor, before=site.node, like=value)
+    rows = call(aten.reshape.default, (x, [-1, site.in_features]))
+    t = value.shape[1]
+    if not isinstance(t, int):
+        t = call(aten.sym_size.int, (x, 1))
+    ends = call(aten.arange.start, (1, site.experts + 1), dtype=torch.int32, device=value.device)
+    return rows, call(aten.mul.Tensor, (ends, t))
+
+
+def _reshape_users(editor, node: fx.Node, shape: list[int]) -> None:
+    """Every user of ``node`` reads ``node`` reshaped to ``shape`` instead."""
+    users = list(node.users)
+    call = _inserter(editor, before=node.next, like=node_value(node))
+    view = call(aten.reshape.default, (node, shape))
+    for user in users:
+        user.replace_input_with(node, view)
+
+
+def _inserter(editor, *, before: fx.Node, like: torch.Tensor):
+    """``call(target, args, **kwargs)``: a new node before ``before`` with the fake value an
+    exported graph (``meta["val"]``) or a Dynamo graph (``meta["example_value"]``) records, made
+    in the fake mode of the graph's values (``like``, one of them)."""
+    graph = editor.graph
+    mode, key = editor.fake_mode, "val"
+    if mode is None:
+        mode, key = getattr(like, "fake_mode", None), "example_value"
+
+    def call(target, args: tuple, **kwargs) -> fx.Node:
+        with graph.inserting_before(before):
+            node = graph.call_function(target, args, kwargs)
+        if mode is not None:
+            with mode:
+                node.meta[key] = target(*[node_value(a) for a in args], **kwargs)
+        return node
+
+    return call
 
 
 def swap_site(editor, site, target, args: tuple) -> tuple[fx.Node, bool]:

@@ -136,7 +136,8 @@ def test_llama4_chunked_layers_package_as_the_program_within_one_chunk(tmp_path)
     no longer than one chunk runs them on the causal mask (the same attention there), and its
     package gives the program's logits (the chunked mask, packaged, gave under 5 dB and no
     error); a longer cache is refused, and the command line's default stops at the chunk. Its
-    experts, a bmm of every expert over every row, stay float and say so in the report."""
+    experts, a bmm of every expert over every row, run as int8 grouped experts (T rows each, the
+    offsets computed in the program: T is the call's token count)."""
     from fxquant.llm import cache_len_limit
 
     model = _model("llama4")
@@ -148,14 +149,14 @@ def test_llama4_chunked_layers_package_as_the_program_within_one_chunk(tmp_path)
     assert model.config.layer_types == chunked  # the caller's model is kept
     ep = fxquant.quantize(ep, "int8wo")
     rep = fxquant.report(ep)
-    kept = {r.name: r for r in rep.skipped if r.kind == "bmm"}
-    assert sorted(kept) == sorted(
+    experts = {r.name: r for r in rep.quantized if r.kind == "bmm"}
+    assert sorted(experts) == sorted(
         f"model.model.layers.{i}.feed_forward.experts.{w}"
         for i in range(2)
         for w in ("gate_up_proj", "down_proj")
     )
-    assert all("grouped_mm experts only" in r.reason and r.experts == 4 for r in kept.values())
-    assert len(rep.quantized) == 2 * 8  # attention, router, shared expert
+    assert all(r.experts == 4 for r in experts.values())
+    assert len(rep.quantized) == 2 * 10  # attention, router, shared expert, experts
     pkg = fxquant.aot_compile(ep, tmp_path / "llama4.pt2")
     ids = torch.randint(0, VOCAB, (1, 12))
     want = _cached_logits(ep.module(), ids, split=8)

@@ -98,12 +98,11 @@ class CalibrationRun:
         # Linears reading one input node form a group; groups with a planned linear are run.
         groups: dict[fx.Node, list[LayerPlan]] = {}
         for p in plans:
-            if p.site.kind == "bmm":  # never planned a scheme (passes/plan.py)
-                continue
-            if p.site.kind == "grouped_mm":
+            if p.site.experts is not None:
                 # every method's statistics are per linear ([N, K] and the rows it reads); an
-                # expert's rows are a data-dependent slice of x
-                self._skip(p, "expert weights (grouped_mm) are not calibrated")
+                # expert's rows are a data-dependent slice of x (grouped_mm) or every row scaled
+                # by the router's score for that expert, 0 where it was not chosen (bmm)
+                self._skip(p, f"expert weights ({p.site.kind}) are not calibrated")
                 continue
             groups.setdefault(p.site.x, []).append(p)
         self.groups = {x: g for x, g in groups.items() if any(p.scheme for p in g)}

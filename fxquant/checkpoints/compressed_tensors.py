@@ -398,7 +398,7 @@ def _quantized_layers(ep: ExportedProgram):
         row = LayerRow.from_node(node)
         if node.op != "call_function" or row is None or row.status != "quantized":
             continue
-        if row.kind == "grouped_mm":
+        if row.experts is not None:
             raise CheckpointError(
                 f"{row.name!r}: mixture-of-experts weights ({row.experts} experts, quantized "
                 f"{scheme_from_dict(row.scheme)}) have no compressed-tensors layout here (it "

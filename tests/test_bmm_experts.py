@@ -1,0 +1,136 @@
+"""Llama 4's experts: a bmm of every expert's weight [E, K, N] over the same T rows (x [E, T, K],
+``Llama4TextExperts``), quantized by the grouped experts' schemes and run by their ops as E
+groups of T rows (``passes/rewrite.py``, ``_bmm_as_grouped_rows``).
+
+The oracle is transformers' own model with each expert weight replaced by the values the scheme
+dequantizes to, run by its own bmm: what the rewrite computes, up to fp32 summation order. The
+grouped ops themselves: tests/test_int8_experts.py, tests/test_int4_experts.py; the Llama 4
+package (int8 experts on the native kernel, offsets computed in the program):
+tests/test_llm.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+import fxquant  # noqa: E402
+import fxquant.kernels.cpu as native  # noqa: E402
+from fxquant.core.reference import sqnr  # noqa: E402
+from fxquant.passes.lower import lower  # noqa: E402
+
+VOCAB = 96
+IDS = torch.randint(0, VOCAB, (1, 10), generator=torch.Generator().manual_seed(4))
+EXPERTS = [
+    f"model.layers.{i}.feed_forward.experts.{w}"
+    for i in range(2)
+    for w in ("gate_up_proj", "down_proj")
+]
+
+
+def llama4(seed: int = 0):
+    config = transformers.Llama4TextConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=64, intermediate_size_mlp=128,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        num_local_experts=4, max_position_embeddings=128, attention_chunk_size=48,
+    )  # fmt: skip
+    torch.manual_seed(seed)
+    return transformers.AutoModelForCausalLM.from_config(config).eval()
+
+
+def fake_quantized(model, scheme):
+    """The float model with each expert weight [E, K, N] replaced by its dequantized values."""
+    for layer in model.model.layers:
+        experts = layer.feed_forward.experts
+        for name in ("gate_up_proj", "down_proj"):
+            p = getattr(experts, name)
+            dq = scheme.quantize(p.data.transpose(-2, -1).contiguous()).dequantized
+            p.data = dq.transpose(-2, -1).contiguous()
+    return model
+
+
+def logits(fn, ids=IDS) -> torch.Tensor:
+    with torch.no_grad():
+        return fn(ids, use_cache=False).logits
+
+
+@pytest.fixture(scope="module")
+def exported():
+    return torch.export.export(llama4(), (IDS,), kwargs={"use_cache": False})
+
+
+@pytest.mark.parametrize(
+    "scheme",
+    [fxquant.Int8WeightOnly(), fxquant.Int4WeightOnly(group_size=32)],
+    ids=["int8wo", "int4wo-32"],
+)
+def test_experts_quantized_equal_the_model_on_their_dequantized_weights(exported, scheme):
+    config = fxquant.QuantConfig(overrides={fxquant.core.config.EXPERT_WEIGHTS: scheme})
+    qep = fxquant.quantize(exported, config)
+    rep = fxquant.report(qep)
+    rows = {r.name: r for r in rep.quantized}
+    assert sorted(rows) == sorted(EXPERTS)  # the experts only, as the config says
+    assert all(r.kind == "bmm" and r.experts == 4 for r in rows.values())
+    assert "4×64×64" in str(rep)  # E×N×K of down_proj
+    targets = {str(n.target) for n in qep.graph.nodes if n.op == "call_function"}
+    assert f"fxquant.{scheme.name}_grouped_mm.default" in targets
+    assert "aten.bmm.default" not in targets
+    assert not any(k.endswith("experts.gate_up_proj") for k in qep.state_dict)  # float released
+    want = logits(fake_quantized(llama4(), scheme))
+    torch.testing.assert_close(logits(qep.module()), want, rtol=1e-5, atol=1e-5)
+    # the CPU lowering: the native grouped kernels (bf16 dot products from 2 rows an expert on
+    # some CPU classes), else the aten gather
+    assert sqnr(want, logits(lower(qep).module())) > 35
+    (experts,) = [k for k in rep.cpu_kernels() if k["scheme"].endswith(" experts")]
+    assert len(experts["layers"]) == 4
+    if native.available():
+        assert "native" in experts["kernel"] and "grouped kernel" in experts["kernel"]
+
+
+def test_recipes_take_the_experts_or_say_why_not(exported):
+    w4a8 = fxquant.report(fxquant.quantize(exported, "w4a8-32"))
+    assert {r.name for r in w4a8.quantized} >= set(EXPERTS)
+    w8a8 = fxquant.report(fxquant.quantize(exported, "w8a8"))
+    kept = {r.name: r for r in w8a8.skipped if r.kind == "bmm"}
+    assert sorted(kept) == sorted(EXPERTS)
+    assert all(
+        "([E, K, N], bmm) take only Int8WeightOnly" in r.reason and r.experts == 4
+        for r in kept.values()
+    )
+    (row,) = [k for k in w8a8.cpu_kernels() if k["layers"] == list(kept)]
+    assert row["kernel"].startswith("aten.bmm")
+
+
+def test_calibration_quantizes_the_experts_to_nearest_and_says_so():
+    from fxquant.evaluate import export_causal_lm
+
+    samples = [torch.randint(0, VOCAB, (1, 10)) for _ in range(2)]
+    ep = export_causal_lm(llama4())
+    qep = fxquant.calibrate(ep, "int8wo", samples, method=fxquant.GPTQ(), progress=False)
+    rows = {r["name"]: r for r in fxquant.report(qep).rows}  # export_causal_lm's names
+    row = rows[f"model.{EXPERTS[0]}"]
+    assert row["status"] == "quantized" and row["kind"] == "bmm"
+    assert "expert weights (bmm) are not calibrated" in row["calibration"]["reason"]
+    assert rows["model.model.layers.0.self_attn.q_proj"]["calibration"]["status"] == "calibrated"
+
+
+@pytest.mark.slow
+def test_the_torch_compile_backend_quantizes_the_experts_at_every_length():
+    from fxquant.backend import last_reports
+    from fxquant.passes.cpu.experts import bf16_experts
+
+    scheme = fxquant.Int8WeightOnly()
+    config = fxquant.QuantConfig(overrides={fxquant.core.config.EXPERT_WEIGHTS: scheme})
+    model = llama4()
+    compiled = torch.compile(model, backend="fxquant", options={"config": config})
+    oracle = fake_quantized(llama4(), scheme)
+    tol = 1e-2 if native.available() and bf16_experts() else 1e-5
+    for t in (10, 7, 5):  # a second length recompiles with the length symbolic
+        ids = IDS[:, :t]
+        torch.testing.assert_close(logits(compiled, ids), logits(oracle, ids), rtol=tol, atol=tol)
+    rows = [r for r in last_reports[-1] if r.kind == "bmm"]
+    assert len(rows) == 4 and all(r.status == "quantized" for r in rows)
+    assert not torch.equal(logits(compiled), logits(model))  # the caller's model stays float
+    torch._dynamo.reset()
