@@ -19,6 +19,7 @@ transformers = pytest.importorskip("transformers")
 import fxquant  # noqa: E402
 import fxquant.kernels.cpu as native  # noqa: E402
 from fxquant.core.reference import sqnr  # noqa: E402
+from fxquant.passes.cpu.experts import EXPERT_KERNELS  # noqa: E402
 from fxquant.passes.lower import lower  # noqa: E402
 
 VOCAB = 96
@@ -63,8 +64,12 @@ def exported():
 
 @pytest.mark.parametrize(
     "scheme",
-    [fxquant.Int8WeightOnly(), fxquant.Int4WeightOnly(group_size=32)],
-    ids=["int8wo", "int4wo-32"],
+    [
+        fxquant.Int8WeightOnly(),
+        fxquant.Int4WeightOnly(group_size=32),
+        fxquant.MXFP4(activations=False),
+    ],
+    ids=["int8wo", "int4wo-32", "mxfp4-weights"],
 )
 def test_experts_quantized_equal_the_model_on_their_dequantized_weights(exported, scheme):
     config = fxquant.QuantConfig(overrides={fxquant.core.config.EXPERT_WEIGHTS: scheme})
@@ -81,12 +86,13 @@ def test_experts_quantized_equal_the_model_on_their_dequantized_weights(exported
     want = logits(fake_quantized(llama4(), scheme))
     torch.testing.assert_close(logits(qep.module()), want, rtol=1e-5, atol=1e-5)
     # the CPU lowering: the native grouped kernels (bf16 dot products from 2 rows an expert on
-    # some CPU classes), else the aten gather
+    # some CPU classes), else the aten gather (MXFP4: always)
     assert sqnr(want, logits(lower(qep).module())) > 35
     (experts,) = [k for k in rep.cpu_kernels() if k["scheme"].endswith(" experts")]
     assert len(experts["layers"]) == 4
-    if native.available():
-        assert "native" in experts["kernel"] and "grouped kernel" in experts["kernel"]
+    native_only, kernel = EXPERT_KERNELS[scheme.name]  # the grouped_mm experts' kernel
+    if native.available() or not native_only:
+        assert experts["kernel"] == kernel
 
 
 def test_recipes_take_the_experts_or_say_why_not(exported):
