@@ -17,7 +17,17 @@ from torch.library import opcheck
 
 transformers = pytest.importorskip("transformers")
 
-from test_int8_experts import EXPERT_PARAMS, IDS, NEEDS_NATIVE, logits, qwen2_moe  # noqa: E402
+from test_int8_experts import (  # noqa: E402
+    EXPERT_PARAMS,
+    IDS,
+    LIVE_ROWS_BF16,
+    NEEDS_NATIVE,
+    ZERO_ROWS,
+    ZERO_ROWS_ENDS,
+    logits,
+    qwen2_moe,
+    rows_with_zeros,
+)
 
 import fxquant  # noqa: E402
 import fxquant.kernels.cpu as native  # noqa: E402
@@ -148,6 +158,30 @@ def test_the_native_kernel_runs_each_experts_rows_on_the_int4_linears_paths(coun
     )
     want = ref.int4_weight_only_grouped_mm(xr, *_args(q), ends, group_size=64)
     assert sqnr(want, run(2, 0)[: s - 2]) > 45  # the dequantized weight is rounded to bf16 too
+
+
+@NEEDS_NATIVE
+@pytest.mark.usefixtures("two_threads")
+def test_the_native_kernel_skips_rows_of_zeros_and_runs_the_rest_by_their_count():
+    """As the int8 experts' kernel (tests/test_int8_experts.py): rows of zeros give zeros without
+    running, the other rows take the paths of their own count (W4A8's per-token int8 from 2 rows
+    here, fp32 for expert 0's one remaining row)."""
+    q = _experts(e=5, n=40, k=256, g=64)
+    wp, sp, op = _prepacked(q, 64)
+    x = rows_with_zeros(256)
+    ends = ZERO_ROWS_ENDS
+
+    def run(bf16_from, int8_from):
+        return fxq.native_int4_grouped_mm(x, wp, sp, op, ends, 64, bf16_from, int8_from)
+
+    fp32 = ref.int4_weight_only_grouped_mm(x, *_args(q), ends, group_size=64)
+    w4a8 = ref.int8_dynamic_int4_grouped_mm(x, *_args(q), ends, group_size=64)
+    assert_sums_close(run(0, 0), fp32)
+    assert_sums_close(run(0, 1), w4a8)
+    mixed = fp32.clone()
+    mixed[LIVE_ROWS_BF16] = w4a8[LIVE_ROWS_BF16]
+    assert_sums_close(run(0, 2), mixed)
+    assert (run(0, 2)[ZERO_ROWS] == 0).all()
 
 
 @NEEDS_NATIVE

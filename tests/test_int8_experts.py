@@ -177,6 +177,43 @@ def test_the_native_kernel_runs_each_experts_rows_on_the_linears_paths(counts):
     assert_sums_close(bf16, ref.int8_weight_only_grouped_mm(xr, q, scale, ends))
 
 
+# Rows of zeros among the experts' rows, as Llama 4's experts see them (every token through every
+# expert, 0 where the token did not choose it; tests/test_bmm_experts.py): expert 0 keeps one of
+# its 3 rows, expert 1 has none, expert 2 keeps rows 4, 6 and 8 of 6 (gathered), expert 3
+# keeps rows 10 and 11 of 4 (one run), expert 4 none of its 2
+ZERO_ROWS_ENDS = torch.tensor([3, 3, 9, 13, 15])
+ZERO_ROWS = [1, 2, 3, 5, 7, 9, 12, 13, 14]
+LIVE_ROWS_BF16 = [4, 6, 8, 10, 11]  # the rows of experts that keep 2 or more: bf16 x there
+
+
+def rows_with_zeros(k: int) -> torch.Tensor:
+    x = torch.randn(int(ZERO_ROWS_ENDS[-1]), k, generator=torch.Generator().manual_seed(5))
+    x[ZERO_ROWS] = 0.0
+    x[3, ::2] = -0.0  # -0 is a zero too
+    return x
+
+
+@NEEDS_NATIVE
+@pytest.mark.usefixtures("two_threads")
+def test_the_native_kernel_skips_rows_of_zeros_and_runs_the_rest_by_their_count():
+    """A row of zeros gives zeros (its product with the finite int8 weight) without running, and
+    an expert's other rows take the path of their own count: expert 0's one row the fp32 GEMV
+    (its 3 rows would take the bf16-dot GEMM), the others the bf16-dot GEMM."""
+    q, scale = _experts(e=5, n=40, k=200)
+    x = rows_with_zeros(200)
+    got = _native(x, q, scale, ZERO_ROWS_ENDS, True)
+    xr = x.clone()
+    xr[LIVE_ROWS_BF16] = _bf16_rows(x[LIVE_ROWS_BF16])
+    assert_sums_close(got, ref.int8_weight_only_grouped_mm(xr, q, scale, ZERO_ROWS_ENDS))
+    assert (got[ZERO_ROWS] == 0).all()
+    assert_sums_close(  # fp32 x: the reference's products
+        _native(x, q, scale, ZERO_ROWS_ENDS, False),
+        ref.int8_weight_only_grouped_mm(x, q, scale, ZERO_ROWS_ENDS),
+    )
+    x[2, 7] = float("nan")  # not a row of zeros: it runs, NaN as the reference
+    assert _native(x, q, scale, ZERO_ROWS_ENDS, False)[2].isnan().all()
+
+
 @NEEDS_NATIVE
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_lowering_takes_the_int8_linears_kernels_of_this_machine(dtype):

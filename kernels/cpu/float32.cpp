@@ -72,14 +72,14 @@ AOTITorchError aoti_torch_cpu_native_float32_grouped_mm(AtenTensorHandle x, Aten
   const int64_t N = kn ? wsizes[2] : wsizes[1];
   if ((kn ? wsizes[1] : wsizes[2]) != K || om.rows != E) return AOTI_TORCH_FAILURE;
   const float *xp = xm.as<float>(), *wp = wm.as<float>();
-  auto rows = [&](int64_t e, int64_t start, int64_t M, float* ye) -> AOTITorchError {
-    const float* xe = xp + start * K;
+  auto rows = [&](int64_t e, const float* xe, int64_t M, float* ye) -> AOTITorchError {
     const float* we = wp + e * N * K;
     if (kn || M > kGemvMaxMFloat32) return mm_float32(xe, M, K, we, N, ye, kn);
     gemv_float_rows<Fp32Format>(xe, M, K, we, N, ye);
     return AOTI_TORCH_SUCCESS;
   };
-  return run_grouped(S, N, om.as<int64_t>(), E, ret0, rows);
+  // every row runs: a float weight may hold inf or NaN, whose product with a zero row is NaN
+  return run_grouped(xp, S, K, N, om.as<int64_t>(), E, /*skip_zero_rows=*/false, ret0, rows);
 }
 
 }  // extern "C"

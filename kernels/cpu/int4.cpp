@@ -794,7 +794,8 @@ AOTITorchError int8_int4_linear(const int8_t* xp, const float* xsp, int64_t M, i
 // x [S, K] fp32 with its rows sorted by expert, offs [E] (int64) each expert's cumulative row
 // end, w [E, N, K/2] in the kernel's int4 layout, scale and offset [E, N, K/g]: each expert's
 // rows take the int4 linear's paths on that expert's weight (int8_fp8.cpp's int8 experts say
-// why: decode reads only the chosen experts' bytes). An expert with at least int8_from rows (0:
+// why: decode reads only the chosen experts' bytes; rows of zeros are not run, and the row counts
+// below are those that remain). An expert with at least int8_from rows (0:
 // never) quantizes them per token to int8 (the reference's bytes) and takes the W4A8 kernels:
 // W4A8 experts pass 1, int4 weight-only ones where the machine's dispatch table runs the int4
 // linear so from that M. Else from bf16_from rows (0: never) the bf16-dot path, else fp32.
@@ -824,8 +825,7 @@ AOTITorchError int4_grouped_mm(AtenTensorHandle x, AtenTensorHandle w, AtenTenso
   const uint8_t* wp = wm.as<uint8_t>();
   const float* sp = sm.as<float>();
   const float* op = om.as<float>();
-  auto rows = [&](int64_t e, int64_t start, int64_t M, float* ye) -> AOTITorchError {
-    const float* xe = xp + start * K;
+  auto rows = [&](int64_t e, const float* xe, int64_t M, float* ye) -> AOTITorchError {
     const uint8_t* we = wp + e * N * (K / 2);
     const float* se = sp + e * N * G;
     const float* oe = op + e * N * G;
@@ -838,7 +838,7 @@ AOTITorchError int4_grouped_mm(AtenTensorHandle x, AtenTensorHandle w, AtenTenso
     }
     return int4_rows(xe, M, K, we, N, se, oe, group_size, bf16_from > 0 && M >= bf16_from, ye);
   };
-  return run_grouped(S, N, fm.as<int64_t>(), E, ret0, rows);
+  return run_grouped(xp, S, K, N, fm.as<int64_t>(), E, /*skip_zero_rows=*/true, ret0, rows);
 }
 
 }  // namespace

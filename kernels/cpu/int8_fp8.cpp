@@ -1064,9 +1064,11 @@ AOTITorchError vnni_linear(const uint8_t* xu, const float* xs, int64_t M, int64_
 // expert's weight (the GEMV up to kGemvMaxM rows, the chunked GEMM above), so decode reads only
 // the experts its token chose and prefill runs one GEMM per expert. Rows at or past offs[E-1]
 // are zeros (transformers' grouped_mm fallback, the reference). The offsets are read here, on
-// the host: the data-dependent row split an aten composition cannot express. bf16_x: an
-// expert's rows from kBf16MinM on take the bf16-dot GEMM, x rounded to bf16 (the int8 linear's
-// bf16_dot candidate, where the machine's dispatch table picks it); one row keeps fp32 x.
+// the host: the data-dependent row split an aten composition cannot express. Rows of zeros are
+// not run (run_grouped: Llama 4's unchosen experts), and the path follows the rows that remain.
+// bf16_x: an expert's rows from kBf16MinM on take the bf16-dot GEMM, x rounded to bf16 (the int8
+// linear's bf16_dot candidate, where the machine's dispatch table picks it); one row keeps fp32
+// x.
 AOTITorchError int8_grouped_mm(AtenTensorHandle x, AtenTensorHandle w, AtenTensorHandle scale,
                                AtenTensorHandle offs, bool bf16_x, AtenTensorHandle* ret0) {
   Mat xm, wm, sm, om;
@@ -1081,8 +1083,7 @@ AOTITorchError int8_grouped_mm(AtenTensorHandle x, AtenTensorHandle w, AtenTenso
   const float* xp = xm.as<float>();
   const uint8_t* wp = wm.as<uint8_t>();
   const float* sp = sm.as<float>();
-  auto rows = [&](int64_t e, int64_t start, int64_t M, float* ye) -> AOTITorchError {
-    const float* xe = xp + start * K;
+  auto rows = [&](int64_t e, const float* xe, int64_t M, float* ye) -> AOTITorchError {
     const uint8_t* we = wp + e * N * K;
     const float* se = sp + e * N;
     std::vector<float> rounded;
@@ -1100,7 +1101,7 @@ AOTITorchError int8_grouped_mm(AtenTensorHandle x, AtenTensorHandle w, AtenTenso
     gemv_bytes<Fmt::kInt8>(xe, M, K, we, N, se, ye);
     return AOTI_TORCH_SUCCESS;
   };
-  return run_grouped(S, N, om.as<int64_t>(), E, ret0, rows);
+  return run_grouped(xp, S, K, N, om.as<int64_t>(), E, /*skip_zero_rows=*/true, ret0, rows);
 }
 
 }  // namespace

@@ -451,23 +451,63 @@ AOTITorchError run_linear(int64_t M, int64_t N, int64_t gemv_max_m, AtenTensorHa
   return AOTI_TORCH_SUCCESS;
 }
 
-// The grouped (mixture-of-experts) shims' walk: a new fp32 y [S, N] in *ret, zeros, then
-// rows(e, start, M, y + start * N) for each expert e with rows, where expert e owns rows
-// [offs[e-1], offs[e]) of x (offs[-1] taken as 0; an end past S clipped to S; a decreasing end
-// gives no rows), what transformers' grouped_mm fallback reads from its offsets. Rows at or past
-// offs[E-1] stay zeros. Stops at the first error rows returns.
+// Whether every value of the row is zero (+0 or -0; a NaN is not): its product with any finite
+// weight is a row of zeros.
+inline bool zero_row(const float* x, int64_t K) {
+  for (int64_t k = 0; k < K; ++k)
+    if (x[k] != 0.f) return false;
+  return true;
+}
+
+// The grouped (mixture-of-experts) shims' walk over x [S, K] (fp32): a new fp32 y [S, N] in
+// *ret, zeros, then rows(e, xe, M, ye) for each expert e with rows, the M rows of x at xe into
+// the M rows of y at ye, where expert e owns rows [offs[e-1], offs[e]) of x (offs[-1] taken as
+// 0; an end past S clipped to S; a decreasing end gives no rows), what transformers' grouped_mm
+// fallback reads from its offsets. Rows at or past offs[E-1] stay zeros. Stops at the first
+// error rows returns.
+//
+// skip_zero_rows (the quantized experts, whose weights are finite by construction): an expert's
+// rows that are all zeros keep their zero output and are not run, and the others are run
+// together, gathered when zero rows lie between them, so the kernel's path follows the rows that
+// remain. Llama 4 sends every token through every expert, scaled by 0 where the token did not
+// choose it (passes/rewrite.py's bmm sites): its decode step then reads only the chosen experts'
+// weights, and its prefill runs each expert's GEMM on the tokens that chose it.
 template <class Rows>
-AOTITorchError run_grouped(int64_t S, int64_t N, const int64_t* offs, int64_t E,
-                           AtenTensorHandle* ret, Rows rows) {
+AOTITorchError run_grouped(const float* x, int64_t S, int64_t K, int64_t N, const int64_t* offs,
+                           int64_t E, bool skip_zero_rows, AtenTensorHandle* ret, Rows rows) {
   float* y = nullptr;
   if (AOTITorchError e = new_output(S, N, ret, &y)) return e;
   std::fill(y, y + S * N, 0.f);
   if (N == 0) return AOTI_TORCH_SUCCESS;
+  std::vector<int64_t> live;
+  std::vector<float> xg, yg;
   int64_t start = 0;
   for (int64_t e = 0; e < E; ++e) {
     const int64_t end = std::min(offs[e], S);
-    if (end > start) {
-      if (AOTITorchError err = rows(e, start, end - start, y + start * N)) return err;
+    const int64_t M = end - start;
+    if (M > 0) {
+      const float* xe = x + start * K;
+      float* ye = y + start * N;
+      live.clear();
+      if (skip_zero_rows) {
+        for (int64_t m = 0; m < M; ++m)
+          if (!zero_row(xe + m * K, K)) live.push_back(m);
+      }
+      const int64_t L = static_cast<int64_t>(live.size());
+      if (!skip_zero_rows || L == M) {
+        if (AOTITorchError err = rows(e, xe, M, ye)) return err;
+      } else if (L > 0 && live.back() - live.front() + 1 == L) {  // one run: no copies
+        if (AOTITorchError err = rows(e, xe + live.front() * K, L, ye + live.front() * N))
+          return err;
+      } else if (L > 0) {
+        xg.resize(L * K);
+        yg.assign(L * N, 0.f);
+        for (int64_t i = 0; i < L; ++i)
+          std::copy(xe + live[i] * K, xe + (live[i] + 1) * K, xg.data() + i * K);
+        if (AOTITorchError err = rows(e, xg.data(), L, yg.data())) return err;
+        for (int64_t i = 0; i < L; ++i)
+          std::copy(yg.data() + i * N, yg.data() + (i + 1) * N, ye + live[i] * N);
+      }
     }
     start = std::max(start, end);
   }

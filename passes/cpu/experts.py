@@ -20,8 +20,11 @@ expert (x rounded to bf16, as there): on the Zen 4 a 32-row expert took 0.21 ms 
 [S, N, K] copy, indirect loads): at S = 4 2.0× the fallback, at S = 512 0.8× (32 experts).
 int4 experts (weight-only and W4A8) are prepacked once into the int4 linear's kernel layout and
 run the same way on its kernels (kernels/cpu/int4.cpp), each expert's rows on the path that
-linear takes at that row count on this machine (``int4_row_paths``). MXFP4's e2m1 decode is dear
-per value: its gather serves decode (2-3 ms where one GEMM of every
+linear takes at that row count on this machine (``int4_row_paths``). The quantized experts' native
+kernels skip rows of zeros (their product with a finite weight is zeros) and count the rows that
+remain: Llama 4 sends every token through every expert, 0 where it did not choose it, so its
+decode step reads the chosen expert's weights only (kernels/cpu/native.h, ``run_grouped``).
+MXFP4's e2m1 decode is dear per value: its gather serves decode (2-3 ms where one GEMM of every
 row with every expert took 54 ms), that dense GEMM prefill (past three rows per expert). No CPU
 kernel here has FP4 arithmetic.
 """
@@ -54,18 +57,21 @@ EXPERT_KERNELS = {
         True,
         "fxquant native int8 grouped kernel: each expert's rows on the int8 linear's kernels "
         "(its bf16-dot GEMM from 2 rows, x rounded to bf16, where this CPU class's table runs the "
-        "int8 linear so; else the fp32 GEMV up to M = 32, then the chunked fp32 GEMM)",
+        "int8 linear so; else the fp32 GEMV up to M = 32, then the chunked fp32 GEMM); rows of "
+        "zeros (Llama 4's unchosen experts) give zeros without running",
     ),
     "int4_weight_only": (
         True,
         "fxquant native int4 grouped kernel: each expert's rows on the int4 linear's kernels at "
         "that row count, as this CPU class's table runs that linear (fp32 GEMV, bf16-dot GEMM, or "
-        "x quantized per token to int8 on the W4A8 kernels)",
+        "x quantized per token to int8 on the W4A8 kernels); rows of zeros give zeros without "
+        "running",
     ),
     "int8_dynamic_int4": (
         True,
         "fxquant native int4 grouped kernel: each expert's rows quantized per token to int8 on "
-        "the W4A8 linear's kernels (GEMV, then the integer GEMM)",
+        "the W4A8 linear's kernels (GEMV, then the integer GEMM); rows of zeros give zeros "
+        "without running",
     ),
     "mxfp4": (
         False,
