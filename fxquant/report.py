@@ -97,7 +97,11 @@ class Report:
         same GEMM as their scheme's unfused op."""
         from fxquant.passes import cpu
         from fxquant.passes.cpu.dispatch import kernel_plan
-        from fxquant.passes.cpu.experts import EXPERT_KERNELS, FLOAT_EXPERTS_KERNEL
+        from fxquant.passes.cpu.experts import (
+            BMM_EXPERTS_KERNEL,
+            EXPERT_KERNELS,
+            FLOAT_EXPERTS_KERNEL,
+        )
 
         native = cpu.available()
         aten = "aten lowering (the native kernels are not available here)"
@@ -120,13 +124,22 @@ class Report:
         if kept:
             kernel = FLOAT_EXPERTS_KERNEL if native else aten
             out["experts"] = {"scheme": "experts (kept in float)", "layers": kept, "kernel": kernel}
-        batched = [r.name for r in self.skipped if r.kind == "bmm"]  # Llama 4's, kept in float
-        if batched:
-            out["bmm experts"] = {
-                "scheme": "experts (kept in float)",
-                "layers": batched,
-                "kernel": "aten.bmm, as the model runs it (every token through every expert)",
-            }
+        # Llama 4's experts kept in float: fp32 ones on the native fp32 grouped kernel
+        # (lower_float_experts), others on aten's bmm
+        for native_fp32 in (True, False):
+            batched = [
+                r.name
+                for r in self.skipped
+                if r.kind == "bmm" and (native and r.dtype == "float32") == native_fp32
+            ]
+            if batched:
+                out[f"bmm experts {native_fp32}"] = {
+                    "scheme": "experts (kept in float)",
+                    "layers": batched,
+                    "kernel": BMM_EXPERTS_KERNEL
+                    if native_fp32
+                    else "aten.bmm, as the model runs it (every token through every expert)",
+                }
         # the layers kept in fp32, bf16 or fp16 (passes/cpu/float32.py rewrites those of a
         # linear's layout: an [N, K] weight, as it is or read through a transpose)
         if native:

@@ -136,7 +136,7 @@ def prepack(editor, *, device: str | torch.device = "cpu") -> int:
         # the linears the config left in fp32: the native fp32 kernel (passes/cpu/float32.py)
         done += lower_float32_linears(editor)
     # experts left in float: out of transformers' Python op, into the package
-    done += lower_float_experts(editor)
+    done += lower_float_experts(editor, native=native)
     return done
 
 

@@ -22,7 +22,7 @@ import dataclasses
 import re
 import warnings
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -465,21 +465,33 @@ def _constant_prefix(editor, weight_fqn: str, scheme) -> str:
 
 def _replace(editor, plan: LayerPlan, constants: dict[str, fx.Node]) -> fx.Node:
     site = plan.site
-    if site.kind == "grouped_mm":
-        op, args = plan.scheme.grouped_op_args(site.x, constants, site.offs)
-    elif site.kind == "bmm":
-        rows, offs = _bmm_as_grouped_rows(editor, site)
-        op, args = plan.scheme.grouped_op_args(rows, constants, offs)
-    else:
-        op, args = plan.scheme.op_args(site.x, constants, site.bias)
     weight_node, source = site.weight_node, site.weight_source  # read before the swap
-    bmm = site.kind == "bmm"
-    new, dropped = swap_site(editor, site, op, args)
+    if site.kind == "bmm":
+
+        def make(rows, offs):
+            return plan.scheme.grouped_op_args(rows, constants, offs)
+
+        new, dropped = swap_bmm_site(editor, site, make)
+    else:
+        if site.kind == "grouped_mm":
+            op, args = plan.scheme.grouped_op_args(site.x, constants, site.offs)
+        else:
+            op, args = plan.scheme.op_args(site.x, constants, site.bias)
+        new, dropped = swap_site(editor, site, op, args)
     # a weight read through a transpose: the view is gone, release the parameter it read
     editor.release(source if dropped else weight_node)
-    if bmm:  # the grouped op's rows [E·T, N] back to the bmm's [E, T, N]
-        _reshape_users(editor, new, [site.experts, -1, site.out_features])
     return new
+
+
+def swap_bmm_site(editor, site, make: Callable) -> tuple[fx.Node, bool]:
+    """Swap a ``bmm`` site (x [E, T, K] · W [E, K, N], every expert over the same T rows) for a
+    grouped experts op: ``make(rows, offs)`` gives (op, args) for x viewed as [E·T, K] with
+    expert e's rows ending at offs[e] = (e + 1)·T, and the op's [E·T, N] rows are viewed back as
+    [E, T, N] for the site's users. Returns what ``swap_site`` does (the op's node first)."""
+    op, args = make(*_bmm_as_grouped_rows(editor, site))
+    new, dropped = swap_site(editor, site, op, args)
+    _reshape_users(editor, new, [site.experts, -1, site.out_features])
+    return new, dropped
 
 
 def _bmm_as_grouped_rows(editor, site) -> tuple[fx.Node, fx.Node]:

@@ -19,9 +19,10 @@ transformers = pytest.importorskip("transformers")
 import fxquant  # noqa: E402
 import fxquant.kernels.cpu as native  # noqa: E402
 from fxquant.core.reference import sqnr  # noqa: E402
-from fxquant.passes.cpu.experts import EXPERT_KERNELS  # noqa: E402
+from fxquant.passes.cpu.experts import BMM_EXPERTS_KERNEL, EXPERT_KERNELS  # noqa: E402
 from fxquant.passes.lower import lower  # noqa: E402
 
+AT_BMM = "aten.bmm, as the model runs it (every token through every expert)"
 VOCAB = 96
 IDS = torch.randint(0, VOCAB, (1, 10), generator=torch.Generator().manual_seed(4))
 EXPERTS = [
@@ -106,7 +107,23 @@ def test_recipes_take_the_experts_or_say_why_not(exported):
         for r in kept.values()
     )
     (row,) = [k for k in w8a8.cpu_kernels() if k["layers"] == list(kept)]
-    assert row["kernel"].startswith("aten.bmm")
+    assert row["kernel"] == (BMM_EXPERTS_KERNEL if native.available() else AT_BMM)
+
+
+@pytest.mark.skipif(not native.available(), reason="the native fp32 grouped kernel")
+def test_float_experts_lower_to_the_native_kernel_that_skips_rows_of_zeros(exported):
+    """Experts left in fp32 leave aten's bmm over every expert for the native fp32 grouped kernel,
+    told to skip rows of zeros (the weight is finite): the program's logits, to fp32 sums."""
+    lowered = lower(exported)
+    nodes = [
+        n
+        for n in lowered.graph.nodes
+        if n.target == torch.ops.fxquant.native_float32_grouped_mm.default
+    ]
+    assert len(nodes) == 4 and all(n.args[3:] == (1, 1) for n in nodes)  # kn, skip_zero_rows
+    torch.testing.assert_close(
+        logits(lowered.module()), logits(exported.module()), rtol=1e-4, atol=1e-4
+    )
 
 
 def test_calibration_quantizes_the_experts_to_nearest_and_says_so():

@@ -259,7 +259,26 @@ def test_float_experts_run_in_fxquant_compositions(counts, kn):
     for lowering in (lowerings("cpu")[op], lowering_table("cpu")[op]):  # native (or aten), aten
         assert_sums_close(lowering(x, w, ends, kn), want)
     if native.available():
-        opcheck(fxq.native_float32_grouped_mm.default, (x, w, ends, int(kn)))
+        for skip in (0, 1):
+            opcheck(fxq.native_float32_grouped_mm.default, (x, w, ends, int(kn), skip))
+
+
+@NEEDS_NATIVE
+@pytest.mark.usefixtures("two_threads")
+def test_float_experts_skip_rows_of_zeros_only_when_asked():
+    """skip_zero_rows (the rewrite asks where the weight is finite: Llama 4's experts): rows of
+    zeros stay zeros without running, the rest by their count; without it every row runs, and a
+    NaN weight gives the zero rows NaN, as transformers' own product does."""
+    w = torch.randn(5, 40, 200)
+    x = rows_with_zeros(200)
+    want = torch.ops.transformers.grouped_mm_fallback(x, w.mT.contiguous(), ZERO_ROWS_ENDS)
+    for skip in (0, 1):
+        got = fxq.native_float32_grouped_mm(x, w, ZERO_ROWS_ENDS, 0, skip)
+        assert_sums_close(got, want)
+        assert (got[ZERO_ROWS] == 0).all()
+    w[0, 3, 5] = float("nan")  # expert 0: rows 1 and 2 are zeros
+    assert fxq.native_float32_grouped_mm(x, w, ZERO_ROWS_ENDS, 0, 0)[1:3, 3].isnan().all()
+    assert (fxq.native_float32_grouped_mm(x, w, ZERO_ROWS_ENDS, 0, 1)[1:3] == 0).all()
 
 
 def test_lowering_takes_float_experts_out_of_transformers_op(moe):

@@ -109,11 +109,13 @@ NATIVE_OPS = {
         "AtenTensorHandle* ret0)",
     ),
     # mixture-of-experts weights kept in fp32 (float32.cpp): weight [E, N, K], or [E, K, N] with
-    # kn = 1 (gpt-oss' layout)
+    # kn = 1 (gpt-oss' layout); skip_zero_rows = 1 where the weight is finite (Llama 4's)
     "native_float32_grouped_mm": (
-        "native_float32_grouped_mm(Tensor x, Tensor weight, Tensor offs, int kn) -> Tensor",
+        "native_float32_grouped_mm(Tensor x, Tensor weight, Tensor offs, int kn, "
+        "int skip_zero_rows) -> Tensor",
         "AOTITorchError aoti_torch_cpu_native_float32_grouped_mm(AtenTensorHandle x, "
-        "AtenTensorHandle weight, AtenTensorHandle offs, int64_t kn, AtenTensorHandle* ret0)",
+        "AtenTensorHandle weight, AtenTensorHandle offs, int64_t kn, int64_t skip_zero_rows, "
+        "AtenTensorHandle* ret0)",
     ),
     "native_float8_weight_only_linear": (
         "native_float8_weight_only_linear(Tensor x, Tensor weight, Tensor scale) -> Tensor",
@@ -289,7 +291,7 @@ torch.library.register_fake("fxquant::native_int4_grouped_mm", lib=_lib)(
     )
 )
 torch.library.register_fake("fxquant::native_float32_grouped_mm", lib=_lib)(
-    lambda x, weight, offs, kn: x.new_empty(
+    lambda x, weight, offs, kn, skip_zero_rows: x.new_empty(
         (x.shape[0], weight.shape[2] if kn else weight.shape[1]), dtype=torch.float32
     )
 )

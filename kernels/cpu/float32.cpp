@@ -58,9 +58,12 @@ AOTITorchError aoti_torch_cpu_native_float32_linear(AtenTensorHandle x, AtenTens
 // offs [E] (int64) each expert's cumulative row end, w [E, N, K] ([E, K, N] with kn, gpt-oss'
 // layout): each expert's rows on the linear's paths above (the GEMV up to kGemvMaxMFloat32 rows
 // for [N, K] weights, ATen's mm otherwise), rows at or past offs[E-1] zeros. What transformers'
-// grouped_mm fallback computes, without its Python op in the package.
+// grouped_mm fallback computes, without its Python op in the package. skip_zero_rows: rows of
+// zeros give zeros without running (run_grouped), which the caller asks for only when the weight
+// is finite (a zero row times an inf or NaN weight is NaN): Llama 4's experts kept in float.
 AOTITorchError aoti_torch_cpu_native_float32_grouped_mm(AtenTensorHandle x, AtenTensorHandle w,
                                                         AtenTensorHandle offs, int64_t kn,
+                                                        int64_t skip_zero_rows,
                                                         AtenTensorHandle* ret0) {
   Mat xm, wm, om;
   int64_t* wsizes = nullptr;
@@ -78,8 +81,7 @@ AOTITorchError aoti_torch_cpu_native_float32_grouped_mm(AtenTensorHandle x, Aten
     gemv_float_rows<Fp32Format>(xe, M, K, we, N, ye);
     return AOTI_TORCH_SUCCESS;
   };
-  // every row runs: a float weight may hold inf or NaN, whose product with a zero row is NaN
-  return run_grouped(xp, S, K, N, om.as<int64_t>(), E, /*skip_zero_rows=*/false, ret0, rows);
+  return run_grouped(xp, S, K, N, om.as<int64_t>(), E, skip_zero_rows != 0, ret0, rows);
 }
 
 }  // extern "C"

@@ -12,7 +12,7 @@ extern "C" {
 AOTITorchError aoti_torch_cpu_native_int8_weight_only_linear(AtenTensorHandle, AtenTensorHandle,
                                                              AtenTensorHandle, AtenTensorHandle*);
 AOTITorchError aoti_torch_cpu_native_float32_grouped_mm(AtenTensorHandle, AtenTensorHandle,
-                                                        AtenTensorHandle, int64_t,
+                                                        AtenTensorHandle, int64_t, int64_t,
                                                         AtenTensorHandle*);
 AOTITorchError aoti_torch_cpu_native_int8_weight_only_grouped_mm(AtenTensorHandle,
                                                                  AtenTensorHandle,
@@ -100,9 +100,10 @@ Tensor int8_weight_only(Tensor x, Tensor w, Tensor scale) {
   return checked(err, out, "native_int8_weight_only_linear");
 }
 
-Tensor float32_grouped(Tensor x, Tensor w, Tensor offs, int64_t kn) {
+Tensor float32_grouped(Tensor x, Tensor w, Tensor offs, int64_t kn, int64_t skip_zero_rows) {
   AtenTensorHandle out = nullptr;
-  auto err = aoti_torch_cpu_native_float32_grouped_mm(x.get(), w.get(), offs.get(), kn, &out);
+  auto err = aoti_torch_cpu_native_float32_grouped_mm(x.get(), w.get(), offs.get(), kn,
+                                                      skip_zero_rows, &out);
   return checked(err, out, "native_float32_grouped_mm");
 }
 

@@ -79,6 +79,11 @@ EXPERT_KERNELS = {
         "expert decoded once and one dense GEMM (no CPU has FP4 arithmetic)",
     ),
 }
+BMM_EXPERTS_KERNEL = (
+    "fxquant native fp32 grouped kernel: every expert's rows (every token, as the model sends "
+    "them) on ATen's mm, rows of zeros (the experts a token did not choose) left at zero where "
+    "the weight is finite"
+)
 FLOAT_EXPERTS_KERNEL = (
     "fxquant native fp32 grouped kernel: each expert's rows on the fp32 GEMV up to M = 8, then "
     "ATen's mm (bf16 weights: each row gathers its expert)"
@@ -232,15 +237,19 @@ def _native_prepack_int4_experts(node, args, consts):
 # --------------------------------------------------------------------------------------------
 
 
-def _float_fake(x, weight, offs, kn):
+def _float_fake(x, weight, offs, kn, skip_zero_rows=False):
     return x.new_empty((x.shape[0], weight.shape[2] if kn else weight.shape[1]))
 
 
+# skip_zero_rows: the native kernel leaves rows of zeros at zero without running them, which the
+# rewrite asks for where the weight is finite (Llama 4's experts, every token through every
+# expert, 0 where unchosen); the gather computes them, zeros all the same
 @device_op(
     "cpu", "cpu_float_grouped_mm",
-    schema="(Tensor x, Tensor weight, Tensor offs, bool kn) -> Tensor", fake=_float_fake,
+    schema="(Tensor x, Tensor weight, Tensor offs, bool kn, bool skip_zero_rows=False) -> Tensor",
+    fake=_float_fake,
 )  # fmt: skip
-def _cpu_float_grouped_mm(x, weight, offs, kn):
+def _cpu_float_grouped_mm(x, weight, offs, kn, skip_zero_rows=False):
     w = weight.transpose(-2, -1) if kn else weight  # as [E, N, K]
 
     def product(xf, ids):
@@ -250,21 +259,37 @@ def _cpu_float_grouped_mm(x, weight, offs, kn):
 
 
 @lowering(NATIVE, "cpu_float_grouped_mm")
-def _native_float_grouped_mm(x, weight, offs, kn):
+def _native_float_grouped_mm(x, weight, offs, kn, skip_zero_rows=False):
     if x.dtype != torch.float32 or weight.dtype != torch.float32:
         return _cpu_float_grouped_mm(x, weight, offs, kn)
-    return fxq.native_float32_grouped_mm(x.contiguous(), weight.contiguous(), offs.long(), kn)
+    return fxq.native_float32_grouped_mm(
+        x.contiguous(), weight.contiguous(), offs.long(), kn, skip_zero_rows
+    )
 
 
-def lower_float_experts(editor) -> int:
+def lower_float_experts(editor, *, native: bool) -> int:
     """Rewrite every transformers ``grouped_mm_fallback`` on a stored float expert weight (the
-    experts a config left in float) to ``fxquant::cpu_float_grouped_mm``. Returns how many."""
-    from fxquant.passes.rewrite import counters, swap_site
+    experts a config left in float) to ``fxquant::cpu_float_grouped_mm``; where the native
+    kernels serve, Llama 4's experts left in fp32 (``bmm`` sites) too, their rows of zeros
+    skipped where the weight is finite. Returns how many."""
+    from fxquant.passes.rewrite import counters, swap_bmm_site, swap_site
 
     op = fxq.cpu_float_grouped_mm.default
     done = 0
     for site in find_sites(editor.graph, editor.weight_of):
         x = node_value(site.x)
+        if site.kind == "bmm" and native and _float32_bmm(site, x):
+            # the weight is read as it is at run time; its values decide once whether rows of
+            # zeros may be skipped (an inf or NaN weight times a zero row is NaN)
+            finite = bool(torch.isfinite(site.weight).all())
+
+            def make(rows, offs, w=site.weight_source, finite=finite):
+                return op, (rows, w, offs, True, finite)  # stored [E, K, N]: kn
+
+            swap_bmm_site(editor, site, make)
+            counters[f"prepack.{op._opname}"] += 1
+            done += 1
+            continue
         if site.kind != "grouped_mm" or str(site.node.target) not in FALLBACK_OPS:
             continue
         if not (isinstance(x, Tensor) and x.dim() == 2 and site.weight.is_floating_point()):
@@ -274,6 +299,20 @@ def lower_float_experts(editor) -> int:
         counters[f"prepack.{op._opname}"] += 1
         done += 1
     return done
+
+
+def _float32_bmm(site, x) -> bool:
+    """A bmm site the native fp32 grouped kernel takes: fp32 x [E, T, K] and a stored fp32
+    [E, K, N] weight (bf16 ones stay on aten's bmm: the kernel's bf16 path gathers per row)."""
+    return (
+        isinstance(x, Tensor)
+        and x.dim() == 3
+        and x.dtype == torch.float32
+        and x.shape[0] == site.experts
+        and not site.stored_nk
+        and site.weight.dtype == torch.float32
+        and site.weight.device.type == "cpu"
+    )
 
 
 # Measured on a 2-core Zen 4 (32 experts of 1024 × 1024, Inductor): the gather costs about 2 ms a
