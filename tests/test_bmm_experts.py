@@ -42,9 +42,10 @@ def llama4(seed: int = 0):
     return transformers.AutoModelForCausalLM.from_config(config).eval()
 
 
-def fake_quantized(model, scheme):
-    """The float model with each expert weight [E, K, N] replaced by its dequantized values."""
-    for layer in model.model.layers:
+def fake_quantized(model, scheme, layers=(0, 1)):
+    """The float model with each expert weight [E, K, N] of these layers replaced by its
+    dequantized values."""
+    for layer in (model.model.layers[i] for i in layers):
         experts = layer.feed_forward.experts
         for name in ("gate_up_proj", "down_proj"):
             p = getattr(experts, name)
@@ -141,19 +142,25 @@ def test_calibration_quantizes_the_experts_to_nearest_and_says_so():
 
 @pytest.mark.slow
 def test_the_torch_compile_backend_quantizes_the_experts_at_every_length():
+    """Layer 0's experts int8, layer 1's left in fp32 (on the native fp32 grouped kernel where it
+    builds), at a fixed and then a symbolic length."""
     from fxquant.backend import last_reports
     from fxquant.passes.cpu.experts import bf16_experts
+    from fxquant.passes.rewrite import counters
 
     scheme = fxquant.Int8WeightOnly()
-    config = fxquant.QuantConfig(overrides={fxquant.core.config.EXPERT_WEIGHTS: scheme})
+    config = fxquant.QuantConfig(overrides={r"layers\.0\.feed_forward\.experts\..*": scheme})
     model = llama4()
     compiled = torch.compile(model, backend="fxquant", options={"config": config})
-    oracle = fake_quantized(llama4(), scheme)
+    oracle = fake_quantized(llama4(), scheme, layers=(0,))
     tol = 1e-2 if native.available() and bf16_experts() else 1e-5
+    floats = counters["prepack.cpu_float_grouped_mm"]
     for t in (10, 7, 5):  # a second length recompiles with the length symbolic
         ids = IDS[:, :t]
         torch.testing.assert_close(logits(compiled, ids), logits(oracle, ids), rtol=tol, atol=tol)
-    rows = [r for r in last_reports[-1] if r.kind == "bmm"]
-    assert len(rows) == 4 and all(r.status == "quantized" for r in rows)
+    rows = {r.name: r.status for r in last_reports[-1] if r.kind == "bmm"}
+    assert list(rows.values()) == ["quantized"] * 2 + ["skipped"] * 2, rows
+    # layer 1's two experts, in each of the two compiles
+    assert counters["prepack.cpu_float_grouped_mm"] - floats == (4 if native.available() else 0)
     assert not torch.equal(logits(compiled), logits(model))  # the caller's model stays float
     torch._dynamo.reset()
