@@ -140,6 +140,25 @@ def test_calibration_quantizes_the_experts_to_nearest_and_says_so():
     assert rows["model.model.layers.0.self_attn.q_proj"]["calibration"]["status"] == "calibrated"
 
 
+def test_the_from_pretrained_bridge_reports_the_experts_it_cannot_swap(tmp_path):
+    """The bridge swaps nn.Linear modules; Llama 4's experts are rows of its report that say so,
+    with their [E, K, N] weights read as such (N the output)."""
+    from transformers import AutoModelForCausalLM
+
+    from fxquant.hf.bridge import FxquantHfConfig
+
+    llama4().save_pretrained(tmp_path)
+    config = FxquantHfConfig(fxquant.QuantConfig.from_recipe("int8wo"))
+    model = AutoModelForCausalLM.from_pretrained(tmp_path, quantization_config=config)
+    rows = {r["name"]: r for r in model.fxquant_report.rows}
+    gate_up, down = (rows[name] for name in EXPERTS[:2])
+    assert gate_up["status"] == "skipped" and gate_up["kind"] == "experts"
+    assert (gate_up["experts"], gate_up["out_features"], gate_up["in_features"]) == (4, 128, 64)
+    assert (down["out_features"], down["in_features"]) == (64, 64)
+    assert "run in a batched matmul, not an nn.Linear" in gate_up["reason"]
+    assert rows["model.layers.0.self_attn.q_proj"]["status"] == "quantized"
+
+
 @pytest.mark.slow
 def test_the_torch_compile_backend_quantizes_the_experts_at_every_length():
     """Layer 0's experts int8, layer 1's left in fp32 (on the native fp32 grouped kernel where it

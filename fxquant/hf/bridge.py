@@ -268,24 +268,29 @@ def quantize_linears(model: nn.Module, config: QuantConfig | Scheme | str) -> Re
 def _expert_rows(model: nn.Module, config: QuantConfig) -> list[LayerRow]:
     """Skipped rows for the 3-D mixture-of-experts weights the config gives a scheme (gpt-oss'
     ``experts.gate_up_proj``, as ``from_hf(Mxfp4Config())`` targets): transformers runs them in
-    a grouped GEMM inside the experts module, not in an ``nn.Linear`` this bridge can swap. The
-    export path rewrites that GEMM (``fxquant.quantize`` / ``load_quantized``)."""
+    a grouped GEMM inside the experts module (Llama 4's: a batched matmul of every expert), not
+    in an ``nn.Linear`` this bridge can swap. The export path rewrites that GEMM
+    (``fxquant.quantize`` / ``load_quantized``)."""
     rows = []
     for name, p in model.named_parameters():
         scheme = config.scheme_for(name)[0] if p.dim() == 3 else None
         if scheme is None:
             continue
         owner = model.get_submodule(name.rpartition(".")[0])
-        e, a, b = p.shape  # transformers' experts: [E, K, N] when is_transposed, else [E, N, K]
-        n, k = (b, a) if getattr(owner, "is_transposed", False) else (a, b)
+        # transformers' experts: [E, K, N] when is_transposed, else [E, N, K]; Llama 4's bmm
+        # experts (no is_transposed) store [E, K, N]
+        bmm = type(owner).__name__ == "Llama4TextExperts"
+        e, a, b = p.shape
+        n, k = (b, a) if bmm or getattr(owner, "is_transposed", False) else (a, b)
         size = p.numel() * p.dtype.itemsize
         rows.append(LayerRow(
             name=name, weight=name, node=None, kind="experts", experts=e,
             in_features=k, out_features=n, dtype=str(p.dtype).removeprefix("torch."),
             status="skipped", scheme=None,
-            reason=f"expert weights ({scheme.name} planned) run in a grouped GEMM, not an "
-            "nn.Linear: the from_pretrained bridge swaps nn.Linear only; export the model and "
-            "use fxquant.quantize or load_quantized, which rewrite that GEMM",
+            reason=f"expert weights ({scheme.name} planned) run in "
+            f"{'a batched matmul' if bmm else 'a grouped GEMM'}, not an nn.Linear: the "
+            "from_pretrained bridge swaps nn.Linear only; export the model and use "
+            "fxquant.quantize or load_quantized, which rewrite that GEMM",
             bytes_before=size, bytes_after=size, sqnr_db=None,
         ))  # fmt: skip
     return rows
