@@ -303,7 +303,8 @@ def lower_float_experts(editor, *, native: bool) -> int:
 
 def _float32_bmm(site, x) -> bool:
     """A bmm site the native fp32 grouped kernel takes: fp32 x [E, T, K] and a stored fp32
-    [E, K, N] weight (bf16 ones stay on aten's bmm: the kernel's bf16 path gathers per row)."""
+    [E, K, N] weight with values to check (bf16 ones stay on aten's bmm: the kernel's bf16 path
+    gathers per row)."""
     return (
         isinstance(x, Tensor)
         and x.dim() == 3
@@ -312,6 +313,7 @@ def _float32_bmm(site, x) -> bool:
         and not site.stored_nk
         and site.weight.dtype == torch.float32
         and site.weight.device.type == "cpu"
+        and not isinstance(site.weight, torch._subclasses.FakeTensor)
     )
 
 
