@@ -12,9 +12,10 @@ groups of T rows), its int4 recipes to their grouped ops. Rows, measured side by
 run:
 
 - fp32 Inductor (``torch.compile`` of the program with ``llm_decode.py``'s generation settings:
-  the baseline every ratio is relative to; its experts run transformers' grouped_mm fallback
-  op, a loop over the experts in Python) and fp32 AOTInductor (the program packaged by fxquant;
-  its experts on fxquant's native fp32 grouped kernel, ``passes/cpu/experts.py``);
+  the baseline every ratio is relative to; Qwen2-MoE's experts run transformers' grouped_mm
+  fallback op, a loop over the experts in Python, Llama 4's its bmm over every expert) and fp32
+  AOTInductor (the program packaged by fxquant; its experts on fxquant's native fp32 grouped
+  kernel, ``passes/cpu/experts.py``, which skips Llama 4's rows of zeros);
 - torchao ``Int8WeightOnlyConfig`` under ``torch.compile`` (``llm_decode.py``'s row, where torchao
   imports): what a user of torchao gets; its ``quantize_`` takes ``nn.Linear`` only, so the
   experts stay float;
