@@ -98,6 +98,7 @@ class Report:
         from fxquant.passes import cpu
         from fxquant.passes.cpu.dispatch import kernel_plan
         from fxquant.passes.cpu.experts import (
+            BMM_ATEN_KERNEL,
             BMM_EXPERTS_KERNEL,
             EXPERT_KERNELS,
             FLOAT_EXPERTS_KERNEL,
@@ -126,20 +127,10 @@ class Report:
             out["experts"] = {"scheme": "experts (kept in float)", "layers": kept, "kernel": kernel}
         # Llama 4's experts kept in float: fp32 ones on the native fp32 grouped kernel
         # (lower_float_experts), others on aten's bmm
-        for native_fp32 in (True, False):
-            batched = [
-                r.name
-                for r in self.skipped
-                if r.kind == "bmm" and (native and r.dtype == "float32") == native_fp32
-            ]
-            if batched:
-                out[f"bmm experts {native_fp32}"] = {
-                    "scheme": "experts (kept in float)",
-                    "layers": batched,
-                    "kernel": BMM_EXPERTS_KERNEL
-                    if native_fp32
-                    else "aten.bmm, as the model runs it (every token through every expert)",
-                }
+        for r in (r for r in self.skipped if r.kind == "bmm"):
+            kernel = BMM_EXPERTS_KERNEL if native and r.dtype == "float32" else BMM_ATEN_KERNEL
+            group = {"scheme": "experts (kept in float)", "layers": [], "kernel": kernel}
+            out.setdefault(f"bmm experts: {kernel}", group)["layers"].append(r.name)
         # the layers kept in fp32, bf16 or fp16 (passes/cpu/float32.py rewrites those of a
         # linear's layout: an [N, K] weight, as it is or read through a transpose)
         if native:

@@ -34,7 +34,7 @@ class LayerRow(Mapping):
         weight: the weight's name in the program.
         node: the graph node the site was.
         kind: ``linear``, ``addmm``, ``mm``, ``matmul``, ``grouped_mm`` (experts) or ``bmm``
-            (experts every row goes through, Llama 4's: always kept in float).
+            (experts every row goes through, Llama 4's; run as grouped experts once quantized).
         in_features, out_features: K and N of the float weight.
         dtype: the float weight's dtype (``float32``).
         status: ``quantized`` or ``skipped``.

@@ -79,6 +79,7 @@ EXPERT_KERNELS = {
         "expert decoded once and one dense GEMM (no CPU has FP4 arithmetic)",
     ),
 }
+BMM_ATEN_KERNEL = "aten.bmm, as the model runs it (every token through every expert)"
 BMM_EXPERTS_KERNEL = (
     "fxquant native fp32 grouped kernel: every expert's rows (every token, as the model sends "
     "them) on ATen's mm, rows of zeros (the experts a token did not choose) left at zero where "
