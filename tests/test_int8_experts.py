@@ -368,8 +368,9 @@ def test_other_schemes_still_skip_the_experts_and_say_which_take_them(moe):
     row = {r["name"]: r for r in fxquant.report(qep).rows}["model.layers.0.mlp.experts.down_proj"]
     assert row["status"] == "skipped"
     assert (
-        "take only Int8WeightOnly, Int4WeightOnly, Int8DynamicActivationInt4 or "
-        "MXFP4(activations=False), not Int8DynamicActivation" in row["reason"]
+        "take only Int8WeightOnly, Int4WeightOnly, Int8DynamicActivationInt4, "
+        "Float8Dynamic(granularity='row'), Float8Block or MXFP4(activations=False), not "
+        "Int8DynamicActivation" in row["reason"]
     )
 
 

@@ -349,9 +349,11 @@ def _cases():
 def _format_cases():
     """bitsandbytes 4-bit (plain and double-quantized absmax), LLM.int8's activation quantizer
     (with and without outlier columns), MXFP4 / NVFP4 (E8M0 or e4m3 block scales), the MXFP4,
-    int8 and int4 experts' grouped GEMMs and MXFP8."""
+    int8, int4 and fp8 (row-scaled, block-scaled) experts' grouped GEMMs and MXFP8."""
     from fxquant.kernels import (
         bnb4_weight_only,
+        float8_block_grouped,
+        float8_dynamic_grouped,
         gemm,
         int4_weight_only_grouped,
         int8_weight_only_grouped,
@@ -474,6 +476,23 @@ def _format_cases():
             cases.append(
                 _case(f"{name} grouped mm offs={offs} x={x}", kernel, sig, {**group, **tile})
             )
+    # the fp8 experts' grouped GEMMs, per-row scales and b×b block scales (BLOCK_K = b: 128, and
+    # the least b the launcher takes, fp8 tl.dot's least K): e4m3 tiles on the fp8 tensor cores,
+    # with either offsets dtype and output dtype
+    gd, gb = float8_dynamic_grouped, float8_block_grouped
+    grouped = (
+        ("fp8 row-scaled", gd, gd._float8_grouped_kernel, {"s_ptr": "*fp32"},
+         gd._BLOCK_K, gd._BLOCK_K),
+        ("fp8 block", gb, gb._float8_block_grouped_kernel, {"ws_ptr": "*fp32", "KB": "i32"},
+         _FP8_BLOCK, gb._MIN_BLOCK),
+    )  # fmt: skip
+    for name, g, kernel, scale, k_i32, k_i64 in grouped:
+        for offs, out, block_k in (("*i32", "bf16", k_i32), ("*i64", "fp32", k_i64)):
+            sig = {"x_ptr": "*fp8e4nv", "xs_ptr": "*fp32", "w_ptr": "*fp8e4nv", **scale}
+            sig.update(offs_ptr=offs, out_ptr=f"*{out}", S="i32", N="i32", K="i32")
+            tile = {"BLOCK_M": g._BLOCK_M, "BLOCK_N": g._BLOCK_N, "BLOCK_K": block_k}
+            label = f"{name} grouped mm offs={offs} out={out} BLOCK_K={block_k}"
+            cases.append(_case(label, kernel, sig, tile))
     for rows in (1, 128):
         bm, bn = mxfp4.block_sizes(rows)  # mxfp8 launches with mxfp4.launch
         cases.append(

@@ -46,6 +46,12 @@ LM_HEAD_SUFFIX = "+lm_head"  # "<recipe>+lm_head[=<recipe>]": QuantConfig.from_r
 # a pattern naming a mixture-of-experts model's 3-D expert weights (transformers 5's
 # experts.gate_up_proj / down_proj, run by grouped_mm), for overrides
 EXPERT_WEIGHTS = r"experts\.(gate_up_proj|down_proj)"
+# Llama 4's routed experts (Llama4TextExperts, a bmm over every expert), by their module path
+LLAMA4_EXPERTS = r"feed_forward\.experts\.(gate_up_proj|down_proj)"
+# patterns naming a model family's layers, which the configs mapped from Hugging Face
+# (fxquant.hf) carry for every model: one matching no layer of a model without such layers is
+# not a typo, so it is never reported as unmatched
+FAMILY_PATTERNS = (EXPERT_WEIGHTS, LLAMA4_EXPERTS)
 
 
 def name_matches(pattern: str, module_name: str) -> bool:
@@ -171,13 +177,14 @@ class QuantConfig:
         return [s for s in found if s is not None]
 
     def unmatched_patterns(self, module_names: Iterable[str]) -> list[str]:
-        """The ``overrides`` patterns and ``modules_to_not_convert`` entries (but the default
-        ``lm_head``) that match none of ``module_names``, each as ``'field: pattern'``."""
+        """The ``overrides`` patterns (but ``FAMILY_PATTERNS``) and ``modules_to_not_convert``
+        entries (but the default ``lm_head``) that match none of ``module_names``, each as
+        ``'field: pattern'``."""
         names = list(module_names)
         out = [
             f"overrides: {p!r}"
             for p in self.overrides
-            if not any(name_matches(p, n) for n in names)
+            if p not in FAMILY_PATTERNS and not any(name_matches(p, n) for n in names)
         ]
         if self.modules_to_not_convert != ("lm_head",):
             out += [

@@ -206,10 +206,10 @@ def fp8_scale(amax: torch.Tensor, ub: float | None = None) -> torch.Tensor:
 
 
 def quantize_fp8_per_channel(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """W [N, K] → (q e4m3 [N, K], scale fp32 [N])."""
+    """W [N, K] → (q e4m3 [N, K], scale fp32 [N]); experts' [E, N, K] → scale [E, N]."""
     w = w.float()
-    scale = fp8_scale(w.abs().amax(dim=1), None)
-    return _to_fp8(w, scale[:, None]), scale
+    scale = fp8_scale(w.abs().amax(dim=-1), None)
+    return _to_fp8(w, scale[..., None]), scale
 
 
 def quantize_fp8_per_tensor(
@@ -280,8 +280,9 @@ def _repeat_blocks(scale: torch.Tensor, dim: int, size: int, block: int) -> torc
 
 
 def expand_block_scale(scale: torch.Tensor, *, rows: int, cols: int, block_size: int):
-    """[ceil(R/b), ceil(C/b)] → [R, C] (each scale repeated over its tile)."""
-    return _repeat_blocks(_repeat_blocks(scale, 0, rows, block_size), 1, cols, block_size)
+    """[..., ceil(R/b), ceil(C/b)] → [..., R, C] (each scale repeated over its tile)."""
+    d = scale.dim()
+    return _repeat_blocks(_repeat_blocks(scale, d - 2, rows, block_size), d - 1, cols, block_size)
 
 
 def expand_group_scale(scale: torch.Tensor, *, cols: int, group_size: int) -> torch.Tensor:
@@ -311,16 +312,19 @@ def expert_of_rows(offs: torch.Tensor, rows: int) -> torch.Tensor:
     return torch.searchsorted(offs, positions, right=True)
 
 
-def grouped_linear(x: torch.Tensor, expert_linear, offs: torch.Tensor) -> torch.Tensor:
+def grouped_linear(
+    x: torch.Tensor, expert_linear, offs: torch.Tensor, *per_row: torch.Tensor
+) -> torch.Tensor:
     """Mixture-of-experts GEMM: the rows of x [S, K] are sorted by expert and ``offs`` [E] (int)
     holds each expert's cumulative row end, so row s uses expert e where ``offs[e-1] <= s <
-    offs[e]``; ``expert_linear(rows, e)`` is expert e's product (fp32 [rows, N]). Rows at or
+    offs[e]``; ``expert_linear(rows, e, *row_values)`` is expert e's product (fp32 [rows, N]),
+    ``row_values`` the same rows of each ``per_row`` tensor (an activation's scales). Rows at or
     past ``offs[-1]`` give zeros, as transformers' grouped_mm fallback (the op the experts ops
     replace in an exported graph). → fp32 [S, N]."""
     out = None
     start = 0
     for e, end in enumerate(offs.tolist()):
-        y = expert_linear(x[start:end], e)
+        y = expert_linear(x[start:end], e, *(t[start:end] for t in per_row))
         if out is None:
             out = x.new_zeros((x.shape[0], y.shape[-1]), dtype=torch.float32)
         out[start:end] = y
@@ -359,6 +363,36 @@ def int8_dynamic_int4_grouped_mm(x, weight, scale, zero, offs, *, group_size: in
     xq, xs = quantize_int8_per_token(x)
     y = int4_weight_only_grouped_mm(xq.float(), weight, scale, zero, offs, group_size=group_size)
     return (y * xs).to(x.dtype)
+
+
+def float8_dynamic_grouped_mm(x, weight, scale, offs, *, activation_scale_ub=None):
+    """fp8 experts as FbgemmFp8Config's (Llama 4): x quantized per token to e4m3 (a row's grid
+    does not depend on its expert; its amax capped at ``activation_scale_ub``), then each row
+    times its expert's e4m3 W [E, N, K] with per-channel scales [E, N]
+    (``grouped_linear``): ``float8_dynamic_linear`` per expert, per row. → [S, N] in x's dtype."""
+    xq, xs = quantize_fp8_per_token(x, scale_ub=activation_scale_ub)
+
+    def expert(rows, e, row_scale):
+        return float8_scaled_linear(
+            rows, row_scale, weight[e], scale[e], out_dtype=torch.float32
+        )  # fmt: skip
+
+    return grouped_linear(xq, expert, offs, xs).to(x.dtype)
+
+
+def float8_block_grouped_mm(x, weight, scale, offs, *, block_size: int):
+    """fp8 experts as FineGrainedFP8Config's (DeepSeek-V3 style): x quantized in 1×b groups per
+    token (a row's groups do not depend on its expert), then each row times its expert's e4m3 W
+    [E, N, K] with b×b tile scales [E, ceil(N/b), ceil(K/b)]: ``float8_block_linear`` per
+    expert, per row. → [S, N] in x's dtype."""
+    xq, xs = quantize_fp8_groups(x, group_size=block_size)
+
+    def expert(rows, e, row_scales):
+        return float8_block_scaled_linear(
+            rows, row_scales, weight[e], scale[e], block_size=block_size, out_dtype=torch.float32
+        )
+
+    return grouped_linear(xq, expert, offs, xs).to(x.dtype)
 
 
 def int4_weight_only_linear(x, weight, scale, zero, bias=None, *, group_size: int):

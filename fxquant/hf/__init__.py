@@ -36,7 +36,7 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
-from fxquant.core.config import QuantConfig
+from fxquant.core.config import EXPERT_WEIGHTS, LLAMA4_EXPERTS, QuantConfig
 
 # each method module registers its HF_CONFIGS entry and mapper on import
 from fxquant.hf import (  # noqa: F401
@@ -162,14 +162,19 @@ def _check_fields(entry: Mapping[str, Any], config: Any, fields: Mapping[str, An
 
 
 def _linears_only(method: str, config: QuantConfig) -> QuantConfig:
-    """A mixture-of-experts model's 3-D expert weights (``MXFP4_EXPERTS``, run by grouped_mm):
-    in transformers only Mxfp4Config quantizes them, every other quantizer takes nn.Linear
-    modules; so the mapping keeps them float where its scheme could take them (int8, int4),
-    to compute what transformers would. Per-expert nn.Linear modules (``experts.0.gate_proj``)
-    are linears and do not match."""
-    if method == "mxfp4" or not any(s.takes_experts for s in config.schemes):
+    """A mixture-of-experts model's 3-D expert weights (``EXPERT_WEIGHTS``, run by grouped_mm
+    or, in Llama 4, bmm) take the config's scheme where transformers 5.25's quantizer replaces
+    the experts module too, and stay float elsewhere, to compute what transformers would:
+    Mxfp4Config and FineGrainedFP8Config (``FP8Experts``) take every model's experts,
+    FbgemmFp8Config Llama 4's only (``FbgemmFp8Llama4TextExperts``; matched by module path, so
+    the three other models whose experts sit under ``feed_forward`` (Aria, Jamba, LFM2-MoE)
+    have theirs quantized too), every other quantizer nn.Linear modules only. Per-expert
+    nn.Linear modules (``experts.0.gate_proj``) are linears and do not match."""
+    if method in ("mxfp4", "fp8") or not any(s.takes_experts for s in config.schemes):
         return config
-    overrides = {MXFP4_EXPERTS: None, **config.overrides}
+    overrides = {EXPERT_WEIGHTS: None, **config.overrides}
+    if method == "fbgemm_fp8" and config.scheme is not None:
+        overrides = {LLAMA4_EXPERTS: config.scheme, **overrides}
     return dataclasses.replace(config, overrides=overrides)
 
 

@@ -41,10 +41,10 @@ FINE_GRAINED_FP8 = {
         "modules_to_not_convert": SKIP,
         "modules_to_convert": "only these modules are quantized (QuantConfig.overrides)",
         "scale_fmt": "'float' honoured; 'ue8m0' (power-of-two block scales) refused",
-        "expert_dtype": "'fp8' honoured for experts that are nn.Linear (3-D expert weights "
-        "stay float: fxquant's grouped expert ops are MXFP4, int8 and int4 weight-only and "
-        "W4A8); 'fp4' refused (DeepSeek-V4's FP4 experts run with FP8 block activations, which "
-        "that op lacks)",
+        "expert_dtype": "'fp8' honoured: experts that are nn.Linear and 3-D expert weights "
+        "(FP8Experts: fxquant::float8_block_grouped_mm) take the blocks; 'fp4' refused "
+        "(DeepSeek-V4's FP4 experts run with FP8 block activations, which fxquant's FP4 "
+        "experts op lacks)",
     },
 }
 

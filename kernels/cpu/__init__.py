@@ -108,6 +108,23 @@ NATIVE_OPS = {
         "AtenTensorHandle offs, int64_t group_size, int64_t bf16_from, int64_t int8_from, "
         "AtenTensorHandle* ret0)",
     ),
+    # fp8 experts (int8_fp8.cpp): weight [E, N, K] e4m3, x quantized inside the op as the
+    # linear's (per token, its amax capped at scale_ub; or in 1 x b groups), each expert's rows
+    # on that linear's paths (bf16_x: its bf16-dot GEMM from 2 rows, exact for e4m3 values)
+    "native_float8_dynamic_grouped_mm": (
+        "native_float8_dynamic_grouped_mm(Tensor x, Tensor weight, Tensor scale, Tensor offs, "
+        "float scale_ub, int bf16_x) -> Tensor",
+        "AOTITorchError aoti_torch_cpu_native_float8_dynamic_grouped_mm(AtenTensorHandle x, "
+        "AtenTensorHandle weight, AtenTensorHandle scale, AtenTensorHandle offs, "
+        "double scale_ub, int64_t bf16_x, AtenTensorHandle* ret0)",
+    ),
+    "native_float8_block_grouped_mm": (
+        "native_float8_block_grouped_mm(Tensor x, Tensor weight, Tensor scale, Tensor offs, "
+        "int block_size) -> Tensor",
+        "AOTITorchError aoti_torch_cpu_native_float8_block_grouped_mm(AtenTensorHandle x, "
+        "AtenTensorHandle weight, AtenTensorHandle scale, AtenTensorHandle offs, "
+        "int64_t block_size, AtenTensorHandle* ret0)",
+    ),
     # mixture-of-experts weights kept in fp32 (float32.cpp): weight [E, N, K], or [E, K, N] with
     # kn = 1 (gpt-oss' layout); skip_zero_rows = 1 where the weight is finite (Llama 4's)
     "native_float32_grouped_mm": (
@@ -287,6 +304,16 @@ torch.library.register_fake("fxquant::native_int8_weight_only_grouped_mm", lib=_
 )
 torch.library.register_fake("fxquant::native_int4_grouped_mm", lib=_lib)(
     lambda x, weight, scale, offset, offs, group_size, bf16_from, int8_from: x.new_empty(
+        (x.shape[0], weight.shape[1]), dtype=torch.float32
+    )
+)
+torch.library.register_fake("fxquant::native_float8_dynamic_grouped_mm", lib=_lib)(
+    lambda x, weight, scale, offs, scale_ub, bf16_x: x.new_empty(
+        (x.shape[0], weight.shape[1]), dtype=torch.float32
+    )
+)
+torch.library.register_fake("fxquant::native_float8_block_grouped_mm", lib=_lib)(
+    lambda x, weight, scale, offs, block_size: x.new_empty(
         (x.shape[0], weight.shape[1]), dtype=torch.float32
     )
 )

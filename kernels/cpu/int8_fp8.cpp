@@ -943,6 +943,28 @@ AOTITorchError gemm_fp8_block(const float* xq, const float* xs, int64_t M, int64
   return mm_chunks<BlockChunkTag>(xd.get(), M, K, N, y, kChunkBytes, fill);
 }
 
+// y [M, N] (M, N > 0) = the block product of xq (e4m3 values as fp32) [M, K] with its group
+// scales xs [M, KB] and the e4m3 weight w [N, K] with its tile scales ws [ceil(N/b), KB], on the
+// path this M takes: the block linears' and the block experts' body
+AOTITorchError block_product(const float* xq, const float* xs, int64_t M, int64_t K,
+                             const uint8_t* wp, int64_t N, const float* sp, int64_t b, float* y) {
+#ifdef FXQ_BF16_512
+  // from 2 rows, bf16 dot products (exact here: e4m3 x e4m3); one row keeps the fp32 GEMV,
+  // which reads the weight as fast
+  if (M >= kBf16MinM && b % 32 == 0) {
+    const Bf16Rows xb(xq, M, K);
+    if (M >= bf16_large_min_m())
+      gemm_large_fp8_block(xb, xs, M, K, wp, N, sp, b, y);
+    else
+      gemm_rows_fp8_block(xb, xs, M, K, wp, N, sp, b, y);
+    return AOTI_TORCH_SUCCESS;
+  }
+#endif
+  if (M > kGemvMaxM[int(Fmt::kFp8)]) return gemm_fp8_block(xq, xs, M, K, wp, N, sp, b, y);
+  gemv_fp8_block(xq, xs, M, K, wp, N, sp, b, y);
+  return AOTI_TORCH_SUCCESS;
+}
+
 // the block shims' body: xq (e4m3 values as fp32) [M, K], xs [M, KB]
 AOTITorchError float8_block_rows(const float* xq, const float* xs, int64_t M, int64_t K,
                                  AtenTensorHandle w, AtenTensorHandle scale, int64_t b,
@@ -953,26 +975,10 @@ AOTITorchError float8_block_rows(const float* xq, const float* xs, int64_t M, in
       sm.rows != (wm.rows + b - 1) / b || sm.cols != (K + b - 1) / b)
     return AOTI_TORCH_FAILURE;
   const int64_t N = wm.rows;
-  const uint8_t* wp = wm.as<uint8_t>();
-  const float* sp = sm.as<float>();
-#ifdef FXQ_BF16_512
-  // from 2 rows, bf16 dot products (exact here: e4m3 x e4m3); one row keeps the fp32 GEMV,
-  // which reads the weight as fast
-  if (M >= kBf16MinM && b % 32 == 0) {
-    float* y = nullptr;
-    if (AOTITorchError e = new_output(M, N, ret0, &y)) return e;
-    if (N == 0) return AOTI_TORCH_SUCCESS;
-    const Bf16Rows xb(xq, M, K);
-    if (M >= bf16_large_min_m())
-      gemm_large_fp8_block(xb, xs, M, K, wp, N, sp, b, y);
-    else
-      gemm_rows_fp8_block(xb, xs, M, K, wp, N, sp, b, y);
-    return AOTI_TORCH_SUCCESS;
-  }
-#endif
-  auto gemv = [&](float* y) { gemv_fp8_block(xq, xs, M, K, wp, N, sp, b, y); };
-  auto mm = [&](float* y) { return gemm_fp8_block(xq, xs, M, K, wp, N, sp, b, y); };
-  return run_linear(M, N, kGemvMaxM[int(Fmt::kFp8)], ret0, gemv, mm);
+  float* y = nullptr;
+  if (AOTITorchError e = new_output(M, N, ret0, &y)) return e;
+  if (M == 0 || N == 0) return AOTI_TORCH_SUCCESS;
+  return block_product(xq, xs, M, K, wm.as<uint8_t>(), N, sm.as<float>(), b, y);
 }
 
 // fp8 block with dynamic activations: x quantized in 1 x b groups here (quantize_fp8_groups: the
@@ -1104,6 +1110,92 @@ AOTITorchError int8_grouped_mm(AtenTensorHandle x, AtenTensorHandle w, AtenTenso
   return run_grouped(xp, S, K, N, om.as<int64_t>(), E, /*skip_zero_rows=*/true, ret0, rows);
 }
 
+// ---- mixture-of-experts: fp8 experts with dynamic activations --------------------------------
+// FbgemmFp8Config's experts (Llama 4: per-channel scales [E, N], x per token) and
+// FineGrainedFP8Config's (b x b tile scales [E, ceil(N/b), ceil(K/b)], x in 1 x b groups): x
+// [S, K] fp32 sorted by expert, offs [E] as int8_grouped_mm's, w [E, N, K] e4m3. x is quantized
+// as the linear quantizes it, every row at once (a row's grid does not depend on its expert: the
+// reference's values and scales), then each expert's rows take that linear's paths on its
+// weight, their scales gathered with them (run_grouped_aux). Rows of zeros quantize to zeros and
+// are not run. bf16_x (per row): from kBf16MinM rows an expert's rows take the bf16-dot GEMM,
+// exact for e4m3 values as the fp32 paths are (only the order of the fp32 sums differs).
+bool grouped_views(AtenTensorHandle x, AtenTensorHandle w, AtenTensorHandle scale, int64_t sdim,
+                   AtenTensorHandle offs, Mat* xm, Mat* wm, Mat* sm, Mat* om, int64_t* E,
+                   int64_t* N) {
+  int64_t* wsizes = nullptr;
+  if (!view(x, 2, aoti_torch_dtype_float32(), xm) ||
+      !view(w, 3, aoti_torch_dtype_float8_e4m3fn(), wm) ||
+      !view(scale, sdim, aoti_torch_dtype_float32(), sm) ||
+      !view(offs, 1, aoti_torch_dtype_int64(), om) || aoti_torch_get_sizes(w, &wsizes))
+    return false;
+  *E = wsizes[0];
+  *N = wsizes[1];
+  return wsizes[2] == xm->cols && om->rows == *E;
+}
+
+AOTITorchError float8_dynamic_grouped_mm(AtenTensorHandle x, AtenTensorHandle w,
+                                         AtenTensorHandle scale, AtenTensorHandle offs,
+                                         double scale_ub, bool bf16_x, AtenTensorHandle* ret0) {
+  Mat xm, wm, sm, om;
+  int64_t E = 0, N = 0;
+  if (!grouped_views(x, w, scale, 2, offs, &xm, &wm, &sm, &om, &E, &N) || sm.rows != E ||
+      sm.cols != N)
+    return AOTI_TORCH_FAILURE;
+  const int64_t S = xm.rows, K = xm.cols;
+  std::unique_ptr<float[]> xq(new float[S * K]);  // every value written by the quantizer
+  std::vector<float> xs(S);
+  quantize_fp8_rows(xm.as<float>(), S, K, float(scale_ub), xq.get(), xs.data());
+  const uint8_t* wp = wm.as<uint8_t>();
+  const float* sp = sm.as<float>();
+  auto rows = [&](int64_t e, const float* xe, const float* xse, int64_t M,
+                  float* ye) -> AOTITorchError {
+    const uint8_t* we = wp + e * N * K;
+    const float* se = sp + e * N;
+#ifdef FXQ_BF16_512
+    if (bf16_x && M >= kBf16MinM) {
+      gemm_bf16(xe, M, K, ByteWeight<Fmt::kFp8>{we, K}, N, se, ye);
+      scale_rows(ye, M, N, xse);
+      return AOTI_TORCH_SUCCESS;
+    }
+#endif
+    if (M > kGemvMaxM[int(Fmt::kFp8)]) {
+      if (AOTITorchError err = gemm_chunked(Fmt::kFp8, xe, M, K, we, N, se, nullptr, 0, ye))
+        return err;
+    } else {
+      gemv_bytes<Fmt::kFp8>(xe, M, K, we, N, se, ye);
+    }
+    scale_rows(ye, M, N, xse);
+    return AOTI_TORCH_SUCCESS;
+  };
+  (void)bf16_x;  // builds without AVX-512 BF16: the fp32 paths, the same products
+  return run_grouped_aux(xq.get(), S, K, N, om.as<int64_t>(), E, /*skip_zero_rows=*/true, ret0,
+                         xs.data(), 1, rows);
+}
+
+AOTITorchError float8_block_grouped_mm(AtenTensorHandle x, AtenTensorHandle w,
+                                       AtenTensorHandle scale, AtenTensorHandle offs, int64_t b,
+                                       AtenTensorHandle* ret0) {
+  Mat xm, wm, sm, om;
+  int64_t E = 0, N = 0;
+  if (b <= 0 || !grouped_views(x, w, scale, 3, offs, &xm, &wm, &sm, &om, &E, &N))
+    return AOTI_TORCH_FAILURE;
+  const int64_t S = xm.rows, K = xm.cols, KB = (K + b - 1) / b, NB = (N + b - 1) / b;
+  int64_t* ssizes = nullptr;
+  if (aoti_torch_get_sizes(scale, &ssizes) || ssizes[0] != E || ssizes[1] != NB ||
+      ssizes[2] != KB)
+    return AOTI_TORCH_FAILURE;
+  std::unique_ptr<float[]> xq(new float[S * K]);  // every value written by the quantizer
+  std::vector<float> xs(S * KB);
+  quantize_fp8_groups(xm.as<float>(), S, K, b, xq.get(), xs.data());
+  const uint8_t* wp = wm.as<uint8_t>();
+  const float* sp = sm.as<float>();
+  auto rows = [&](int64_t e, const float* xe, const float* xse, int64_t M, float* ye) {
+    return block_product(xe, xse, M, K, wp + e * N * K, N, sp + e * NB * KB, b, ye);
+  };
+  return run_grouped_aux(xq.get(), S, K, N, om.as<int64_t>(), E, /*skip_zero_rows=*/true, ret0,
+                         xs.data(), KB, rows);
+}
+
 }  // namespace
 }  // namespace fxq
 
@@ -1127,6 +1219,24 @@ AOTITorchError aoti_torch_cpu_native_int8_weight_only_grouped_mm(AtenTensorHandl
                                                                  int64_t bf16_x,
                                                                  AtenTensorHandle* ret0) {
   return int8_grouped_mm(x, w, scale, offs, bf16_x != 0, ret0);
+}
+
+AOTITorchError aoti_torch_cpu_native_float8_dynamic_grouped_mm(AtenTensorHandle x,
+                                                              AtenTensorHandle w,
+                                                              AtenTensorHandle scale,
+                                                              AtenTensorHandle offs,
+                                                              double scale_ub, int64_t bf16_x,
+                                                              AtenTensorHandle* ret0) {
+  return float8_dynamic_grouped_mm(x, w, scale, offs, scale_ub, bf16_x != 0, ret0);
+}
+
+AOTITorchError aoti_torch_cpu_native_float8_block_grouped_mm(AtenTensorHandle x,
+                                                            AtenTensorHandle w,
+                                                            AtenTensorHandle scale,
+                                                            AtenTensorHandle offs,
+                                                            int64_t block_size,
+                                                            AtenTensorHandle* ret0) {
+  return float8_block_grouped_mm(x, w, scale, offs, block_size, ret0);
 }
 
 AOTITorchError aoti_torch_cpu_native_float8_weight_only_linear(AtenTensorHandle x,

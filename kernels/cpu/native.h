@@ -472,21 +472,27 @@ inline bool zero_row(const float* x, int64_t K) {
 // remain. Llama 4 sends every token through every expert, scaled by 0 where the token did not
 // choose it (passes/rewrite.py's bmm sites): its decode step then reads only the chosen experts'
 // weights, and its prefill runs each expert's GEMM on the tokens that chose it.
+//
+// run_grouped_aux: aux (A floats a row, may be null) holds values that travel with x's rows (an
+// activation's scales); rows(e, xe, ae, M, ye) also gets those rows' aux values at ae, gathered
+// as x's rows are.
 template <class Rows>
-AOTITorchError run_grouped(const float* x, int64_t S, int64_t K, int64_t N, const int64_t* offs,
-                           int64_t E, bool skip_zero_rows, AtenTensorHandle* ret, Rows rows) {
+AOTITorchError run_grouped_aux(const float* x, int64_t S, int64_t K, int64_t N,
+                               const int64_t* offs, int64_t E, bool skip_zero_rows,
+                               AtenTensorHandle* ret, const float* aux, int64_t A, Rows rows) {
   float* y = nullptr;
   if (AOTITorchError e = new_output(S, N, ret, &y)) return e;
   std::fill(y, y + S * N, 0.f);
   if (N == 0) return AOTI_TORCH_SUCCESS;
   std::vector<int64_t> live;
-  std::vector<float> xg, yg;
+  std::vector<float> xg, ag, yg;
   int64_t start = 0;
   for (int64_t e = 0; e < E; ++e) {
     const int64_t end = std::min(offs[e], S);
     const int64_t M = end - start;
     if (M > 0) {
       const float* xe = x + start * K;
+      const float* ae = aux ? aux + start * A : nullptr;
       float* ye = y + start * N;
       live.clear();
       if (skip_zero_rows) {
@@ -495,16 +501,21 @@ AOTITorchError run_grouped(const float* x, int64_t S, int64_t K, int64_t N, cons
       }
       const int64_t L = static_cast<int64_t>(live.size());
       if (!skip_zero_rows || L == M) {
-        if (AOTITorchError err = rows(e, xe, M, ye)) return err;
+        if (AOTITorchError err = rows(e, xe, ae, M, ye)) return err;
       } else if (L > 0 && live.back() - live.front() + 1 == L) {  // one run: no copies
-        if (AOTITorchError err = rows(e, xe + live.front() * K, L, ye + live.front() * N))
+        const int64_t f = live.front();
+        if (AOTITorchError err = rows(e, xe + f * K, ae ? ae + f * A : nullptr, L, ye + f * N))
           return err;
       } else if (L > 0) {
         xg.resize(L * K);
+        ag.resize(aux ? L * A : 0);
         yg.assign(L * N, 0.f);
-        for (int64_t i = 0; i < L; ++i)
+        for (int64_t i = 0; i < L; ++i) {
           std::copy(xe + live[i] * K, xe + (live[i] + 1) * K, xg.data() + i * K);
-        if (AOTITorchError err = rows(e, xg.data(), L, yg.data())) return err;
+          if (aux) std::copy(ae + live[i] * A, ae + (live[i] + 1) * A, ag.data() + i * A);
+        }
+        if (AOTITorchError err = rows(e, xg.data(), aux ? ag.data() : nullptr, L, yg.data()))
+          return err;
         for (int64_t i = 0; i < L; ++i)
           std::copy(yg.data() + i * N, yg.data() + (i + 1) * N, ye + live[i] * N);
       }
@@ -512,6 +523,15 @@ AOTITorchError run_grouped(const float* x, int64_t S, int64_t K, int64_t N, cons
     start = std::max(start, end);
   }
   return AOTI_TORCH_SUCCESS;
+}
+
+template <class Rows>
+AOTITorchError run_grouped(const float* x, int64_t S, int64_t K, int64_t N, const int64_t* offs,
+                           int64_t E, bool skip_zero_rows, AtenTensorHandle* ret, Rows rows) {
+  auto plain = [&](int64_t e, const float* xe, const float*, int64_t M, float* ye) {
+    return rows(e, xe, M, ye);
+  };
+  return run_grouped_aux(x, S, K, N, offs, E, skip_zero_rows, ret, nullptr, 0, plain);
 }
 
 // y [M, N] = x [M, K] (fp32) @ dequant(w)^T for large M (offset and group: int4 only);

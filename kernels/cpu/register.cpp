@@ -19,6 +19,12 @@ AOTITorchError aoti_torch_cpu_native_int8_weight_only_grouped_mm(AtenTensorHandl
                                                                  AtenTensorHandle,
                                                                  AtenTensorHandle, int64_t,
                                                                  AtenTensorHandle*);
+AOTITorchError aoti_torch_cpu_native_float8_dynamic_grouped_mm(AtenTensorHandle, AtenTensorHandle,
+                                                              AtenTensorHandle, AtenTensorHandle,
+                                                              double, int64_t, AtenTensorHandle*);
+AOTITorchError aoti_torch_cpu_native_float8_block_grouped_mm(AtenTensorHandle, AtenTensorHandle,
+                                                            AtenTensorHandle, AtenTensorHandle,
+                                                            int64_t, AtenTensorHandle*);
 AOTITorchError aoti_torch_cpu_native_int4_grouped_mm(AtenTensorHandle, AtenTensorHandle,
                                                     AtenTensorHandle, AtenTensorHandle,
                                                     AtenTensorHandle, int64_t, int64_t, int64_t,
@@ -112,6 +118,21 @@ Tensor int8_weight_only_grouped(Tensor x, Tensor w, Tensor scale, Tensor offs, i
   auto err = aoti_torch_cpu_native_int8_weight_only_grouped_mm(x.get(), w.get(), scale.get(),
                                                                offs.get(), bf16_x, &out);
   return checked(err, out, "native_int8_weight_only_grouped_mm");
+}
+
+Tensor float8_dynamic_grouped(Tensor x, Tensor w, Tensor scale, Tensor offs, double scale_ub,
+                              int64_t bf16_x) {
+  AtenTensorHandle out = nullptr;
+  auto err = aoti_torch_cpu_native_float8_dynamic_grouped_mm(x.get(), w.get(), scale.get(),
+                                                             offs.get(), scale_ub, bf16_x, &out);
+  return checked(err, out, "native_float8_dynamic_grouped_mm");
+}
+
+Tensor float8_block_grouped(Tensor x, Tensor w, Tensor scale, Tensor offs, int64_t block_size) {
+  AtenTensorHandle out = nullptr;
+  auto err = aoti_torch_cpu_native_float8_block_grouped_mm(x.get(), w.get(), scale.get(),
+                                                           offs.get(), block_size, &out);
+  return checked(err, out, "native_float8_block_grouped_mm");
 }
 
 Tensor int4_grouped(Tensor x, Tensor w, Tensor scale, Tensor offset, Tensor offs,
@@ -270,6 +291,8 @@ STABLE_TORCH_LIBRARY_IMPL(fxquant, CPU, m) {
   m.impl("native_int8_weight_only_grouped_mm", TORCH_BOX(&int8_weight_only_grouped));
   m.impl("native_float32_grouped_mm", TORCH_BOX(&float32_grouped));
   m.impl("native_int4_grouped_mm", TORCH_BOX(&int4_grouped));
+  m.impl("native_float8_dynamic_grouped_mm", TORCH_BOX(&float8_dynamic_grouped));
+  m.impl("native_float8_block_grouped_mm", TORCH_BOX(&float8_block_grouped));
   m.impl("native_float8_weight_only_linear", TORCH_BOX(&float8_weight_only));
   m.impl("native_int8_bf16dot_linear", TORCH_BOX(&int8_bf16dot));
   m.impl("native_float8_bf16dot_linear", TORCH_BOX(&float8_bf16dot));

@@ -1,6 +1,7 @@
 """The CPU lowering of the mixture-of-experts GEMMs (``int8_weight_only_grouped_mm``,
-``int4_weight_only_grouped_mm``, ``int8_dynamic_int4_grouped_mm``, ``mxfp4_grouped_mm``, and the
-experts a config leaves in float): each row of x [S, K] times its own expert's weight.
+``int4_weight_only_grouped_mm``, ``int8_dynamic_int4_grouped_mm``, ``float8_dynamic_grouped_mm``,
+``float8_block_grouped_mm``, ``mxfp4_grouped_mm``, and the experts a config leaves in float):
+each row of x [S, K] times its own expert's weight.
 
 Where it sits: registered by op name (``fxquant.core.registry``) and read by the lowering pass
 (``fxquant.passes.lower``), and ``lower_float_experts``, a step of its prepack; the oracles are
@@ -24,6 +25,8 @@ linear takes at that row count on this machine (``int4_row_paths``). The quantiz
 kernels skip rows of zeros (their product with a finite weight is zeros) and count the rows that
 remain: Llama 4 sends every token through every expert, 0 where it did not choose it, so its
 decode step reads the chosen expert's weights only (kernels/cpu/native.h, ``run_grouped``).
+fp8 experts (per-row and block scales) quantize every row in the native op as their linear
+does, then run each expert's rows on that linear's kernels with the rows' scales.
 MXFP4's e2m1 decode is dear per value: its gather serves decode (2-3 ms where one GEMM of every
 row with every expert took 54 ms), that dense GEMM prefill (past three rows per expert). No CPU
 kernel here has FP4 arithmetic.
@@ -31,6 +34,7 @@ kernel here has FP4 arithmetic.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
@@ -44,6 +48,7 @@ from fxquant.core import reference_mx as ref_mx
 from fxquant.core.registry import lowering
 from fxquant.passes.cpu.common import NATIVE, device_op
 from fxquant.passes.cpu.dispatch import by_plan, plan_for
+from fxquant.passes.cpu.float8 import e4m3_values
 from fxquant.passes.cpu.prepack import prepack_rule
 from fxquant.passes.plan import FALLBACK_OPS, find_sites, node_value
 
@@ -72,6 +77,21 @@ EXPERT_KERNELS = {
         "fxquant native int4 grouped kernel: each expert's rows quantized per token to int8 on "
         "the W4A8 linear's kernels (GEMV, then the integer GEMM); rows of zeros give zeros "
         "without running",
+    ),
+    "float8_dynamic": (
+        True,
+        "fxquant native fp8 grouped kernel: x quantized per token to e4m3 in the kernel, then "
+        "each expert's rows on the fp8 linear's kernels (its bf16-dot GEMM from 2 rows, exact "
+        "for e4m3 values, where this CPU class's table runs that linear so; else the fp32 GEMV "
+        "up to M = 32, then the chunked fp32 GEMM), each row times its scale; rows of zeros give "
+        "zeros without running",
+    ),
+    "float8_block": (
+        True,
+        "fxquant native fp8 block grouped kernel: x quantized in 1 × b groups in the kernel, then "
+        "each expert's rows on the fp8 block linear's kernels at that row count (the GEMV with "
+        "span scales, bf16 dot products from 2 rows on AVX-512 BF16, else the dequantized GEMM "
+        "past 32 rows); rows of zeros give zeros without running",
     ),
     "mxfp4": (
         False,
@@ -124,6 +144,63 @@ def _int8_weight_only_grouped_mm(x, weight, scale, offs):
         return (xf[:, None, :] * weight[ids].float()).sum(-1) * scale[ids]
 
     return per_row_expert(x, offs, weight.shape[0], product).to(x.dtype)
+
+
+# --------------------------------------------------------------------------------------------
+# fp8 experts (fp8-row: FbgemmFp8Config's; fp8-block: FineGrainedFP8Config's): x quantized as
+# the linear quantizes it (a row's grid does not depend on its expert), each expert's rows on
+# the fp8 linear's native kernels; elsewhere each row gathers its expert's e4m3 weight
+# --------------------------------------------------------------------------------------------
+
+
+def fp8_bf16_experts() -> bool:
+    """Whether fp8 experts take the bf16-dot GEMM from 2 rows on this machine: where the
+    dispatch table runs the fp8 linear's largest rows on it."""
+    return plan_for("native_float8_weight_only_linear")[-1][1] == "bf16_dot"
+
+
+@lowering(NATIVE, "float8_dynamic_grouped_mm")
+def _native_float8_dynamic_grouped_mm(x, weight, scale, offs, activation_scale_ub):
+    ub = math.inf if activation_scale_ub is None else float(activation_scale_ub)
+    y = fxq.native_float8_dynamic_grouped_mm(
+        x.float().contiguous(), weight.contiguous(), scale.float().contiguous(), offs.long(), ub,
+        fp8_bf16_experts(),
+    )  # fmt: skip
+    return y.to(x.dtype)
+
+
+@lowering("cpu", "float8_dynamic_grouped_mm")
+def _float8_dynamic_grouped_mm(x, weight, scale, offs, activation_scale_ub):
+    xf = x.float()
+    xs = ref.fp8_scale(xf.abs().amax(dim=-1, keepdim=True), activation_scale_ub)
+    xq = e4m3_values((xf / xs).clamp(-ref.FP8_E4M3_MAX, ref.FP8_E4M3_MAX))
+
+    def product(xv, ids):  # the e4m3 products, then the channel scale (the reference's order)
+        return (xv[:, None, :] * weight[ids].float()).sum(-1) * scale[ids]
+
+    return (per_row_expert(xq, offs, weight.shape[0], product) * xs).to(x.dtype)
+
+
+@lowering(NATIVE, "float8_block_grouped_mm")
+def _native_float8_block_grouped_mm(x, weight, scale, offs, block_size):
+    y = fxq.native_float8_block_grouped_mm(
+        x.float().contiguous(), weight.contiguous(), scale.float().contiguous(), offs.long(),
+        block_size,
+    )  # fmt: skip
+    return y.to(x.dtype)
+
+
+@lowering("cpu", "float8_block_grouped_mm")
+def _float8_block_grouped_mm(x, weight, scale, offs, block_size):
+    n, k = weight.shape[1], weight.shape[2]
+    xq, xs = ref.quantize_fp8_groups(x, group_size=block_size)
+    xd = xq.float() * ref.expand_group_scale(xs, cols=k, group_size=block_size)
+
+    def product(xv, ids):  # each row's expert dequantized tile by tile, inside the reduction
+        ws = ref.expand_block_scale(scale[ids], rows=n, cols=k, block_size=block_size)
+        return (xv[:, None, :] * (weight[ids].float() * ws)).sum(-1)
+
+    return per_row_expert(xd, offs, weight.shape[0], product).to(x.dtype)
 
 
 # --------------------------------------------------------------------------------------------

@@ -89,11 +89,24 @@ class Float8Dynamic(Scheme):
         return self.granularity == "row"
 
     def quantize(self, w):
-        if self.per_row:
+        if self.per_row:  # W [N, K], or experts' [E, N, K]: a scale per expert and channel
             q, s = ref.quantize_fp8_per_channel(w)
-            return QuantizedWeight({"qweight": q, "scale": s}, q.float() * s[:, None])
+            return QuantizedWeight({"qweight": q, "scale": s}, q.float() * s[..., None])
         q, s = ref.quantize_fp8_per_tensor(w)
         return QuantizedWeight({"qweight": q, "scale": s}, q.float() * s)
+
+    @property
+    def takes_experts(self) -> bool:  # type: ignore[override]
+        # per row only (FbgemmFp8Config's experts): one per-tensor scale over every expert is
+        # no layout any library stores
+        return self.per_row
+
+    def grouped_op_args(self, x, constants, offs):
+        if not self.per_row:
+            return super().grouped_op_args(x, constants, offs)
+        op = torch.ops.fxquant.float8_dynamic_grouped_mm.default
+        ub = self.activation_scale_ub
+        return op, (x, constants["qweight"], constants["scale"], offs, ub)
 
     @classmethod
     def activation_quant(cls, args):
@@ -163,10 +176,23 @@ class Float8Block(Scheme):
         check_choice("Float8Block", "block_size", self.block_size, (32, 64, 128, 256))
 
     def quantize(self, w):
+        if w.dim() == 3:  # experts' [E, N, K]: each expert's tiles as a linear's
+            parts = [self.quantize(we) for we in w.unbind(0)]
+            stored = {c: torch.stack([p.tensors[c] for p in parts]) for c in self.constants}
+            return QuantizedWeight(stored, torch.stack([p.dequantized for p in parts]))
         q, s = ref.quantize_fp8_blocks(w, block_size=self.block_size)
         n, k = w.shape
         dq = q.float() * ref.expand_block_scale(s, rows=n, cols=k, block_size=self.block_size)
         return QuantizedWeight({"qweight": q, "scale": s}, dq)
+
+    @property
+    def takes_experts(self) -> bool:  # type: ignore[override]
+        return True
+
+    def grouped_op_args(self, x, constants, offs):
+        # FineGrainedFP8Config's experts: [E, N, K] in b×b tiles, x in 1×b groups per token
+        op = torch.ops.fxquant.float8_block_grouped_mm.default
+        return op, (x, constants["qweight"], constants["scale"], offs, self.block_size)
 
     @classmethod
     def activation_quant(cls, args):

@@ -1,0 +1,258 @@
+"""fp8 mixture-of-experts weights (``fp8-row``: FbgemmFp8Config's Llama 4 experts; ``fp8-block``:
+FineGrainedFP8Config's ``FP8Experts``): reference, ops, the CPU lowering (the native kernel and
+the aten gather), the rewrite of grouped_mm (Qwen2-MoE) and bmm (Llama 4) experts, from_hf, and
+the AOT package.
+
+The reference's oracle is the fp8 linear's own reference, row by row with the row's expert
+weight: x is quantized per token (or in 1×b groups of a token), so a row's values do not depend
+on the rows beside it. The model-level oracle is the quantized program run by those references.
+The Triton kernels: tests/test_kernels_float8_grouped.py.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+import torch
+from torch.library import opcheck
+
+transformers = pytest.importorskip("transformers")
+importlib.import_module("transformers.integrations.moe")  # registers grouped_mm_fallback
+
+from test_bmm_experts import llama4  # noqa: E402
+from test_int8_experts import IDS, VOCAB, logits, qwen2_moe  # noqa: E402
+
+import fxquant  # noqa: E402
+import fxquant.kernels.cpu as native  # noqa: E402
+from conftest import assert_sums_close  # noqa: E402
+from fxquant.core import reference as ref  # noqa: E402
+from fxquant.core.config import EXPERT_WEIGHTS  # noqa: E402
+from fxquant.core.reference import sqnr  # noqa: E402
+from fxquant.core.registry import lowering_table  # noqa: E402
+from fxquant.llm import export_llm  # noqa: E402
+from fxquant.passes.cpu.experts import EXPERT_KERNELS  # noqa: E402
+from fxquant.passes.lower import lower, lowerings  # noqa: E402
+
+fxq = torch.ops.fxquant
+UB = 1200.0  # FbgemmFp8Config's activation_scale_ub
+# SchemaCheckMode compares tensors with allclose, which has no CPU float8 kernel: the fp8 ops run
+# every other opcheck test (as in tests/test_ops.py)
+NO_SCHEMA_TEST = ("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
+ROW = fxquant.Float8Dynamic(granularity="row", activation_scale_ub=UB)
+# (rows, each expert's cumulative row end): an empty expert, rows past the last end (zeros)
+LAYOUTS = [(1, [0, 1, 1, 1]), (9, [2, 2, 7, 8]), (70, [10, 40, 40, 60])]
+
+
+def _weights(e=4, n=72, k=200, seed=0):
+    return torch.randn(e, n, k, generator=torch.Generator().manual_seed(seed))
+
+
+def _x(s, k=200, seed=1, zero_rows=(1, 2)):
+    x = torch.randn(s, k, generator=torch.Generator().manual_seed(seed)) * 3
+    x[[r for r in zero_rows if r < s]] = 0  # Llama 4's unchosen experts: rows of zeros
+    return x
+
+
+def _quantized(scheme, w):
+    q = scheme.quantize(w).tensors
+    return q["qweight"], q["scale"]
+
+
+def _op(scheme):
+    """(the scheme's experts op, its last argument)."""
+    if isinstance(scheme, fxquant.Float8Block):
+        return fxq.float8_block_grouped_mm.default, scheme.block_size
+    return fxq.float8_dynamic_grouped_mm.default, UB
+
+
+def _run(scheme, x, q, s, offs):
+    op, param = _op(scheme)
+    return op(x, q, s, offs, param)
+
+
+def _row_by_row(scheme, x, q, s, offs):
+    """Each row through the fp8 linear's reference with its expert's weight; zeros past the end."""
+    out = torch.zeros(x.shape[0], q.shape[1])
+    start = 0
+    for e, end in enumerate(offs.tolist()):
+        for r in range(start, end):
+            if isinstance(scheme, fxquant.Float8Block):
+                y = ref.float8_block_linear(x[r : r + 1], q[e], s[e], block_size=scheme.block_size)
+            else:
+                y = ref.float8_dynamic_linear(
+                    x[r : r + 1], q[e], s[e], per_row=True, activation_scale_ub=UB
+                )  # fmt: skip
+            out[r] = y[0]
+        start = max(start, end)
+    return out
+
+
+SCHEMES = [ROW, fxquant.Float8Block(block_size=32), fxquant.Float8Block(block_size=128)]
+SCHEME_IDS = ["row", "block32", "block128"]
+
+
+@pytest.mark.parametrize("scheme", SCHEMES, ids=SCHEME_IDS)
+def test_the_ops_are_the_linears_reference_row_by_row(scheme):
+    w = _weights()
+    q, s = _quantized(scheme, w)
+    assert q.dtype == torch.float8_e4m3fn and q.shape == w.shape
+    for rows, ends in LAYOUTS:
+        x, offs = _x(rows), torch.tensor(ends)
+        got = _run(scheme, x, q, s, offs)
+        assert_sums_close(got, _row_by_row(scheme, x, q, s, offs))
+        assert (got[ends[-1] :] == 0).all() and not got.isnan().any()
+    zero_w = _quantized(scheme, torch.zeros(4, 72, 200))
+    zeros = _run(scheme, torch.zeros(5, 200), *zero_w, torch.tensor([1, 2, 3, 5]))
+    assert (zeros == 0).all()  # all-zero weights and activations: zeros, never NaN
+    op, param = _op(scheme)
+    opcheck(op, (_x(9), q, s, torch.tensor([2, 2, 7, 8]), param), test_utils=NO_SCHEMA_TEST)
+
+
+def test_experts_quantize_as_each_expert_would_as_a_linear():
+    w = _weights()
+    q, s = _quantized(ROW, w)
+    q1, s1 = ref.quantize_fp8_per_channel(w[2])
+    assert torch.equal(q[2].view(torch.uint8), q1.view(torch.uint8)) and torch.equal(s[2], s1)
+    block = fxquant.Float8Block(block_size=64)
+    q, s = _quantized(block, w)
+    q1, s1 = ref.quantize_fp8_blocks(w[3], block_size=64)
+    assert s.shape == (4, 2, 4)  # ceil(72 / 64), ceil(200 / 64)
+    assert torch.equal(q[3].view(torch.uint8), q1.view(torch.uint8)) and torch.equal(s[3], s1)
+
+
+@pytest.mark.parametrize("scheme", SCHEMES, ids=SCHEME_IDS)
+def test_the_cpu_lowerings_match_the_reference(scheme):
+    """The native kernel (where it builds; bf16 dot products where this CPU class's table runs
+    the fp8 linear on them: exact for e4m3 values) and the aten gather, on the same rows."""
+    w = _weights()
+    q, s = _quantized(scheme, w)
+    op, param = _op(scheme)
+    for rows, ends in LAYOUTS:
+        x, offs = _x(rows), torch.tensor(ends)
+        want = _run(scheme, x, q, s, offs)
+        for lowering in (lowerings("cpu")[op], lowering_table("cpu")[op]):  # native, aten
+            got = lowering(x, q, s, offs.int(), param)
+            assert_sums_close(got, want)
+        xb = x.bfloat16()  # quantized from its bf16 values; one rounding of the result to bf16
+        for lowering in (lowerings("cpu")[op], lowering_table("cpu")[op]):
+            got = lowering(xb, q, s, offs, param)
+            assert got.dtype == torch.bfloat16
+            torch.testing.assert_close(got, _run(scheme, xb, q, s, offs), rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.skipif(not native.available(), reason="fxquant's native kernels")
+def test_the_native_ops_pass_opcheck_and_skip_rows_of_zeros():
+    w = _weights()
+    q, s = _quantized(ROW, w)
+    x, offs = _x(70, zero_rows=range(12, 38)), torch.tensor([10, 40, 40, 60])
+    for bf16_x in (0, 1):
+        args = (x, q, s, offs, UB, bf16_x)
+        opcheck(fxq.native_float8_dynamic_grouped_mm.default, args, test_utils=NO_SCHEMA_TEST)
+        got = fxq.native_float8_dynamic_grouped_mm(*args)
+        assert_sums_close(got, _run(ROW, x, q, s, offs))
+    block = fxquant.Float8Block(block_size=64)
+    qb, sb = _quantized(block, w)
+    args = (x, qb, sb, offs, 64)
+    opcheck(fxq.native_float8_block_grouped_mm.default, args, test_utils=NO_SCHEMA_TEST)
+    got = fxq.native_float8_block_grouped_mm(x, qb, sb, offs, 64)
+    assert_sums_close(got, _run(block, x, qb, sb, offs))
+    with pytest.raises(RuntimeError, match="native_float8_block_grouped_mm"):
+        fxq.native_float8_block_grouped_mm(x, qb, sb[:, :1], offs, 64)  # the wrong scale shape
+
+
+# --------------------------------------------------------------------------------------------
+# The rewrite: Qwen2-MoE's grouped_mm experts, Llama 4's bmm experts
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def moe():
+    model = qwen2_moe()
+    return model, torch.export.export(model, (IDS,), kwargs={"use_cache": False})
+
+
+@pytest.mark.parametrize("recipe", ["fp8-row", "fp8-block"])
+def test_fp8_recipes_quantize_the_experts(moe, recipe):
+    model, ep = moe
+    qep = fxquant.quantize(ep, recipe)
+    rep = fxquant.report(qep)
+    rows = {r["name"]: r for r in rep.rows}
+    name = "float8_dynamic" if recipe == "fp8-row" else "float8_block"
+    for layer in range(2):
+        for p in ("gate_up_proj", "down_proj"):
+            row = rows[f"model.layers.{layer}.mlp.experts.{p}"]
+            assert row["status"] == "quantized" and row["kind"] == "grouped_mm", row
+            assert row["experts"] == 4 and row["sqnr_db"] > 25
+    targets = {str(n.target) for n in qep.graph.nodes if n.op == "call_function"}
+    assert f"fxquant.{name}_grouped_mm.default" in targets
+    assert "transformers.grouped_mm_fallback.default" not in targets
+    (experts,) = [k for k in rep.cpu_kernels() if k["scheme"].endswith(" experts")]
+    assert len(experts["layers"]) == 4
+    if native.available():
+        assert experts["kernel"] == EXPERT_KERNELS[name][1]
+    got = logits(qep.module())
+    assert sqnr(logits(model), got) > 20
+    assert sqnr(got, logits(lower(qep).module())) > 40
+
+
+def test_llama4_bmm_experts_take_fbgemm_fp8_as_transformers_quantizes_them():
+    """FbgemmFp8Config quantizes Llama 4's experts (FbgemmFp8Llama4TextExperts: per-channel
+    e4m3, x per token with its amax capped): from_hf maps them to fp8-row experts."""
+    model = llama4()
+    ep = torch.export.export(model, (IDS,), kwargs={"use_cache": False})
+    config = fxquant.from_hf({"quant_method": "fbgemm_fp8", "activation_scale_ub": UB})
+    qep = fxquant.quantize(ep, config)
+    rows = {r.name: r for r in fxquant.report(qep).quantized}
+    experts = [n for n in rows if ".experts." in n]
+    assert len(experts) == 4 and all(rows[n].kind == "bmm" for n in experts)
+    assert all(rows[n].scheme == ROW.to_dict() for n in experts)
+    targets = {str(n.target) for n in qep.graph.nodes if n.op == "call_function"}
+    assert "fxquant.float8_dynamic_grouped_mm.default" in targets
+    assert "aten.bmm.default" not in targets
+    got = logits(qep.module())
+    assert sqnr(logits(model), got) > 20
+    assert sqnr(got, logits(lower(qep).module())) > 40
+
+
+def test_hugging_face_fp8_configs_take_the_experts_transformers_takes(moe):
+    """FineGrainedFP8Config quantizes every model's experts (FP8Experts); FbgemmFp8Config only
+    Llama 4's, so Qwen2-MoE's stay float under it, as in transformers."""
+    _, ep = moe
+    expert = "model.layers.0.mlp.experts.gate_up_proj"
+    fine = fxquant.from_hf({"quant_method": "fp8", "weight_block_size": [32, 32]})
+    rows = {r["name"]: r for r in fxquant.report(fxquant.quantize(ep, fine)).rows}
+    assert rows[expert]["status"] == "quantized"
+    assert rows[expert]["scheme"] == fxquant.Float8Block(block_size=32).to_dict()
+    fbgemm = fxquant.from_hf({"quant_method": "fbgemm_fp8"})
+    rows = {r["name"]: r for r in fxquant.report(fxquant.quantize(ep, fbgemm)).rows}
+    assert rows[expert]["status"] == "skipped"
+    assert rows["model.layers.0.mlp.shared_expert.up_proj"]["status"] == "quantized"
+    assert EXPERT_WEIGHTS in fbgemm.overrides and fbgemm.overrides[EXPERT_WEIGHTS] is None
+
+
+def test_per_tensor_fp8_still_skips_the_experts_and_says_which_take_them(moe):
+    _, ep = moe
+    qep = fxquant.quantize(ep, "fp8-tensor")
+    row = {r["name"]: r for r in fxquant.report(qep).rows}["model.layers.0.mlp.experts.down_proj"]
+    assert row["status"] == "skipped"
+    assert "Float8Dynamic(granularity='row'), Float8Block" in row["reason"]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not native.available(), reason="the package's native grouped shims")
+def test_the_aot_package_runs_fp8_experts(tmp_path):
+    """One package, both fp8 experts shims (prefill and decode steps of a cached program)."""
+    config = fxquant.QuantConfig(scheme=ROW, overrides={
+        r"layers\.1\.mlp\.experts\.\w+": fxquant.Float8Block(block_size=32),
+    })  # fmt: skip
+    qep = fxquant.quantize(export_llm(qwen2_moe(), max_cache_len=32, logits="all"), config)
+    targets = {str(n.target) for n in qep.graph.nodes if n.op == "call_function"}
+    assert {"fxquant.float8_dynamic_grouped_mm.default",
+            "fxquant.float8_block_grouped_mm.default"} <= targets  # fmt: skip
+    package = fxquant.aot_compile(qep, tmp_path / "moe.pt2")
+    ids = torch.randint(0, VOCAB, (1, 9))
+    m = qep.module()
+    for t in (slice(0, 6), slice(6, 7)):  # prefill, then a decode step
+        pos = torch.arange(t.start, t.stop)
+        assert sqnr(m(ids[:, t], pos), package(ids[:, t], pos)) > 40
