@@ -11,7 +11,9 @@ The Triton kernels: tests/test_kernels_float8_grouped.py.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
+import warnings
 
 import pytest
 import torch
@@ -229,6 +231,29 @@ def test_hugging_face_fp8_configs_take_the_experts_transformers_takes(moe):
     assert rows[expert]["status"] == "skipped"
     assert rows["model.layers.0.mlp.shared_expert.up_proj"]["status"] == "quantized"
     assert EXPERT_WEIGHTS in fbgemm.overrides and fbgemm.overrides[EXPERT_WEIGHTS] is None
+
+
+INT8_HF = {"quant_method": "torchao", "quant_type": "int8_weight_only"}
+
+
+@pytest.mark.parametrize("hf", [{"quant_method": "fbgemm_fp8"}, INT8_HF])
+def test_hugging_face_configs_warn_of_no_expert_pattern_on_a_dense_model(hf):
+    """The expert patterns a mapping adds for every model (FAMILY_PATTERNS) name layers a dense
+    model does not have: not a typo, so not warned of (a user's own unmatched pattern is)."""
+    config = transformers.LlamaConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=1,
+    )  # fmt: skip
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    ep = torch.export.export(model, (IDS,), kwargs={"use_cache": False})
+    mapped = fxquant.from_hf(hf)
+    assert EXPERT_WEIGHTS in mapped.overrides
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fxquant.quantize(ep, mapped)
+    typo = dataclasses.replace(mapped, overrides={**mapped.overrides, "mlp.up_prj": None})
+    with pytest.warns(UserWarning, match="match no layer of this model: overrides: 'mlp.up_prj'"):
+        fxquant.quantize(ep, typo)
 
 
 def test_per_tensor_fp8_still_skips_the_experts_and_says_which_take_them(moe):

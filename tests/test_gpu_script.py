@@ -5,7 +5,7 @@ smoke run is the same code on CPU tensors (Triton's interpreter, tiny shapes), s
 ``run.sh`` stages it on the device (fxquant copied with ``passes/`` and ``kernels/`` inside, put
 first on ``PYTHONPATH``). The sections here are the ones no other test exercises end to end:
 the LLM decode section (``export_llm`` → quantize → the program), FP8 training (three of its
-rows: ``fp8_training.SMOKE_ROWS``), the exported stack and the MXFP4 experts (~70 s on two cores
+rows: ``fp8_training.SMOKE_ROWS``), the exported stack and the experts (~70 s on two cores
 with empty caches). The kernel and every-K sections run the CUDA lowering that
 ``tests/test_lower_cuda.py`` and ``tests/test_lower_every_k.py`` cover.
 """
@@ -50,6 +50,8 @@ def test_the_gpu_script_smoke_runs_its_sections_without_an_error(tmp_path):
     decode = rec["decode"]
     assert {r["recipe"] for r in decode} >= {"bf16", "int8wo+lm_head"}
     assert rec["fp8_training"]["smoke"]
+    formats = {r["format"] for r in rec["experts"]}
+    assert formats == {"mxfp4", "int8", "int4", "fp8-row", "fp8-block"}
     for section in SECTIONS:
         rows = rec[section]["rows"] if section == "fp8_training" else rec[section]
         assert rows, section
