@@ -28,6 +28,7 @@ from test_int8_experts import IDS, VOCAB, logits, qwen2_moe  # noqa: E402
 import fxquant  # noqa: E402
 import fxquant.kernels.cpu as native  # noqa: E402
 from conftest import assert_sums_close  # noqa: E402
+from fxquant.checkpoints import CheckpointError, read_quantized  # noqa: E402
 from fxquant.core import reference as ref  # noqa: E402
 from fxquant.core.config import EXPERT_WEIGHTS  # noqa: E402
 from fxquant.core.reference import sqnr  # noqa: E402
@@ -281,3 +282,63 @@ def test_the_aot_package_runs_fp8_experts(tmp_path):
     for t in (slice(0, 6), slice(6, 7)):  # prefill, then a decode step
         pos = torch.arange(t.start, t.stop)
         assert sqnr(m(ids[:, t], pos), package(ids[:, t], pos)) > 40
+
+
+# --------------------------------------------------------------------------------------------
+# Pre-quantized FineGrainedFP8 checkpoints: each expert stored as linears, stacked as loaded
+# --------------------------------------------------------------------------------------------
+
+FP8_QCFG = {"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [32, 32]}
+
+
+def _fp8_checkpoint(model, b=32):
+    """``model``'s tensors as a FineGrainedFP8 checkpoint of a transformers 4 layout (Qwen3-FP8,
+    DeepSeek-V3): every linear but the routers in b×b tiles, each expert as three linears."""
+    tensors = {}
+    for name, t in model.state_dict().items():
+        module, _, leaf = name.rpartition(".")
+        if module.endswith("mlp.experts"):  # [E, 2I, H] / [E, H, I] → per expert
+            half = t.shape[1] // 2
+            for i, w in enumerate(t):
+                parts = {"gate_proj": w[:half], "up_proj": w[half:]} if leaf == "gate_up_proj" \
+                    else {"down_proj": w}  # fmt: skip
+                for proj, pw in parts.items():
+                    q, s = ref.quantize_fp8_blocks(pw, block_size=b)
+                    tensors[f"{module}.{i}.{proj}.weight"] = q
+                    tensors[f"{module}.{i}.{proj}.weight_scale_inv"] = s
+        elif leaf == "weight" and t.dim() == 2 and "proj" in module and "embed" not in module:
+            q, s = ref.quantize_fp8_blocks(t, block_size=b)
+            tensors[name], tensors[f"{module}.weight_scale_inv"] = q, s
+        else:
+            tensors[name] = t
+    return tensors
+
+
+def test_a_fine_grained_fp8_checkpoint_loads_its_experts_stacked(moe):
+    """Loaded into the float skeleton, the checkpoint's program equals the float model quantized
+    by from_hf of the same config (the same tiles), experts included."""
+    model, ep = moe
+    tensors = _fp8_checkpoint(model)
+    assert "model.layers.0.mlp.experts.3.up_proj.weight_scale_inv" in tensors
+    loaded = fxquant.load_quantized(ep, tensors, quantization_config=FP8_QCFG)
+    rows = {r["name"]: r for r in fxquant.report(loaded).rows}
+    row = rows["model.layers.1.mlp.experts.gate_up_proj"]
+    assert row["status"] == "quantized" and row["experts"] == 4 and row["weights"] == "given"
+    config = fxquant.QuantConfig(
+        scheme=fxquant.Float8Block(block_size=32),
+        modules_to_not_convert=("lm_head", "gate", "shared_expert_gate"),
+    )
+    want = logits(fxquant.quantize(ep, config).module())
+    torch.testing.assert_close(logits(loaded.module()), want, rtol=0, atol=0)
+
+
+def test_fp8_experts_that_cannot_stack_are_refused_by_name(moe):
+    model, _ = moe
+    tensors = _fp8_checkpoint(model)
+    gone = {k: v for k, v in tensors.items() if ".experts.2.down_proj." not in k}
+    with pytest.raises(CheckpointError, match=r"experts\.2: no fp8 down_proj"):
+        read_quantized(gone, quantization_config=FP8_QCFG)
+    # moe_intermediate_size 32 is one tile of 32, half a tile of 64
+    wide = _fp8_checkpoint(model, b=64)
+    with pytest.raises(CheckpointError, match="intermediate size 32 is not a multiple of the 64"):
+        read_quantized(wide, quantization_config={**FP8_QCFG, "weight_block_size": [64, 64]})

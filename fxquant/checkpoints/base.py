@@ -151,15 +151,18 @@ class LoadedCheckpoint:
         self.weights[name] = weight
         self.shapes[name] = shape
 
-    def add_experts(self, name: str, scheme: Scheme, weight: QuantizedWeight, shape) -> None:
-        """A mixture-of-experts weight: ``name`` is the 3-D parameter itself (gpt-oss'
-        ``<block>.mlp.experts.gate_up_proj``, no ``.weight``), which the model stores as
-        [E, K, N]; ``shape`` is its [E, N, K], the layout the constants are in."""
+    def add_experts(
+        self, name: str, scheme: Scheme, weight: QuantizedWeight, shape, *, stored_nk: bool = False
+    ) -> None:
+        """A mixture-of-experts weight: ``name`` is the 3-D parameter itself
+        (``<block>.mlp.experts.gate_up_proj``, no ``.weight``), which the model stores as
+        [E, K, N] (gpt-oss') or, ``stored_nk``, as [E, N, K] (Qwen2/3-MoE's, DeepSeek's);
+        ``shape`` is its [E, N, K], the layout the constants are in."""
         e, n, k = (int(d) for d in shape)
         check_layout(scheme, name, (e, n, k), weight)
         self.schemes[name] = scheme  # a grouped site's module name is its parameter's
         self.weights[name] = weight
-        self.shapes[name] = (e, k, n)
+        self.shapes[name] = (e, n, k) if stored_nk else (e, k, n)
 
     def with_prefix(self, prefix: str) -> LoadedCheckpoint:
         """The same checkpoint under ``prefix + name``: for a model wrapped in another module
