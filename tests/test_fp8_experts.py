@@ -342,3 +342,47 @@ def test_fp8_experts_that_cannot_stack_are_refused_by_name(moe):
     wide = _fp8_checkpoint(model, b=64)
     with pytest.raises(CheckpointError, match="intermediate size 32 is not a multiple of the 64"):
         read_quantized(wide, quantization_config={**FP8_QCFG, "weight_block_size": [64, 64]})
+
+
+def _fbgemm_checkpoint(model):
+    """``model``'s tensors as transformers' FbgemmFp8Quantize writes them (Llama-4-Maverick-FP8's
+    layout): per-channel e4m3 linears with ``weight_scale`` [N, 1], and Llama 4's experts in the
+    model's [E, K, N] with a scale per output channel of each expert."""
+    tensors = {}
+    for name, t in model.state_dict().items():
+        module, _, leaf = name.rpartition(".")
+        if module.endswith("feed_forward.experts"):
+            q, s = ref.quantize_fp8_per_channel(t.transpose(1, 2))  # [E, N, K] rows
+            tensors[name] = q.transpose(1, 2)
+            # gate_up's scale [E, 1, N], down's [E, N, 1]
+            tensors[f"{name}_scale"] = s[:, None] if leaf == "gate_up_proj" else s[..., None]
+        elif leaf == "weight" and t.dim() == 2 and module.rsplit(".", 1)[-1].endswith("_proj"):
+            q, s = ref.quantize_fp8_per_channel(t)
+            tensors[name], tensors[f"{module}.weight_scale"] = q, s[:, None]
+        else:
+            tensors[name] = t
+    return tensors
+
+
+def test_an_fbgemm_fp8_checkpoint_loads_llama4_experts_as_its_bmm_reads_them():
+    """Meta's FP8 Llama 4 layout, loaded into the float skeleton: the program equals the float
+    model quantized with from_hf(FbgemmFp8Config) (the same per-channel values), experts
+    included."""
+    model = llama4()
+    ep = torch.export.export(model, (IDS,), kwargs={"use_cache": False})
+    tensors = _fbgemm_checkpoint(model)
+    qcfg = {"quant_method": "fbgemm_fp8", "activation_scale_ub": UB}
+    loaded = fxquant.load_quantized(ep, tensors, quantization_config=qcfg)
+    rows = {r["name"]: r for r in fxquant.report(loaded).rows}
+    row = rows["model.layers.1.feed_forward.experts.down_proj"]
+    assert row["status"] == "quantized" and row["kind"] == "bmm" and row["weights"] == "given"
+    config = fxquant.QuantConfig(
+        scheme=ROW,
+        overrides={r"feed_forward\.router": None},
+        modules_to_not_convert=("lm_head",),
+    )
+    want = logits(fxquant.quantize(ep, config).module())
+    torch.testing.assert_close(logits(loaded.module()), want, rtol=0, atol=0)
+    bad = {**tensors, "model.layers.0.feed_forward.experts.down_proj_scale": torch.ones(4, 1, 1)}
+    with pytest.raises(CheckpointError, match=r"down_proj_scale' has shape \[4, 1, 1\]"):
+        read_quantized(bad, quantization_config=qcfg)

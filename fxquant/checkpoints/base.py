@@ -188,6 +188,18 @@ class LoadedCheckpoint:
 # --------------------------------------------------------------------------------------------
 
 
+def e4m3_beside(source: Mapping[str, torch.Tensor], wname: str, sname: str, layout: str):
+    """The float8_e4m3fn tensor ``wname`` that the scale ``sname`` scales, of the dimensions
+    ``layout`` names (``"[N, K]"``, ``"[E, K, N] ..."``): ``CheckpointError`` naming it if it is
+    missing, of another dtype, or of another rank."""
+    if wname not in source:
+        raise CheckpointError(f"tensor {wname!r} is missing (its scale {sname!r} exists)")
+    w = expect(wname, source[wname], dtype=torch.float8_e4m3fn)
+    if w.dim() != layout.split("]")[0].count(",") + 1:
+        raise CheckpointError(f"tensor {wname!r} has shape {list(w.shape)}, expected {layout}")
+    return w
+
+
 def expect(name: str, t: torch.Tensor, *, shape=None, dtype=None) -> torch.Tensor:
     """Raise ``CheckpointError`` naming ``name`` unless ``t`` has this shape / dtype."""
     if dtype is not None:

@@ -25,7 +25,13 @@ from typing import Any
 
 import torch
 
-from fxquant.checkpoints.base import CheckpointError, LoadedCheckpoint, TensorSource, expect
+from fxquant.checkpoints.base import (
+    CheckpointError,
+    LoadedCheckpoint,
+    TensorSource,
+    e4m3_beside,
+    expect,
+)
 from fxquant.core.config import Float8Block
 from fxquant.core.scheme import QuantizedWeight
 
@@ -53,14 +59,10 @@ def read_fp8_blocks(source: TensorSource, qcfg: Mapping[str, Any]) -> LoadedChec
     for sname in scales:
         module = sname.removesuffix(".weight_scale_inv")
         wname = f"{module}.weight"
-        if wname not in source:
-            raise CheckpointError(f"tensor {wname!r} is missing (its scale {sname!r} exists)")
-        w = expect(wname, source[wname], dtype=torch.float8_e4m3fn)
-        if w.dim() != 2:
-            raise CheckpointError(
-                f"tensor {wname!r} has shape {list(w.shape)}, expected [N, K] (a linear's; "
-                "experts stored stacked are not a layout these checkpoints use)"
-            )
+        layout = (
+            "[N, K] (a linear's; experts stored stacked are not a layout these checkpoints use)"
+        )
+        w = e4m3_beside(source, wname, sname, layout)
         n, k = w.shape
         s = expect(
             sname,

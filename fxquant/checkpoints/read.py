@@ -98,6 +98,10 @@ def _read_with_config(source: TensorSource, qcfg: Mapping[str, Any] | None) -> L
         from fxquant.checkpoints.fp8 import read_fp8_blocks
 
         return read_fp8_blocks(source, qcfg)
+    if method == "fbgemm_fp8":
+        from fxquant.checkpoints.fbgemm_fp8 import read_fbgemm_fp8
+
+        return read_fbgemm_fp8(source, qcfg)
     if method in ("gptq", "awq"):
         from fxquant.checkpoints.gptq import read_awq, read_gptq
 
@@ -141,7 +145,8 @@ def _read_with_config(source: TensorSource, qcfg: Mapping[str, Any] | None) -> L
         return read_fp_quant(source, qcfg)
     raise NotImplementedError(
         f"loading quant_method={method!r} checkpoints is not supported; supported: "
-        "'compressed-tensors', 'fp8' (DeepSeek-style blocks), 'gptq', 'awq', 'mxfp4' (gpt-oss "
+        "'compressed-tensors', 'fp8' (DeepSeek-style blocks), 'fbgemm_fp8' (per-channel "
+        "e4m3, Llama 4's experts too), 'gptq', 'awq', 'mxfp4' (gpt-oss "
         "experts), 'metal' / MLX affine, 'fp_quant', 'auto-round', 'quark', 'aqlm', 'vptq', "
         "'spqr', and .gguf files"
     )
