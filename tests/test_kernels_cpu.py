@@ -300,6 +300,37 @@ def test_float8_block(m, n, k, block):
     assert not got.isnan().any()
 
 
+# the experts' rows by expert: each on both sides of the GEMV threshold, rows of zeros among
+# them (skipped), an empty expert, rows past the last end (zeros)
+EXPERT_ENDS = [[0, 1, 1, 1], [2, 2, 7, 8], [33, 40, 40, 110]]
+
+
+@pytest.mark.parametrize("ends", EXPERT_ENDS)
+@pytest.mark.parametrize("bf16_x", [0, 1])
+def test_grouped_experts_run_each_experts_rows_on_the_linears_paths(ends, bf16_x):
+    """int8 weight-only, fp8 per-row and fp8 block experts (int8_fp8.cpp's grouped shims)
+    against their references: the linear's own kernels on each expert's rows, where the
+    arithmetic is this build's."""
+    g = torch.Generator().manual_seed(sum(ends))
+    e, n, k = 4, 37, 200
+    w = torch.randn(e, n, k, generator=g)
+    x = _activations(ends[-1] + 3, k, g)
+    x[1:3] = 0
+    offs = torch.tensor(ends)
+    q8, s8 = ref.quantize_int8_per_channel(w)
+    got = fxq.native_int8_weight_only_grouped_mm(x, q8, s8, offs, 0)
+    _close(got, ref.int8_weight_only_grouped_mm(x, q8, s8, offs))
+    q, s = ref.quantize_fp8_per_channel(w)
+    got = fxq.native_float8_dynamic_grouped_mm(x, q, s, offs, 1200.0, bf16_x)
+    _close(got, ref.float8_dynamic_grouped_mm(x, q, s, offs, activation_scale_ub=1200.0))
+    for b in (32, 128):
+        stored = fxquant.Float8Block(block_size=b).quantize(w).tensors  # each expert's tiles
+        qb, sb = stored["qweight"], stored["scale"]
+        got = fxq.native_float8_block_grouped_mm(x, qb, sb, offs, b)
+        _close(got, ref.float8_block_grouped_mm(x, qb, sb, offs, block_size=b))
+        assert (got[ends[-1] :] == 0).all() and not got.isnan().any()
+
+
 def test_prepack_int8_vnni_layout():
     w = torch.arange(-60, 60, dtype=torch.int8).reshape(20, 6)  # 2 panels (one of 4 rows), K4 2
     panels, comp = native.prepack_int8_vnni(w)
