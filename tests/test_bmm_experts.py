@@ -98,16 +98,17 @@ def test_experts_quantized_equal_the_model_on_their_dequantized_weights(exported
 
 
 def test_recipes_take_the_experts_or_say_why_not(exported):
-    w4a8 = fxquant.report(fxquant.quantize(exported, "w4a8-32"))
-    assert {r.name for r in w4a8.quantized} >= set(EXPERTS)
-    w8a8 = fxquant.report(fxquant.quantize(exported, "w8a8"))
-    kept = {r.name: r for r in w8a8.skipped if r.kind == "bmm"}
+    for recipe in ("w4a8-32", "w8a8", "fp8-row"):
+        taken = fxquant.report(fxquant.quantize(exported, recipe))
+        assert {r.name for r in taken.quantized} >= set(EXPERTS), recipe
+    per_tensor = fxquant.report(fxquant.quantize(exported, "fp8-tensor"))
+    kept = {r.name: r for r in per_tensor.skipped if r.kind == "bmm"}
     assert sorted(kept) == sorted(EXPERTS)
     assert all(
         "([E, K, N], bmm) take only Int8WeightOnly" in r.reason and r.experts == 4
         for r in kept.values()
     )
-    (row,) = [k for k in w8a8.cpu_kernels() if k["layers"] == list(kept)]
+    (row,) = [k for k in per_tensor.cpu_kernels() if k["layers"] == list(kept)]
     assert row["kernel"] == (BMM_EXPERTS_KERNEL if native.available() else AT_BMM)
 
 

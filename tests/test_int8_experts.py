@@ -282,10 +282,11 @@ def test_float_experts_skip_rows_of_zeros_only_when_asked():
 
 
 def test_lowering_takes_float_experts_out_of_transformers_op(moe):
-    """A program whose experts stay float (w8a8 skips them) lowers them to fxquant's ops: its
-    package runs without transformers' Python op registered (the runtime never imports it)."""
+    """A program whose experts stay float (fp8-tensor skips them) lowers them to fxquant's ops:
+    its package runs without transformers' Python op registered (the runtime never imports
+    it)."""
     _, ep = moe
-    qep = fxquant.quantize(ep, "w8a8")
+    qep = fxquant.quantize(ep, "fp8-tensor")
     lowered = lower(qep)
     targets = {str(n.target) for n in lowered.graph.nodes if n.op == "call_function"}
     assert not any(t.startswith("transformers.") for t in targets), targets
@@ -364,13 +365,13 @@ def test_hugging_face_configs_keep_the_experts_float_as_transformers_does(moe):
 
 def test_other_schemes_still_skip_the_experts_and_say_which_take_them(moe):
     _, ep = moe
-    qep = fxquant.quantize(ep, "w8a8")
+    qep = fxquant.quantize(ep, "fp8-tensor")
     row = {r["name"]: r for r in fxquant.report(qep).rows}["model.layers.0.mlp.experts.down_proj"]
     assert row["status"] == "skipped"
     assert (
-        "take only Int8WeightOnly, Int4WeightOnly, Int8DynamicActivationInt4, "
-        "Float8Dynamic(granularity='row'), Float8Block or MXFP4(activations=False), not "
-        "Int8DynamicActivation" in row["reason"]
+        "take only Int8WeightOnly, Int8DynamicActivation, Int4WeightOnly, "
+        "Int8DynamicActivationInt4, Float8Dynamic(granularity='row'), Float8Block or "
+        "MXFP4(activations=False), not Float8Dynamic" in row["reason"]
     )
 
 

@@ -349,13 +349,15 @@ def _cases():
 def _format_cases():
     """bitsandbytes 4-bit (plain and double-quantized absmax), LLM.int8's activation quantizer
     (with and without outlier columns), MXFP4 / NVFP4 (E8M0 or e4m3 block scales), the MXFP4,
-    int8, int4 and fp8 (row-scaled, block-scaled) experts' grouped GEMMs and MXFP8."""
+    int8 (weight-only, W8A8), int4 and fp8 (row-scaled, block-scaled) experts' grouped GEMMs and
+    MXFP8."""
     from fxquant.kernels import (
         bnb4_weight_only,
         float8_block_grouped,
         float8_dynamic_grouped,
         gemm,
         int4_weight_only_grouped,
+        int8_dynamic_grouped,
         int8_weight_only_grouped,
         llm_int8,
         mxfp4,
@@ -493,6 +495,15 @@ def _format_cases():
             tile = {"BLOCK_M": g._BLOCK_M, "BLOCK_N": g._BLOCK_N, "BLOCK_K": block_k}
             label = f"{name} grouped mm offs={offs} out={out} BLOCK_K={block_k}"
             cases.append(_case(label, kernel, sig, tile))
+    # the W8A8 experts' grouped GEMM: int8 tiles on the int8 tensor cores (exact int32 sums),
+    # with either offsets dtype and output dtype
+    g = int8_dynamic_grouped
+    for offs, out in (("*i32", "bf16"), ("*i64", "fp32")):
+        sig = {"x_ptr": "*i8", "xs_ptr": "*fp32", "w_ptr": "*i8", "s_ptr": "*fp32"}
+        sig.update(offs_ptr=offs, out_ptr=f"*{out}", S="i32", N="i32", K="i32")
+        tile = {"BLOCK_M": g._BLOCK_M, "BLOCK_N": g._BLOCK_N, "BLOCK_K": g._BLOCK_K}
+        label = f"int8 row-scaled grouped mm offs={offs} out={out}"
+        cases.append(_case(label, g._int8_scaled_grouped_kernel, sig, tile))
     for rows in (1, 128):
         bm, bn = mxfp4.block_sizes(rows)  # mxfp8 launches with mxfp4.launch
         cases.append(

@@ -156,11 +156,11 @@ def test_mxfp4config_quantizes_the_experts_and_nothing_else(gpt_oss):
 
 def test_other_schemes_skip_the_experts_and_say_why(gpt_oss):
     model, ep = gpt_oss
-    qep = fxquant.quantize(ep, fxquant.Int8DynamicActivation())
+    qep = fxquant.quantize(ep, fxquant.Float8Dynamic(granularity="tensor"))
     rows = {r["name"]: r for r in fxquant.report(qep).rows}
     row = rows["model.layers.0.mlp.experts.gate_up_proj"]
     assert row["status"] == "skipped"
-    assert "MXFP4(activations=False), not Int8DynamicActivation" in row["reason"]
+    assert "MXFP4(activations=False), not Float8Dynamic" in row["reason"]
     assert rows["model.layers.0.self_attn.q_proj"]["status"] == "quantized"
     # int8 weight-only takes them (tests/test_int8_experts.py), the experts' biases kept
     experts = r"experts\.(gate_up_proj|down_proj)"

@@ -365,6 +365,18 @@ def int8_dynamic_int4_grouped_mm(x, weight, scale, zero, offs, *, group_size: in
     return (y * xs).to(x.dtype)
 
 
+def int8_dynamic_grouped_mm(x, weight, scale, offs):
+    """W8A8 experts: x quantized per token to int8 (a row's grid does not depend on its
+    expert), then each row times its expert's int8 W [E, N, K] with per-channel scales [E, N]
+    (``grouped_linear``): ``int8_dynamic_linear`` per expert, per row. → [S, N] in x's dtype."""
+    xq, xs = quantize_int8_per_token(x)
+
+    def expert(rows, e, row_scale):
+        return int8_scaled_linear(rows, row_scale, weight[e], scale[e], out_dtype=torch.float32)
+
+    return grouped_linear(xq, expert, offs, xs).to(x.dtype)
+
+
 def float8_dynamic_grouped_mm(x, weight, scale, offs, *, activation_scale_ub=None):
     """fp8 experts as FbgemmFp8Config's (Llama 4): x quantized per token to e4m3 (a row's grid
     does not depend on its expert; its amax capped at ``activation_scale_ub``), then each row

@@ -108,6 +108,15 @@ NATIVE_OPS = {
         "AtenTensorHandle offs, int64_t group_size, int64_t bf16_from, int64_t int8_from, "
         "AtenTensorHandle* ret0)",
     ),
+    # W8A8 experts (int8_fp8.cpp): each expert's rows quantized per token to int8 inside the op,
+    # then the w8a8 linear's integer kernels on its stored [N, K] weight
+    "native_int8_dynamic_grouped_mm": (
+        "native_int8_dynamic_grouped_mm(Tensor x, Tensor weight, Tensor scale, Tensor offs) "
+        "-> Tensor",
+        "AOTITorchError aoti_torch_cpu_native_int8_dynamic_grouped_mm(AtenTensorHandle x, "
+        "AtenTensorHandle weight, AtenTensorHandle scale, AtenTensorHandle offs, "
+        "AtenTensorHandle* ret0)",
+    ),
     # fp8 experts (int8_fp8.cpp): weight [E, N, K] e4m3, x quantized inside the op as the
     # linear's (per token, its amax capped at scale_ub; or in 1 x b groups), each expert's rows
     # on that linear's paths (bf16_x: its bf16-dot GEMM from 2 rows, exact for e4m3 values)
@@ -306,6 +315,9 @@ torch.library.register_fake("fxquant::native_int4_grouped_mm", lib=_lib)(
     lambda x, weight, scale, offset, offs, group_size, bf16_from, int8_from: x.new_empty(
         (x.shape[0], weight.shape[1]), dtype=torch.float32
     )
+)
+torch.library.register_fake("fxquant::native_int8_dynamic_grouped_mm", lib=_lib)(
+    lambda x, weight, scale, offs: x.new_empty((x.shape[0], weight.shape[1]), dtype=torch.float32)
 )
 torch.library.register_fake("fxquant::native_float8_dynamic_grouped_mm", lib=_lib)(
     lambda x, weight, scale, offs, scale_ub, bf16_x: x.new_empty(
@@ -522,11 +534,19 @@ def _march() -> str:
 
 
 @functools.cache
+def _sources() -> dict[str, bytes]:
+    """The kernels' sources as this process first reads them: what its key hashes and what its
+    build compiles, so a file edited in between cannot put a build under a key that names other
+    sources (it did: a register.cpp one edit old, under the new sources' key)."""
+    return {name: (_HERE / name).read_bytes() for name in _SOURCES}
+
+
+@functools.cache
 def _key() -> str:
     h = hashlib.sha256()
     h.update(_march().encode())
-    for name in _SOURCES:
-        h.update((_HERE / name).read_bytes())
+    for text in _sources().values():
+        h.update(text)
     h.update(torch.__version__.encode())
     h.update(cpu_signature().encode())
     h.update(_compiler().encode())
@@ -548,6 +568,8 @@ def _build(target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".build-", dir=target.parent))
     try:
+        for name, text in _sources().items():  # the bytes the key hashed
+            (tmp / name).write_bytes(text)
 
         def run(*cmd: str) -> None:
             proc = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True)
@@ -556,7 +578,7 @@ def _build(target: Path) -> None:
 
         def compile_object(name: str) -> str:
             obj = Path(name).with_suffix(".o").name
-            run(cxx, *flags, *includes, "-c", str(_HERE / name), "-o", obj)
+            run(cxx, *flags, *includes, "-c", name, "-o", obj)
             return obj
 
         # one compiler per core: the five sources took ~10 s one after another on two cores

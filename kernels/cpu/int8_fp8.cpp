@@ -1006,6 +1006,26 @@ AOTITorchError float8_block_scaled_linear(AtenTensorHandle xq, AtenTensorHandle 
   return float8_block_rows(xm.as<float>(), sm.as<float>(), xm.rows, xm.cols, w, scale, b, ret0);
 }
 
+// y [M, N] (M, N > 0) = (xq . w) * xs * scale, int32 dot products, on the stored [N, K] int8
+// weight: the GEMV up to kGemvMaxMInt8Int8 rows, the integer panel GEMM above
+AOTITorchError int8_int8_product(const int8_t* xp, const float* xsp, int64_t M, int64_t K,
+                                 const int8_t* wp, int64_t N, const float* sp, float* y) {
+  if (M <= kGemvMaxMInt8Int8) {
+    gemv_int8_int8(xp, xsp, M, K, wp, N, sp, y);
+    return AOTI_TORCH_SUCCESS;
+  }
+#if defined(FXQ_VNNI512)
+  gemm_int8_int8_vnni(xp, xsp, M, K, wp, N, sp, y);
+#elif defined(FXQ_AVX2)
+  gemm_int8_int8(xp, xsp, M, K, wp, N, sp, y);
+#else
+  // without AVX2 (other ISAs, builds that force the class) every M takes the GEMV's exact
+  // int32 dot products: slower than a panel GEMM, but the sums stay the reference's
+  gemv_int8_int8(xp, xsp, M, K, wp, N, sp, y);
+#endif
+  return AOTI_TORCH_SUCCESS;
+}
+
 // y = (xq . w) * xs * scale on the stored [N, K] int8 weight: the w8a8 shims' body
 AOTITorchError int8_scaled_rows(const int8_t* xp, const float* xsp, int64_t M, int64_t K,
                                 AtenTensorHandle w, AtenTensorHandle scale,
@@ -1015,23 +1035,10 @@ AOTITorchError int8_scaled_rows(const int8_t* xp, const float* xsp, int64_t M, i
       !view(scale, 1, aoti_torch_dtype_float32(), &sm) || wm.cols != K || sm.rows != wm.rows)
     return AOTI_TORCH_FAILURE;
   const int64_t N = wm.rows;
-  const float* sp = sm.as<float>();
-  auto gemv = [&](float* y) { gemv_int8_int8(xp, xsp, M, K, wm.as<int8_t>(), N, sp, y); };
-  auto mm = [&](float* y) {
-#if defined(FXQ_VNNI512)
-    gemm_int8_int8_vnni(xp, xsp, M, K, wm.as<int8_t>(), N, sp, y);
-    return AOTI_TORCH_SUCCESS;
-#elif defined(FXQ_AVX2)
-    gemm_int8_int8(xp, xsp, M, K, wm.as<int8_t>(), N, sp, y);
-    return AOTI_TORCH_SUCCESS;
-#else
-    // without AVX2 (other ISAs, builds that force the class) every M takes the GEMV's exact
-    // int32 dot products: slower than a panel GEMM, but the sums stay the reference's
-    gemv(y);
-    return AOTI_TORCH_SUCCESS;
-#endif
-  };
-  return run_linear(M, N, kGemvMaxMInt8Int8, ret0, gemv, mm);
+  float* y = nullptr;
+  if (AOTITorchError e = new_output(M, N, ret0, &y)) return e;
+  if (M == 0 || N == 0) return AOTI_TORCH_SUCCESS;
+  return int8_int8_product(xp, xsp, M, K, wm.as<int8_t>(), N, sm.as<float>(), y);
 }
 
 // y = (xq . w) * xs * scale on the prepacked VNNI panels (prepack_int8_vnni), the activations
@@ -1196,6 +1203,39 @@ AOTITorchError float8_block_grouped_mm(AtenTensorHandle x, AtenTensorHandle w,
                          xs.data(), KB, rows);
 }
 
+// ---- mixture-of-experts: W8A8 experts ----------------------------------------------------------
+// x [S, K] fp32 sorted by expert, offs [E] as int8_grouped_mm's, w [E, N, K] int8, scale [E, N]:
+// each expert's rows quantized per token to int8 (quantize_int8_rows: the reference's bytes; a
+// row's grid does not depend on its expert, so quantizing an expert's rows alone is the same),
+// then the w8a8 linear's integer kernels on that expert's stored weight (int8_int8_product:
+// int32 sums, the reference's products). Rows of zeros are not run.
+AOTITorchError int8_dynamic_grouped_mm(AtenTensorHandle x, AtenTensorHandle w,
+                                       AtenTensorHandle scale, AtenTensorHandle offs,
+                                       AtenTensorHandle* ret0) {
+  Mat xm, wm, sm, om;
+  if (!view(x, 2, aoti_torch_dtype_float32(), &xm) || !view(w, 3, aoti_torch_dtype_int8(), &wm) ||
+      !view(scale, 2, aoti_torch_dtype_float32(), &sm) ||
+      !view(offs, 1, aoti_torch_dtype_int64(), &om))
+    return AOTI_TORCH_FAILURE;
+  int64_t* wsizes = nullptr;
+  if (aoti_torch_get_sizes(w, &wsizes)) return AOTI_TORCH_FAILURE;
+  const int64_t S = xm.rows, K = xm.cols, E = wsizes[0], N = wsizes[1];
+  if (wsizes[2] != K || sm.rows != E || sm.cols != N || om.rows != E) return AOTI_TORCH_FAILURE;
+  const int8_t* wp = wm.as<int8_t>();
+  const float* sp = sm.as<float>();
+  std::vector<uint8_t> q;
+  std::vector<float> xs;
+  auto rows = [&](int64_t e, const float* xe, int64_t M, float* ye) {
+    q.resize(M * K);
+    xs.resize(M);
+    quantize_int8_rows(xe, M, K, q.data(), K, /*flip=*/0, xs.data());
+    return int8_int8_product((const int8_t*)q.data(), xs.data(), M, K, wp + e * N * K, N,
+                             sp + e * N, ye);
+  };
+  return run_grouped(xm.as<float>(), S, K, N, om.as<int64_t>(), E, /*skip_zero_rows=*/true,
+                     ret0, rows);
+}
+
 }  // namespace
 }  // namespace fxq
 
@@ -1219,6 +1259,14 @@ AOTITorchError aoti_torch_cpu_native_int8_weight_only_grouped_mm(AtenTensorHandl
                                                                  int64_t bf16_x,
                                                                  AtenTensorHandle* ret0) {
   return int8_grouped_mm(x, w, scale, offs, bf16_x != 0, ret0);
+}
+
+AOTITorchError aoti_torch_cpu_native_int8_dynamic_grouped_mm(AtenTensorHandle x,
+                                                            AtenTensorHandle w,
+                                                            AtenTensorHandle scale,
+                                                            AtenTensorHandle offs,
+                                                            AtenTensorHandle* ret0) {
+  return int8_dynamic_grouped_mm(x, w, scale, offs, ret0);
 }
 
 AOTITorchError aoti_torch_cpu_native_float8_dynamic_grouped_mm(AtenTensorHandle x,

@@ -1,6 +1,7 @@
 """The CPU lowering of the mixture-of-experts GEMMs (``int8_weight_only_grouped_mm``,
-``int4_weight_only_grouped_mm``, ``int8_dynamic_int4_grouped_mm``, ``float8_dynamic_grouped_mm``,
-``float8_block_grouped_mm``, ``mxfp4_grouped_mm``, and the experts a config leaves in float):
+``int4_weight_only_grouped_mm``, ``int8_dynamic_int4_grouped_mm``, ``int8_dynamic_grouped_mm``,
+``float8_dynamic_grouped_mm``, ``float8_block_grouped_mm``, ``mxfp4_grouped_mm``, and the experts a
+config leaves in float):
 each row of x [S, K] times its own expert's weight.
 
 Where it sits: registered by op name (``fxquant.core.registry``) and read by the lowering pass
@@ -25,7 +26,7 @@ linear takes at that row count on this machine (``int4_row_paths``). The quantiz
 kernels skip rows of zeros (their product with a finite weight is zeros) and count the rows that
 remain: Llama 4 sends every token through every expert, 0 where it did not choose it, so its
 decode step reads the chosen expert's weights only (kernels/cpu/native.h, ``run_grouped``).
-fp8 experts (per-row and block scales) quantize every row in the native op as their linear
+W8A8 and fp8 experts (per-row and block scales) quantize x in the native op as their linear
 does, then run each expert's rows on that linear's kernels with the rows' scales.
 MXFP4's e2m1 decode is dear per value: its gather serves decode (2-3 ms where one GEMM of every
 row with every expert took 54 ms), that dense GEMM prefill (past three rows per expert). No CPU
@@ -77,6 +78,13 @@ EXPERT_KERNELS = {
         "fxquant native int4 grouped kernel: each expert's rows quantized per token to int8 on "
         "the W4A8 linear's kernels (GEMV, then the integer GEMM); rows of zeros give zeros "
         "without running",
+    ),
+    "int8_dynamic": (
+        True,
+        "fxquant native W8A8 grouped kernel: each expert's rows quantized per token to int8 in "
+        "the kernel, then the w8a8 linear's integer kernels on the expert's stored weight (the "
+        "int8 × int8 GEMV for a few rows, then the integer panel GEMM, VNNI where the CPU has "
+        "it); rows of zeros give zeros without running",
     ),
     "float8_dynamic": (
         True,
@@ -144,6 +152,26 @@ def _int8_weight_only_grouped_mm(x, weight, scale, offs):
         return (xf[:, None, :] * weight[ids].float()).sum(-1) * scale[ids]
 
     return per_row_expert(x, offs, weight.shape[0], product).to(x.dtype)
+
+
+@lowering(NATIVE, "int8_dynamic_grouped_mm")
+def _native_int8_dynamic_grouped_mm(x, weight, scale, offs):
+    # per token int8 and the integer kernels of the w8a8 linear, each expert's rows on its own
+    # stored weight (kernels/cpu/int8_fp8.cpp)
+    y = fxq.native_int8_dynamic_grouped_mm(
+        x.float().contiguous(), weight.contiguous(), scale.float().contiguous(), offs.long()
+    )
+    return y.to(x.dtype)
+
+
+@lowering("cpu", "int8_dynamic_grouped_mm")
+def _int8_dynamic_grouped_mm(x, weight, scale, offs):
+    xq, xs = ref.quantize_int8_per_token(x)  # per row: the grid does not depend on the expert
+
+    def product(xv, ids):  # the integer codes' products, then the scales (the reference's order)
+        return (xv[:, None, :] * weight[ids].float()).sum(-1) * scale[ids]
+
+    return (per_row_expert(xq.float(), offs, weight.shape[0], product) * xs).to(x.dtype)
 
 
 # --------------------------------------------------------------------------------------------

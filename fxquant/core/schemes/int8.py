@@ -77,6 +77,15 @@ class Int8DynamicActivation(_Int8PerChannel):
     quantizes_activation: ClassVar[bool] = True
     reference = staticmethod(ref.int8_dynamic_linear)
 
+    @property
+    def takes_experts(self) -> bool:  # type: ignore[override]
+        return True
+
+    def grouped_op_args(self, x, constants, offs):
+        # experts [E, N, K] per output channel of each expert; x per token, whatever its expert
+        op = torch.ops.fxquant.int8_dynamic_grouped_mm.default
+        return op, (x, constants["qweight"], constants["scale"], offs)
+
     @classmethod
     def activation_quant(cls, args):
         return ActivationQuant(torch.int8, -1, None)

@@ -1,12 +1,13 @@
-"""fp8 mixture-of-experts weights (``fp8-row``: FbgemmFp8Config's Llama 4 experts; ``fp8-block``:
-FineGrainedFP8Config's ``FP8Experts``): reference, ops, the CPU lowering (the native kernel and
-the aten gather), the rewrite of grouped_mm (Qwen2-MoE) and bmm (Llama 4) experts, from_hf, and
-the AOT package.
+"""Mixture-of-experts weights of the schemes that quantize the activation at run time: ``w8a8``
+(int8 per channel, x per token), ``fp8-row`` (FbgemmFp8Config's Llama 4 experts) and
+``fp8-block`` (FineGrainedFP8Config's ``FP8Experts``): reference, ops, the CPU lowering (the
+native kernel and the aten gather), the rewrite of grouped_mm (Qwen2-MoE) and bmm (Llama 4)
+experts, from_hf, the FP8 checkpoint loaders, and the AOT package.
 
-The reference's oracle is the fp8 linear's own reference, row by row with the row's expert
-weight: x is quantized per token (or in 1×b groups of a token), so a row's values do not depend
-on the rows beside it. The model-level oracle is the quantized program run by those references.
-The Triton kernels: tests/test_kernels_float8_grouped.py.
+The reference's oracle is the linear's own reference, row by row with the row's expert weight:
+x is quantized per token (or in 1×b groups of a token), so a row's values do not depend on the
+rows beside it. The model-level oracle is the quantized program run by those references. The
+Triton kernels: tests/test_kernels_float8_grouped.py, tests/test_kernels_int8_dynamic_grouped.py.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ UB = 1200.0  # FbgemmFp8Config's activation_scale_ub
 # SchemaCheckMode compares tensors with allclose, which has no CPU float8 kernel: the fp8 ops run
 # every other opcheck test (as in tests/test_ops.py)
 NO_SCHEMA_TEST = ("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
+DEFAULT_UTILS = torch.library._OPCHECK_DEFAULT_UTILS
 ROW = fxquant.Float8Dynamic(granularity="row", activation_scale_ub=UB)
 # (rows, each expert's cumulative row end): an empty expert, rows past the last end (zeros)
 LAYOUTS = [(1, [0, 1, 1, 1]), (9, [2, 2, 7, 8]), (70, [10, 40, 40, 60])]
@@ -63,25 +65,29 @@ def _quantized(scheme, w):
 
 
 def _op(scheme):
-    """(the scheme's experts op, its last argument)."""
+    """(the scheme's experts op, its last arguments)."""
     if isinstance(scheme, fxquant.Float8Block):
-        return fxq.float8_block_grouped_mm.default, scheme.block_size
-    return fxq.float8_dynamic_grouped_mm.default, UB
+        return fxq.float8_block_grouped_mm.default, (scheme.block_size,)
+    if isinstance(scheme, fxquant.Int8DynamicActivation):
+        return fxq.int8_dynamic_grouped_mm.default, ()
+    return fxq.float8_dynamic_grouped_mm.default, (UB,)
 
 
 def _run(scheme, x, q, s, offs):
-    op, param = _op(scheme)
-    return op(x, q, s, offs, param)
+    op, params = _op(scheme)
+    return op(x, q, s, offs, *params)
 
 
 def _row_by_row(scheme, x, q, s, offs):
-    """Each row through the fp8 linear's reference with its expert's weight; zeros past the end."""
+    """Each row through the linear's reference with its expert's weight; zeros past the end."""
     out = torch.zeros(x.shape[0], q.shape[1])
     start = 0
     for e, end in enumerate(offs.tolist()):
         for r in range(start, end):
             if isinstance(scheme, fxquant.Float8Block):
                 y = ref.float8_block_linear(x[r : r + 1], q[e], s[e], block_size=scheme.block_size)
+            elif isinstance(scheme, fxquant.Int8DynamicActivation):
+                y = ref.int8_dynamic_linear(x[r : r + 1], q[e], s[e])
             else:
                 y = ref.float8_dynamic_linear(
                     x[r : r + 1], q[e], s[e], per_row=True, activation_scale_ub=UB
@@ -91,15 +97,16 @@ def _row_by_row(scheme, x, q, s, offs):
     return out
 
 
-SCHEMES = [ROW, fxquant.Float8Block(block_size=32), fxquant.Float8Block(block_size=128)]
-SCHEME_IDS = ["row", "block32", "block128"]
+W8A8 = fxquant.Int8DynamicActivation()
+SCHEMES = [W8A8, ROW, fxquant.Float8Block(block_size=32), fxquant.Float8Block(block_size=128)]
+SCHEME_IDS = ["w8a8", "fp8-row", "fp8-block32", "fp8-block128"]
 
 
 @pytest.mark.parametrize("scheme", SCHEMES, ids=SCHEME_IDS)
 def test_the_ops_are_the_linears_reference_row_by_row(scheme):
     w = _weights()
     q, s = _quantized(scheme, w)
-    assert q.dtype == torch.float8_e4m3fn and q.shape == w.shape
+    assert q.dtype in (torch.int8, torch.float8_e4m3fn) and q.shape == w.shape
     for rows, ends in LAYOUTS:
         x, offs = _x(rows), torch.tensor(ends)
         got = _run(scheme, x, q, s, offs)
@@ -108,8 +115,9 @@ def test_the_ops_are_the_linears_reference_row_by_row(scheme):
     zero_w = _quantized(scheme, torch.zeros(4, 72, 200))
     zeros = _run(scheme, torch.zeros(5, 200), *zero_w, torch.tensor([1, 2, 3, 5]))
     assert (zeros == 0).all()  # all-zero weights and activations: zeros, never NaN
-    op, param = _op(scheme)
-    opcheck(op, (_x(9), q, s, torch.tensor([2, 2, 7, 8]), param), test_utils=NO_SCHEMA_TEST)
+    op, params = _op(scheme)
+    utils = DEFAULT_UTILS if q.dtype == torch.int8 else NO_SCHEMA_TEST
+    opcheck(op, (_x(9), q, s, torch.tensor([2, 2, 7, 8]), *params), test_utils=utils)
 
 
 def test_experts_quantize_as_each_expert_would_as_a_linear():
@@ -126,26 +134,28 @@ def test_experts_quantize_as_each_expert_would_as_a_linear():
 
 @pytest.mark.parametrize("scheme", SCHEMES, ids=SCHEME_IDS)
 def test_the_cpu_lowerings_match_the_reference(scheme):
-    """The native kernel (where it builds; bf16 dot products where this CPU class's table runs
-    the fp8 linear on them: exact for e4m3 values) and the aten gather, on the same rows."""
+    """The native kernel (where it builds; int32 sums for w8a8, bf16 dot products for fp8 where
+    this CPU class's table runs the fp8 linear on them: exact for e4m3 values) and the aten
+    gather, on the same rows."""
     w = _weights()
     q, s = _quantized(scheme, w)
-    op, param = _op(scheme)
+    op, params = _op(scheme)
     for rows, ends in LAYOUTS:
         x, offs = _x(rows), torch.tensor(ends)
         want = _run(scheme, x, q, s, offs)
         for lowering in (lowerings("cpu")[op], lowering_table("cpu")[op]):  # native, aten
-            got = lowering(x, q, s, offs.int(), param)
+            got = lowering(x, q, s, offs.int(), *params)
             assert_sums_close(got, want)
         xb = x.bfloat16()  # quantized from its bf16 values; one rounding of the result to bf16
         for lowering in (lowerings("cpu")[op], lowering_table("cpu")[op]):
-            got = lowering(xb, q, s, offs, param)
+            got = lowering(xb, q, s, offs, *params)
             assert got.dtype == torch.bfloat16
             torch.testing.assert_close(got, _run(scheme, xb, q, s, offs), rtol=1e-2, atol=1e-2)
 
 
 @pytest.mark.skipif(not native.available(), reason="fxquant's native kernels")
 def test_the_native_ops_pass_opcheck_and_skip_rows_of_zeros():
+    # experts 0 and 1 hold rows of zeros between live ones (gathered), expert 3 live rows only
     w = _weights()
     q, s = _quantized(ROW, w)
     x, offs = _x(70, zero_rows=range(12, 38)), torch.tensor([10, 40, 40, 60])
@@ -162,6 +172,10 @@ def test_the_native_ops_pass_opcheck_and_skip_rows_of_zeros():
     assert_sums_close(got, _run(block, x, qb, sb, offs))
     with pytest.raises(RuntimeError, match="native_float8_block_grouped_mm"):
         fxq.native_float8_block_grouped_mm(x, qb, sb[:, :1], offs, 64)  # the wrong scale shape
+    q8, s8 = _quantized(W8A8, w)
+    opcheck(fxq.native_int8_dynamic_grouped_mm.default, (x, q8, s8, offs))
+    got = fxq.native_int8_dynamic_grouped_mm(x, q8, s8, offs)  # int32 sums: the reference's
+    torch.testing.assert_close(got, _run(W8A8, x, q8, s8, offs), rtol=1e-6, atol=1e-5)
 
 
 # --------------------------------------------------------------------------------------------
@@ -175,13 +189,15 @@ def moe():
     return model, torch.export.export(model, (IDS,), kwargs={"use_cache": False})
 
 
-@pytest.mark.parametrize("recipe", ["fp8-row", "fp8-block"])
-def test_fp8_recipes_quantize_the_experts(moe, recipe):
+@pytest.mark.parametrize(
+    ("recipe", "name"),
+    [("w8a8", "int8_dynamic"), ("fp8-row", "float8_dynamic"), ("fp8-block", "float8_block")],
+)
+def test_dynamic_recipes_quantize_the_experts(moe, recipe, name):
     model, ep = moe
     qep = fxquant.quantize(ep, recipe)
     rep = fxquant.report(qep)
     rows = {r["name"]: r for r in rep.rows}
-    name = "float8_dynamic" if recipe == "fp8-row" else "float8_block"
     for layer in range(2):
         for p in ("gate_up_proj", "down_proj"):
             row = rows[f"model.layers.{layer}.mlp.experts.{p}"]
@@ -267,15 +283,16 @@ def test_per_tensor_fp8_still_skips_the_experts_and_says_which_take_them(moe):
 
 @pytest.mark.slow
 @pytest.mark.skipif(not native.available(), reason="the package's native grouped shims")
-def test_the_aot_package_runs_fp8_experts(tmp_path):
-    """One package, both fp8 experts shims (prefill and decode steps of a cached program)."""
+def test_the_aot_package_runs_the_dynamic_experts(tmp_path):
+    """One package, the three experts shims (prefill and decode steps of a cached program)."""
     config = fxquant.QuantConfig(scheme=ROW, overrides={
+        r"layers\.0\.mlp\.experts\.down_proj": W8A8,
         r"layers\.1\.mlp\.experts\.\w+": fxquant.Float8Block(block_size=32),
     })  # fmt: skip
     qep = fxquant.quantize(export_llm(qwen2_moe(), max_cache_len=32, logits="all"), config)
     targets = {str(n.target) for n in qep.graph.nodes if n.op == "call_function"}
-    assert {"fxquant.float8_dynamic_grouped_mm.default",
-            "fxquant.float8_block_grouped_mm.default"} <= targets  # fmt: skip
+    for op in ("int8_dynamic", "float8_dynamic", "float8_block"):
+        assert f"fxquant.{op}_grouped_mm.default" in targets
     package = fxquant.aot_compile(qep, tmp_path / "moe.pt2")
     ids = torch.randint(0, VOCAB, (1, 9))
     m = qep.module()
