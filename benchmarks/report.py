@@ -550,10 +550,10 @@ def _rate(row: dict, phase: str, spec: str) -> str:
 
 def moe_decode_section(arch: str = "qwen2_moe") -> str:
     llama4 = arch == "llama4"
-    title = "### A mixture-of-experts LLM with int8, int4 and fp8 experts (CPU)"
+    title = "### A mixture-of-experts LLM with int8, int4, W8A8 and fp8 experts (CPU)"
     if llama4:
         title = (
-            "### Llama 4's experts (every token through every expert) in int8, int4 and fp8 (CPU)"
+            "### Llama 4's experts (every token through every expert): int8, int4, W8A8, fp8 (CPU)"
         )
     how = "python benchmarks/moe_decode.py" + (" --arch llama4" if llama4 else "")
     file = "moe_decode_llama4.json" if llama4 else "moe_decode.json"

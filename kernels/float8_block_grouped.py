@@ -34,9 +34,8 @@ from torch.library import triton_op, wrap_triton
 
 from fxquant.core.registry import lowering
 from fxquant.kernels import quantize  # noqa: F401  (registers triton_quantize_fp8_groups)
-from fxquant.kernels.float8_dynamic_grouped import check_e4m3_operands
 from fxquant.kernels.gemm import load_a, store_tile
-from fxquant.kernels.mxfp4_grouped import check_offsets, expert_tile
+from fxquant.kernels.mxfp4_grouped import check_offsets, check_quantized_operands, expert_tile
 
 fxq = torch.ops.fxquant
 _BLOCK_M, _BLOCK_N = 32, 64  # BLOCK_K is the block size b
@@ -98,8 +97,9 @@ def _check(
             "(one K block per tl.dot step)"
         )
     b = block_size
-    e, n, k = check_e4m3_operands(
-        what, xq, xs, "[S, ceil(K/b)]", weight, out_dtype, lambda n, k: -(-k // b)
+    fp8 = torch.float8_e4m3fn
+    e, n, k = check_quantized_operands(
+        what, fp8, xq, xs, "[S, ceil(K/b)]", weight, out_dtype, lambda n, k: -(-k // b)
     )  # fmt: skip
     nb, kb = -(-n // b), -(-k // b)
     if scale.dtype != torch.float32 or tuple(scale.shape) != (e, nb, kb):

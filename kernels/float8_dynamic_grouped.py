@@ -33,13 +33,12 @@ from torch.library import triton_op, wrap_triton
 from fxquant.core.registry import lowering
 from fxquant.kernels import quantize  # noqa: F401  (registers triton_quantize_fp8_per_token)
 from fxquant.kernels.gemm import load_a, store_tile
-from fxquant.kernels.mxfp4_grouped import check_offsets, expert_tile
+from fxquant.kernels.mxfp4_grouped import check_row_scaled, expert_tile
 
 fxq = torch.ops.fxquant
 # BLOCK_K = 128 e4m3 values: 128 bytes a weight row per K step, what 64 bf16 values are to the
 # weight-only experts' kernels (and fp8 wgmma's K of 32, four times).
 _BLOCK_M, _BLOCK_N, _BLOCK_K = 32, 64, 128
-_OUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 @triton.jit
@@ -77,47 +76,11 @@ def _float8_grouped_kernel(
     store_tile(out_ptr, y, out_ptr, offs_m, offs_n, end, N, 0, False, 1)
 
 
-def check_e4m3_operands(
-    what: str, xq: Tensor, xs: Tensor, xs_shape: str, weight: Tensor, out_dtype: torch.dtype, kb
-) -> tuple[int, int, int]:
-    """The fp8 grouped kernels' (per-row here, block's) shared checks: xq e4m3 [S, K], W e4m3
-    [E, N, K], xs fp32 [S, kb] on xq's device (``xs_shape`` names that shape, ``kb`` a function
-    of (N, K)), the output dtype. ValueError naming the value and what is allowed; → (E, N, K)."""
-    fp8 = torch.float8_e4m3fn
-    if xq.dim() != 2 or xq.dtype != fp8:
-        raise ValueError(
-            f"{what}: xq must be 2-D [S, K] float8_e4m3fn; got {xq.dtype} {tuple(xq.shape)}"
-        )
-    if weight.dtype != fp8 or weight.dim() != 3:
-        raise ValueError(
-            f"{what}: weight must be float8_e4m3fn [E, N, K]; "
-            f"got {weight.dtype} {tuple(weight.shape)}"
-        )
-    e, n, k = weight.shape
-    s = xq.shape[0]
-    if xq.shape[1] != k:
-        raise ValueError(f"{what}: xq has K={xq.shape[1]} features, the weight [E, N, K] K={k}")
-    want = [s, kb(n, k)]
-    if xs.dtype != torch.float32 or list(xs.shape) != want or xs.device != xq.device:
-        raise ValueError(
-            f"{what}: xs must be fp32 {xs_shape} = {want} on xq's device ({xq.device}); "
-            f"got {xs.dtype} {tuple(xs.shape)} on {xs.device}"
-        )
-    if out_dtype not in _OUT_DTYPES:
-        raise ValueError(f"{what}: out_dtype is {out_dtype}; allowed: float32, bfloat16, float16")
-    return e, n, k
-
-
 def _check(
     xq: Tensor, xs: Tensor, weight: Tensor, scale: Tensor, offs: Tensor, out_dtype: torch.dtype
 ) -> None:
-    what = "fp8 scaled grouped mm"
-    e, n, _ = check_e4m3_operands(what, xq, xs, "[S, 1]", weight, out_dtype, lambda n, k: 1)
-    if scale.dtype != torch.float32 or tuple(scale.shape) != (e, n):
-        raise ValueError(
-            f"{what}: scale must be fp32 [E, N] = {[e, n]}; got {scale.dtype} {tuple(scale.shape)}"
-        )
-    check_offsets(what, xq, weight, scale, offs)
+    check_row_scaled("fp8 scaled grouped mm", torch.float8_e4m3fn, xq, xs, weight, scale, offs,
+                     out_dtype)  # fmt: skip
 
 
 @triton_op("fxquant::triton_float8_scaled_grouped_mm", mutates_args=())

@@ -33,13 +33,12 @@ from torch.library import triton_op, wrap_triton
 from fxquant.core.registry import lowering
 from fxquant.kernels import quantize  # noqa: F401  (registers triton_quantize_int8_per_token)
 from fxquant.kernels.gemm import store_tile
-from fxquant.kernels.mxfp4_grouped import check_offsets, expert_tile
+from fxquant.kernels.mxfp4_grouped import check_row_scaled, expert_tile
 
 fxq = torch.ops.fxquant
 # BLOCK_K = 128 int8 values: 128 bytes a weight row per K step, as the fp8 experts' kernel (and
 # int8 mma's K of 32, four times).
 _BLOCK_M, _BLOCK_N, _BLOCK_K = 32, 64, 128
-_OUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 @triton.jit
@@ -83,30 +82,7 @@ def _int8_scaled_grouped_kernel(
 def _check(
     xq: Tensor, xs: Tensor, weight: Tensor, scale: Tensor, offs: Tensor, out_dtype: torch.dtype
 ) -> None:
-    """ValueError naming the value and what is allowed, for each layout the kernel cannot read."""
-    what = "int8 scaled grouped mm"
-    if xq.dim() != 2 or xq.dtype != torch.int8:
-        raise ValueError(f"{what}: xq must be 2-D [S, K] int8; got {xq.dtype} {tuple(xq.shape)}")
-    if weight.dtype != torch.int8 or weight.dim() != 3:
-        raise ValueError(
-            f"{what}: weight must be int8 [E, N, K]; got {weight.dtype} {tuple(weight.shape)}"
-        )
-    e, n, k = weight.shape
-    s = xq.shape[0]
-    if xq.shape[1] != k:
-        raise ValueError(f"{what}: xq has K={xq.shape[1]} features, the weight [E, N, K] K={k}")
-    if xs.dtype != torch.float32 or tuple(xs.shape) != (s, 1) or xs.device != xq.device:
-        raise ValueError(
-            f"{what}: xs must be fp32 [S, 1] = {[s, 1]} on xq's device ({xq.device}); "
-            f"got {xs.dtype} {tuple(xs.shape)} on {xs.device}"
-        )
-    if scale.dtype != torch.float32 or tuple(scale.shape) != (e, n):
-        raise ValueError(
-            f"{what}: scale must be fp32 [E, N] = {[e, n]}; got {scale.dtype} {tuple(scale.shape)}"
-        )
-    if out_dtype not in _OUT_DTYPES:
-        raise ValueError(f"{what}: out_dtype is {out_dtype}; allowed: float32, bfloat16, float16")
-    check_offsets(what, xq, weight, scale, offs)
+    check_row_scaled("int8 scaled grouped mm", torch.int8, xq, xs, weight, scale, offs, out_dtype)
 
 
 @triton_op("fxquant::triton_int8_scaled_grouped_mm", mutates_args=())

@@ -145,6 +145,49 @@ def check_offsets(what: str, x: Tensor, weight: Tensor, scale: Tensor, offs: Ten
         raise ValueError(f"{what}: x, weight, scale and offs must share a device; got {devices}")
 
 
+_OUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def check_quantized_operands(
+    what: str, dtype, xq: Tensor, xs: Tensor, xs_shape: str, weight: Tensor, out_dtype, kb
+) -> tuple[int, int, int]:
+    """The grouped kernels' checks of a quantized activation (W8A8's, fp8's): xq ``dtype``
+    [S, K], W ``dtype`` [E, N, K], xs fp32 [S, kb(N, K)] on xq's device (``xs_shape`` names that
+    shape), the output dtype. ValueError naming the value and what is allowed; → (E, N, K)."""
+    name = str(dtype).removeprefix("torch.")
+    if xq.dim() != 2 or xq.dtype != dtype:
+        raise ValueError(f"{what}: xq must be 2-D [S, K] {name}; got {xq.dtype} {tuple(xq.shape)}")
+    if weight.dtype != dtype or weight.dim() != 3:
+        raise ValueError(
+            f"{what}: weight must be {name} [E, N, K]; got {weight.dtype} {tuple(weight.shape)}"
+        )
+    e, n, k = weight.shape
+    s = xq.shape[0]
+    if xq.shape[1] != k:
+        raise ValueError(f"{what}: xq has K={xq.shape[1]} features, the weight [E, N, K] K={k}")
+    want = [s, kb(n, k)]
+    if xs.dtype != torch.float32 or list(xs.shape) != want or xs.device != xq.device:
+        raise ValueError(
+            f"{what}: xs must be fp32 {xs_shape} = {want} on xq's device ({xq.device}); "
+            f"got {xs.dtype} {tuple(xs.shape)} on {xs.device}"
+        )
+    if out_dtype not in _OUT_DTYPES:
+        raise ValueError(f"{what}: out_dtype is {out_dtype}; allowed: float32, bfloat16, float16")
+    return e, n, k
+
+
+def check_row_scaled(what, dtype, xq, xs, weight, scale, offs, out_dtype) -> None:
+    """``check_quantized_operands`` for one activation scale a row ([S, 1]) and one weight scale
+    a channel ([E, N]), then the offsets."""
+    e, n, _ = check_quantized_operands(what, dtype, xq, xs, "[S, 1]", weight, out_dtype,
+                                       lambda n, k: 1)  # fmt: skip
+    if scale.dtype != torch.float32 or tuple(scale.shape) != (e, n):
+        raise ValueError(
+            f"{what}: scale must be fp32 [E, N] = {[e, n]}; got {scale.dtype} {tuple(scale.shape)}"
+        )
+    check_offsets(what, xq, weight, scale, offs)
+
+
 @triton_op("fxquant::triton_mxfp4_grouped_mm", mutates_args=())
 def triton_mxfp4_grouped_mm(x: Tensor, weight: Tensor, scale: Tensor, offs: Tensor) -> Tensor:
     """x [S, K] float (rows sorted by expert) · its expert's packed e2m1 W [E, N, K/2] with

@@ -1071,6 +1071,21 @@ AOTITorchError vnni_linear(const uint8_t* xu, const float* xs, int64_t M, int64_
   return AOTI_TORCH_SUCCESS;
 }
 
+// The grouped shims' views: x [S, K] fp32, w [E, N, K] of w_dtype, scale fp32 of sdim
+// dimensions, offs [E] int64; false unless every one is readable and their E and K agree.
+bool grouped_views(AtenTensorHandle x, AtenTensorHandle w, int32_t w_dtype,
+                   AtenTensorHandle scale, int64_t sdim, AtenTensorHandle offs, Mat* xm, Mat* wm,
+                   Mat* sm, Mat* om, int64_t* E, int64_t* N) {
+  int64_t* wsizes = nullptr;
+  if (!view(x, 2, aoti_torch_dtype_float32(), xm) || !view(w, 3, w_dtype, wm) ||
+      !view(scale, sdim, aoti_torch_dtype_float32(), sm) ||
+      !view(offs, 1, aoti_torch_dtype_int64(), om) || aoti_torch_get_sizes(w, &wsizes))
+    return false;
+  *E = wsizes[0];
+  *N = wsizes[1];
+  return wsizes[2] == xm->cols && om->rows == *E;
+}
+
 // ---- mixture-of-experts: int8 weight-only experts -------------------------------------------
 // x [S, K] fp32 with its rows sorted by expert, offs [E] (int64) each expert's cumulative row
 // end, w [E, N, K] int8, scale [E, N]: each expert's rows take the linear's own paths on that
@@ -1085,14 +1100,11 @@ AOTITorchError vnni_linear(const uint8_t* xu, const float* xs, int64_t M, int64_
 AOTITorchError int8_grouped_mm(AtenTensorHandle x, AtenTensorHandle w, AtenTensorHandle scale,
                                AtenTensorHandle offs, bool bf16_x, AtenTensorHandle* ret0) {
   Mat xm, wm, sm, om;
-  if (!view(x, 2, aoti_torch_dtype_float32(), &xm) || !view(w, 3, aoti_torch_dtype_int8(), &wm) ||
-      !view(scale, 2, aoti_torch_dtype_float32(), &sm) ||
-      !view(offs, 1, aoti_torch_dtype_int64(), &om))
+  int64_t E = 0, N = 0;
+  if (!grouped_views(x, w, aoti_torch_dtype_int8(), scale, 2, offs, &xm, &wm, &sm, &om, &E, &N) ||
+      sm.rows != E || sm.cols != N)
     return AOTI_TORCH_FAILURE;
-  int64_t* wsizes = nullptr;
-  if (aoti_torch_get_sizes(w, &wsizes)) return AOTI_TORCH_FAILURE;
-  const int64_t S = xm.rows, K = xm.cols, E = wsizes[0], N = wsizes[1];
-  if (wsizes[2] != K || sm.rows != E || sm.cols != N || om.rows != E) return AOTI_TORCH_FAILURE;
+  const int64_t S = xm.rows, K = xm.cols;
   const float* xp = xm.as<float>();
   const uint8_t* wp = wm.as<uint8_t>();
   const float* sp = sm.as<float>();
@@ -1126,27 +1138,14 @@ AOTITorchError int8_grouped_mm(AtenTensorHandle x, AtenTensorHandle w, AtenTenso
 // weight, their scales gathered with them (run_grouped_aux). Rows of zeros quantize to zeros and
 // are not run. bf16_x (per row): from kBf16MinM rows an expert's rows take the bf16-dot GEMM,
 // exact for e4m3 values as the fp32 paths are (only the order of the fp32 sums differs).
-bool grouped_views(AtenTensorHandle x, AtenTensorHandle w, AtenTensorHandle scale, int64_t sdim,
-                   AtenTensorHandle offs, Mat* xm, Mat* wm, Mat* sm, Mat* om, int64_t* E,
-                   int64_t* N) {
-  int64_t* wsizes = nullptr;
-  if (!view(x, 2, aoti_torch_dtype_float32(), xm) ||
-      !view(w, 3, aoti_torch_dtype_float8_e4m3fn(), wm) ||
-      !view(scale, sdim, aoti_torch_dtype_float32(), sm) ||
-      !view(offs, 1, aoti_torch_dtype_int64(), om) || aoti_torch_get_sizes(w, &wsizes))
-    return false;
-  *E = wsizes[0];
-  *N = wsizes[1];
-  return wsizes[2] == xm->cols && om->rows == *E;
-}
-
 AOTITorchError float8_dynamic_grouped_mm(AtenTensorHandle x, AtenTensorHandle w,
                                          AtenTensorHandle scale, AtenTensorHandle offs,
                                          double scale_ub, bool bf16_x, AtenTensorHandle* ret0) {
   Mat xm, wm, sm, om;
   int64_t E = 0, N = 0;
-  if (!grouped_views(x, w, scale, 2, offs, &xm, &wm, &sm, &om, &E, &N) || sm.rows != E ||
-      sm.cols != N)
+  if (!grouped_views(x, w, aoti_torch_dtype_float8_e4m3fn(), scale, 2, offs, &xm, &wm, &sm, &om,
+                     &E, &N) ||
+      sm.rows != E || sm.cols != N)
     return AOTI_TORCH_FAILURE;
   const int64_t S = xm.rows, K = xm.cols;
   std::unique_ptr<float[]> xq(new float[S * K]);  // every value written by the quantizer
@@ -1184,7 +1183,8 @@ AOTITorchError float8_block_grouped_mm(AtenTensorHandle x, AtenTensorHandle w,
                                        AtenTensorHandle* ret0) {
   Mat xm, wm, sm, om;
   int64_t E = 0, N = 0;
-  if (b <= 0 || !grouped_views(x, w, scale, 3, offs, &xm, &wm, &sm, &om, &E, &N))
+  if (b <= 0 || !grouped_views(x, w, aoti_torch_dtype_float8_e4m3fn(), scale, 3, offs, &xm, &wm,
+                               &sm, &om, &E, &N))
     return AOTI_TORCH_FAILURE;
   const int64_t S = xm.rows, K = xm.cols, KB = (K + b - 1) / b, NB = (N + b - 1) / b;
   int64_t* ssizes = nullptr;
@@ -1213,14 +1213,11 @@ AOTITorchError int8_dynamic_grouped_mm(AtenTensorHandle x, AtenTensorHandle w,
                                        AtenTensorHandle scale, AtenTensorHandle offs,
                                        AtenTensorHandle* ret0) {
   Mat xm, wm, sm, om;
-  if (!view(x, 2, aoti_torch_dtype_float32(), &xm) || !view(w, 3, aoti_torch_dtype_int8(), &wm) ||
-      !view(scale, 2, aoti_torch_dtype_float32(), &sm) ||
-      !view(offs, 1, aoti_torch_dtype_int64(), &om))
+  int64_t E = 0, N = 0;
+  if (!grouped_views(x, w, aoti_torch_dtype_int8(), scale, 2, offs, &xm, &wm, &sm, &om, &E, &N) ||
+      sm.rows != E || sm.cols != N)
     return AOTI_TORCH_FAILURE;
-  int64_t* wsizes = nullptr;
-  if (aoti_torch_get_sizes(w, &wsizes)) return AOTI_TORCH_FAILURE;
-  const int64_t S = xm.rows, K = xm.cols, E = wsizes[0], N = wsizes[1];
-  if (wsizes[2] != K || sm.rows != E || sm.cols != N || om.rows != E) return AOTI_TORCH_FAILURE;
+  const int64_t S = xm.rows, K = xm.cols;
   const int8_t* wp = wm.as<int8_t>();
   const float* sp = sm.as<float>();
   std::vector<uint8_t> q;
