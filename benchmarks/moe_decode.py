@@ -35,7 +35,7 @@ bytes (the program's constants but the embedding table), decode tok/s and ratio,
 and ratio, and the SQNR of its last-position prefill logits against the fp32 program's (dB; a
 sanity check: with random weights, near-tied routers flip experts under any perturbation).
 
-    python benchmarks/moe_decode.py                 # ~3.5 min on 2 cores, cold
+    python benchmarks/moe_decode.py                 # ~4 min on 2 cores, cold
     python benchmarks/moe_decode.py --arch llama4   # Llama 4's experts
     python benchmarks/moe_decode.py --quick         # smaller model, fewer rounds
 
