@@ -23,7 +23,8 @@ run:
   experts float before 2026-12-07), ``int8wo`` (experts int8 too), ``int4wo-64`` and
   ``w4a8-64`` (experts int4 too: ``fxquant::int4_weight_only_grouped_mm`` /
   ``int8_dynamic_int4_grouped_mm``), ``w8a8`` (experts int8 too, x per token in int8:
-  ``fxquant::int8_dynamic_grouped_mm``), ``fp8-row`` and ``fp8-block`` (experts e4m3 too, x
+  ``fxquant::int8_dynamic_grouped_mm``), ``fp8wo`` (experts e4m3, x in float:
+  ``fxquant::float8_weight_only_grouped_mm``), ``fp8-row`` and ``fp8-block`` (experts e4m3 too, x
   quantized per token or in 1×128 groups: ``fxquant::float8_dynamic_grouped_mm`` /
   ``float8_block_grouped_mm``, what FbgemmFp8Config and FineGrainedFP8Config make of Llama 4's
   and of every model's experts), each an AOTInductor package. No CPU peer runs fp8 experts
@@ -35,7 +36,7 @@ bytes (the program's constants but the embedding table), decode tok/s and ratio,
 and ratio, and the SQNR of its last-position prefill logits against the fp32 program's (dB; a
 sanity check: with random weights, near-tied routers flip experts under any perturbation).
 
-    python benchmarks/moe_decode.py                 # ~4 min on 2 cores, cold
+    python benchmarks/moe_decode.py                 # ~4.5 min on 2 cores, cold
     python benchmarks/moe_decode.py --arch llama4   # Llama 4's experts
     python benchmarks/moe_decode.py --quick         # smaller model, fewer rounds
 
@@ -147,6 +148,7 @@ def main() -> None:
         "int4wo-64": fxquant.QuantConfig(scheme=fxquant.Int4WeightOnly(group_size=64)),
         "w4a8-64": fxquant.QuantConfig(scheme=fxquant.Int8DynamicActivationInt4(group_size=64)),
         "w8a8": fxquant.QuantConfig.from_recipe("w8a8"),
+        "fp8wo": fxquant.QuantConfig.from_recipe("fp8wo"),
         "fp8-row": fxquant.QuantConfig.from_recipe("fp8-row"),
         "fp8-block": fxquant.QuantConfig.from_recipe("fp8-block"),
     }  # fmt: skip

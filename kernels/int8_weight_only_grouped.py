@@ -1,11 +1,12 @@
 """int8 weight-only grouped GEMM (mixture-of-experts): row s of x [S, K] times its expert's int8
 W [E, N, K], scaled per output channel by scale [E, N] → [S, N].
 
-Where it sits: the CUDA lowering at the end of this file (collected by
-``fxquant.passes.lower_cuda``) maps ``fxquant::int8_weight_only_grouped_mm`` (the op the rewrite
+Where it sits: the CUDA lowerings at the end of this file (collected by
+``fxquant.passes.lower_cuda``) map ``fxquant::int8_weight_only_grouped_mm`` (the op the rewrite
 puts where an exported MoE layer had its grouped_mm, under ``int8wo``) onto
-``fxquant::triton_int8_weight_only_grouped_mm`` below. The oracle is
-``fxquant.core.reference.int8_weight_only_grouped_mm``.
+``fxquant::triton_int8_weight_only_grouped_mm`` below, and ``float8_weight_only_grouped_mm``
+(``fp8wo``: e4m3 [E, N, K], the same kernel) onto ``triton_float8_weight_only_grouped_mm``. The
+oracles are ``fxquant.core.reference.int8_weight_only_grouped_mm`` / ``float8_...``.
 
 Rows and programs as in ``kernels.mxfp4_grouped``: x sorted by expert, ``offs`` [E] each
 expert's cumulative row end, grid (E, cdiv(S, BLOCK_M), cdiv(N, BLOCK_N)); program (e, mb, nb)
@@ -57,23 +58,27 @@ def _int8_grouped_kernel(
     for k0 in range(0, K, BLOCK_K):
         k = k0 + offs_k
         a, mask_k = load_a(x_ptr, offs_m, mask_m, k, K)
-        b = tl.load(w_cols + k[:, None], mask=mask_k[:, None] & mask_n[None, :], other=0)
+        b = tl.load(w_cols + k[:, None], mask=mask_k[:, None] & mask_n[None, :], other=0.0)
         acc += dot_f32(a, as_operand(b, a.dtype))
     # ---- epilogue: the expert's channel scales, one rounding to x's dtype ---------------------
     scale = tl.load(s_ptr + e.to(tl.int64) * N + offs_n, mask=mask_n, other=0.0)
     store_tile(out_ptr, acc * scale[None, :], out_ptr, offs_m, offs_n, end, N, 0, False, 1)
 
 
-def _check(x: Tensor, weight: Tensor, scale: Tensor, offs: Tensor) -> None:
-    """ValueError naming the value and what is allowed, for each layout the kernel cannot read."""
-    what = "int8 weight-only grouped mm"
+def _check(
+    x: Tensor, weight: Tensor, scale: Tensor, offs: Tensor, dtype: torch.dtype = torch.int8
+) -> None:
+    """ValueError naming the value and what is allowed, for each layout the kernel cannot read
+    (``dtype``: the weight's, int8 or float8_e4m3fn)."""
+    name = str(dtype).removeprefix("torch.")
+    what = f"{'int8' if dtype == torch.int8 else 'fp8'} weight-only grouped mm"
     if x.dim() != 2 or x.dtype not in _X_DTYPES:
         raise ValueError(
             f"{what}: x must be 2-D [S, K] float32/bfloat16/float16; got {x.dtype} {tuple(x.shape)}"
         )
-    if weight.dtype != torch.int8 or weight.dim() != 3:
+    if weight.dtype != dtype or weight.dim() != 3:
         raise ValueError(
-            f"{what}: weight must be int8 [E, N, K]; got {weight.dtype} {tuple(weight.shape)}"
+            f"{what}: weight must be {name} [E, N, K]; got {weight.dtype} {tuple(weight.shape)}"
         )
     e, n, k = weight.shape
     if x.shape[1] != k:
@@ -94,6 +99,10 @@ def triton_int8_weight_only_grouped_mm(
     checked, that would need a host sync) → [S, N] in x's dtype, zeros for rows at or past
     ``offs[-1]``."""
     _check(x, weight, scale, offs)
+    return _launch(x, weight, scale, offs)
+
+
+def _launch(x: Tensor, weight: Tensor, scale: Tensor, offs: Tensor) -> Tensor:
     x, weight, scale = x.contiguous(), weight.contiguous(), scale.contiguous()
     offs = offs.contiguous()
     s, k = x.shape
@@ -107,7 +116,22 @@ def triton_int8_weight_only_grouped_mm(
     return out
 
 
+@triton_op("fxquant::triton_float8_weight_only_grouped_mm", mutates_args=())
+def triton_float8_weight_only_grouped_mm(
+    x: Tensor, weight: Tensor, scale: Tensor, offs: Tensor
+) -> Tensor:
+    """``triton_int8_weight_only_grouped_mm`` on e4m3 weights [E, N, K] (``fp8wo``'s experts):
+    the same kernel, the weight tile converted to x's dtype as exactly."""
+    _check(x, weight, scale, offs, torch.float8_e4m3fn)
+    return _launch(x, weight, scale, offs)
+
+
 @lowering("cuda", "int8_weight_only_grouped_mm")
 def lower_int8_weight_only_grouped_mm(x, weight, scale, offs):
     # the kernel takes the op as it is (x [S, K] sorted by expert) and returns x's dtype
     return torch.ops.fxquant.triton_int8_weight_only_grouped_mm(x, weight, scale, offs)
+
+
+@lowering("cuda", "float8_weight_only_grouped_mm")
+def lower_float8_weight_only_grouped_mm(x, weight, scale, offs):
+    return torch.ops.fxquant.triton_float8_weight_only_grouped_mm(x, weight, scale, offs)

@@ -311,7 +311,7 @@ def _shape_problem(site: Site, scheme: Scheme) -> str | None:
 # the schemes whose ``takes_experts`` is true, as an error message names them
 _EXPERT_SCHEMES = (
     "Int8WeightOnly, Int8DynamicActivation, Int4WeightOnly, Int8DynamicActivationInt4, "
-    "Float8Dynamic(granularity='row'), Float8Block or MXFP4(activations=False)"
+    "Float8WeightOnly, Float8Dynamic(granularity='row'), Float8Block or MXFP4(activations=False)"
 )
 
 

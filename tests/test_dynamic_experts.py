@@ -1,6 +1,7 @@
 """Mixture-of-experts weights of the schemes that quantize the activation at run time: ``w8a8``
 (int8 per channel, x per token), ``fp8-row`` (FbgemmFp8Config's Llama 4 experts) and
-``fp8-block`` (FineGrainedFP8Config's ``FP8Experts``): reference, ops, the CPU lowering (the
+``fp8-block`` (FineGrainedFP8Config's ``FP8Experts``), and of ``fp8wo`` (e4m3 per channel, x in
+float, int8wo's kernels on e4m3 bytes): reference, ops, the CPU lowering (the
 native kernel and the aten gather), the rewrite of grouped_mm (Qwen2-MoE) and bmm (Llama 4)
 experts, from_hf, the FP8 checkpoint loaders, and the AOT package.
 
@@ -35,7 +36,7 @@ from fxquant.core.config import EXPERT_WEIGHTS  # noqa: E402
 from fxquant.core.reference import sqnr  # noqa: E402
 from fxquant.core.registry import lowering_table  # noqa: E402
 from fxquant.llm import export_llm  # noqa: E402
-from fxquant.passes.cpu.experts import EXPERT_KERNELS  # noqa: E402
+from fxquant.passes.cpu.experts import EXPERT_KERNELS, fp8_bf16_experts  # noqa: E402
 from fxquant.passes.lower import lower, lowerings  # noqa: E402
 
 fxq = torch.ops.fxquant
@@ -70,6 +71,8 @@ def _op(scheme):
         return fxq.float8_block_grouped_mm.default, (scheme.block_size,)
     if isinstance(scheme, fxquant.Int8DynamicActivation):
         return fxq.int8_dynamic_grouped_mm.default, ()
+    if isinstance(scheme, fxquant.Float8WeightOnly):
+        return fxq.float8_weight_only_grouped_mm.default, ()
     return fxq.float8_dynamic_grouped_mm.default, (UB,)
 
 
@@ -88,6 +91,8 @@ def _row_by_row(scheme, x, q, s, offs):
                 y = ref.float8_block_linear(x[r : r + 1], q[e], s[e], block_size=scheme.block_size)
             elif isinstance(scheme, fxquant.Int8DynamicActivation):
                 y = ref.int8_dynamic_linear(x[r : r + 1], q[e], s[e])
+            elif isinstance(scheme, fxquant.Float8WeightOnly):
+                y = ref.float8_weight_only_linear(x[r : r + 1], q[e], s[e])
             else:
                 y = ref.float8_dynamic_linear(
                     x[r : r + 1], q[e], s[e], per_row=True, activation_scale_ub=UB
@@ -98,8 +103,15 @@ def _row_by_row(scheme, x, q, s, offs):
 
 
 W8A8 = fxquant.Int8DynamicActivation()
-SCHEMES = [W8A8, ROW, fxquant.Float8Block(block_size=32), fxquant.Float8Block(block_size=128)]
-SCHEME_IDS = ["w8a8", "fp8-row", "fp8-block32", "fp8-block128"]
+FP8WO = fxquant.Float8WeightOnly()
+SCHEMES = [
+    W8A8,
+    FP8WO,
+    ROW,
+    fxquant.Float8Block(block_size=32),
+    fxquant.Float8Block(block_size=128),
+]
+SCHEME_IDS = ["w8a8", "fp8wo", "fp8-row", "fp8-block32", "fp8-block128"]
 
 
 @pytest.mark.parametrize("scheme", SCHEMES, ids=SCHEME_IDS)
@@ -135,17 +147,22 @@ def test_experts_quantize_as_each_expert_would_as_a_linear():
 @pytest.mark.parametrize("scheme", SCHEMES, ids=SCHEME_IDS)
 def test_the_cpu_lowerings_match_the_reference(scheme):
     """The native kernel (where it builds; int32 sums for w8a8, bf16 dot products for fp8 where
-    this CPU class's table runs the fp8 linear on them: exact for e4m3 values) and the aten
-    gather, on the same rows."""
+    this CPU class's table runs the fp8 linear on them: exact for e4m3 activations, x rounded to
+    bf16 for fp8wo's) and the aten gather, on the same rows."""
     w = _weights()
     q, s = _quantized(scheme, w)
     op, params = _op(scheme)
+    rounds_x = native.available() and fp8_bf16_experts()
     for rows, ends in LAYOUTS:
         x, offs = _x(rows), torch.tensor(ends)
         want = _run(scheme, x, q, s, offs)
         for lowering in (lowerings("cpu")[op], lowering_table("cpu")[op]):  # native, aten
             got = lowering(x, q, s, offs.int(), *params)
-            assert_sums_close(got, want)
+            if scheme == FP8WO and lowering is not lowering_table("cpu")[op] and rounds_x:
+                # x rounded to bf16 from 2 rows an expert, as the fp8wo linear's bf16-dot path
+                assert_sums_close(got, want, rel=1e-2)
+            else:
+                assert_sums_close(got, want)
         xb = x.bfloat16()  # quantized from its bf16 values; one rounding of the result to bf16
         for lowering in (lowerings("cpu")[op], lowering_table("cpu")[op]):
             got = lowering(xb, q, s, offs, *params)
@@ -172,6 +189,12 @@ def test_the_native_ops_pass_opcheck_and_skip_rows_of_zeros():
     assert_sums_close(got, _run(block, x, qb, sb, offs))
     with pytest.raises(RuntimeError, match="native_float8_block_grouped_mm"):
         fxq.native_float8_block_grouped_mm(x, qb, sb[:, :1], offs, 64)  # the wrong scale shape
+    for bf16_x in (0, 1):  # fp8wo: int8wo's kernel on e4m3 bytes
+        args = (x, q, s, offs, bf16_x)
+        opcheck(fxq.native_float8_weight_only_grouped_mm.default, args, test_utils=NO_SCHEMA_TEST)
+        got = fxq.native_float8_weight_only_grouped_mm(*args)
+        # bf16_x: every expert here has 2 or more live rows, all rounded to bf16 (exact products)
+        assert_sums_close(got, _run(FP8WO, x.bfloat16().float() if bf16_x else x, q, s, offs))
     q8, s8 = _quantized(W8A8, w)
     opcheck(fxq.native_int8_dynamic_grouped_mm.default, (x, q8, s8, offs))
     got = fxq.native_int8_dynamic_grouped_mm(x, q8, s8, offs)  # int32 sums: the reference's
@@ -191,7 +214,12 @@ def moe():
 
 @pytest.mark.parametrize(
     ("recipe", "name"),
-    [("w8a8", "int8_dynamic"), ("fp8-row", "float8_dynamic"), ("fp8-block", "float8_block")],
+    [
+        ("w8a8", "int8_dynamic"),
+        ("fp8wo", "float8_weight_only"),
+        ("fp8-row", "float8_dynamic"),
+        ("fp8-block", "float8_block"),
+    ],
 )
 def test_dynamic_recipes_quantize_the_experts(moe, recipe, name):
     model, ep = moe
@@ -278,7 +306,7 @@ def test_per_tensor_fp8_still_skips_the_experts_and_says_which_take_them(moe):
     qep = fxquant.quantize(ep, "fp8-tensor")
     row = {r["name"]: r for r in fxquant.report(qep).rows}["model.layers.0.mlp.experts.down_proj"]
     assert row["status"] == "skipped"
-    assert "Float8Dynamic(granularity='row'), Float8Block" in row["reason"]
+    assert "Float8WeightOnly, Float8Dynamic(granularity='row'), Float8Block" in row["reason"]
 
 
 @pytest.mark.slow

@@ -51,7 +51,7 @@ def test_the_gpu_script_smoke_runs_its_sections_without_an_error(tmp_path):
     assert {r["recipe"] for r in decode} >= {"bf16", "int8wo+lm_head"}
     assert rec["fp8_training"]["smoke"]
     formats = {r["format"] for r in rec["experts"]}
-    assert formats == {"mxfp4", "int8", "int4", "w8a8", "fp8-row", "fp8-block"}
+    assert formats == {"mxfp4", "int8", "int4", "w8a8", "fp8wo", "fp8-row", "fp8-block"}
     for section in SECTIONS:
         rows = rec[section]["rows"] if section == "fp8_training" else rec[section]
         assert rows, section

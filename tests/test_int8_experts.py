@@ -370,8 +370,8 @@ def test_other_schemes_still_skip_the_experts_and_say_which_take_them(moe):
     assert row["status"] == "skipped"
     assert (
         "take only Int8WeightOnly, Int8DynamicActivation, Int4WeightOnly, "
-        "Int8DynamicActivationInt4, Float8Dynamic(granularity='row'), Float8Block or "
-        "MXFP4(activations=False), not Float8Dynamic" in row["reason"]
+        "Int8DynamicActivationInt4, Float8WeightOnly, Float8Dynamic(granularity='row'), "
+        "Float8Block or MXFP4(activations=False), not Float8Dynamic" in row["reason"]
     )
 
 

@@ -467,6 +467,9 @@ def _format_cases():
     g8, g4 = int8_weight_only_grouped, int4_weight_only_grouped
     grouped = (
         ("int8 weight-only", g8, g8._int8_grouped_kernel, {"w_ptr": "*i8", "s_ptr": "*fp32"}, {}),
+        # fp8wo's experts: the same kernel on e4m3 weights
+        ("fp8 weight-only", g8, g8._int8_grouped_kernel, {"w_ptr": "*fp8e4nv", "s_ptr": "*fp32"},
+         {}),
         ("int4", g4, g4._int4_grouped_kernel,
          {"w_ptr": "*u8", "s_ptr": "*fp32", "z_ptr": "*u8"}, {"GROUP_SIZE": 128}),
     )  # fmt: skip

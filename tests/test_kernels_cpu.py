@@ -308,8 +308,8 @@ EXPERT_ENDS = [[0, 1, 1, 1], [2, 2, 7, 8], [33, 40, 40, 110]]
 @pytest.mark.parametrize("ends", EXPERT_ENDS)
 @pytest.mark.parametrize("bf16_x", [0, 1])
 def test_grouped_experts_run_each_experts_rows_on_the_linears_paths(ends, bf16_x):
-    """int8 weight-only, W8A8, fp8 per-row and fp8 block experts (int8_fp8.cpp's grouped shims)
-    against their references: the linear's own kernels on each expert's rows, where the
+    """int8 and fp8 weight-only, W8A8, fp8 per-row and block experts (int8_fp8.cpp's grouped
+    shims) against their references: the linear's own kernels on each expert's rows, where the
     arithmetic is this build's."""
     g = torch.Generator().manual_seed(sum(ends))
     e, n, k = 4, 37, 200
@@ -323,6 +323,8 @@ def test_grouped_experts_run_each_experts_rows_on_the_linears_paths(ends, bf16_x
     got = fxq.native_int8_dynamic_grouped_mm(x, q8, s8, offs)  # W8A8: int32 sums
     _close(got, ref.int8_dynamic_grouped_mm(x, q8, s8, offs))
     q, s = ref.quantize_fp8_per_channel(w)
+    got = fxq.native_float8_weight_only_grouped_mm(x, q, s, offs, 0)
+    _close(got, ref.float8_weight_only_grouped_mm(x, q, s, offs))
     got = fxq.native_float8_dynamic_grouped_mm(x, q, s, offs, 1200.0, bf16_x)
     _close(got, ref.float8_dynamic_grouped_mm(x, q, s, offs, activation_scale_ub=1200.0))
     for b in (32, 128):

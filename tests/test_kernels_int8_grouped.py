@@ -106,3 +106,34 @@ def _bad_inputs():
 def test_bad_inputs_raise(case, match):
     with pytest.raises(ValueError, match=match):
         fxq.triton_int8_weight_only_grouped_mm(*case)
+
+
+# --------------------------------------------------------------------------------------------
+# fp8wo's experts: the same kernel on e4m3 weights (kernels/int8_weight_only_grouped.py)
+# --------------------------------------------------------------------------------------------
+
+
+def _fp8_inputs(e, n, k, s, offs, *, dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(s, k, generator=g).to(dtype)
+    q, scale = ref.quantize_fp8_per_channel(torch.randn(e, n, k, generator=g))
+    return tuple(t.to(DEVICE) for t in (x, q, scale, torch.tensor(offs)))
+
+
+@pytest.mark.parametrize(("dtype", "rtol", "atol"), TOLERANCES)
+@pytest.mark.parametrize(("e", "n", "k", "s", "offs"), CASES)
+def test_the_fp8_weight_kernel_matches_reference(e, n, k, s, offs, dtype, rtol, atol):
+    x, w, sc, o = _fp8_inputs(e, n, k, s, offs, dtype=dtype)
+    y = fxq.triton_float8_weight_only_grouped_mm(x, w, sc, o)
+    _close(y, ref.float8_weight_only_grouped_mm(x, w, sc, o), rtol, atol)
+    assert (y[offs[-1] :] == 0).all()
+    lowering = lower_cuda.CUDA_LOWERINGS[fxq.float8_weight_only_grouped_mm.default]
+    _close(lowering(x, w, sc, o), y, 0, 0)
+
+
+def test_the_fp8_weight_kernel_refuses_int8_weights():
+    x, w, sc, o = _inputs(2, 8, 64, 5, [2, 5])
+    with pytest.raises(
+        ValueError, match="fp8 weight-only grouped mm: weight must be float8_e4m3fn"
+    ):
+        fxq.triton_float8_weight_only_grouped_mm(x, w, sc, o)

@@ -16,9 +16,10 @@ wall-clock budget (``--budget-s``) so the call ends well before the device's per
    Dynamic-activation recipes are timed twice: the whole linear (activation quantization +
    GEMM) and the GEMM alone on a pre-quantized activation (what ``_scaled_mm`` is given).
 1b. **experts**: gpt-oss-20b's expert GEMM shapes (32 experts, d = 2880, top-4; 1, 16, 512
-   tokens) in MXFP4, int8 and int4 weight-only, W8A8 and fp8 (per row, blocks), through the
-   CUDA lowerings of ``fxquant::mxfp4_grouped_mm``, ``int8_weight_only_grouped_mm``,
-   ``int4_weight_only_grouped_mm``, ``int8_dynamic_grouped_mm``, ``float8_dynamic_grouped_mm`` and
+   tokens) in MXFP4, int8, int4 and fp8 weight-only, W8A8 and fp8 (per row, blocks), through
+   the CUDA lowerings of ``fxquant::mxfp4_grouped_mm``, ``int8_weight_only_grouped_mm``,
+   ``int4_weight_only_grouped_mm``, ``float8_weight_only_grouped_mm``,
+   ``int8_dynamic_grouped_mm``, ``float8_dynamic_grouped_mm`` and
    ``float8_block_grouped_mm``, checked against their references and timed beside bf16
    ``torch._grouped_mm`` on the dequantized weights.
 2. **norm_quant**: the fused RMSNorm → quantize kernel on a [8192, 4096] bf16 activation, as a
@@ -320,10 +321,10 @@ def _kernel_line(row: dict) -> str:
 
 def run_experts(res: Results, budget: Budget, *, device: str, smoke: bool) -> None:
     """gpt-oss-20b's expert shapes (E = 32, d = 2880, top-4) in MXFP4, int8 and int4 (groups of
-    64) weight-only, W8A8 and fp8 (per row, 128×128 blocks; x quantized at run time): the
-    lowered ``fxquant::mxfp4_grouped_mm`` / ``int8_weight_only_grouped_mm`` /
-    ``int4_weight_only_grouped_mm`` / ``int8_dynamic_grouped_mm`` / ``float8_dynamic_grouped_mm``
-    / ``float8_block_grouped_mm``
+    64) and fp8 weight-only, W8A8 and fp8 (per row, 128×128 blocks; x quantized at run time):
+    the lowered ``fxquant::mxfp4_grouped_mm`` / ``int8_weight_only_grouped_mm`` /
+    ``int4_weight_only_grouped_mm`` / ``float8_weight_only_grouped_mm`` /
+    ``int8_dynamic_grouped_mm`` / ``float8_dynamic_grouped_mm`` / ``float8_block_grouped_mm``
     beside bf16 ``torch._grouped_mm`` on the dequantized weight."""
     from fxquant.core import reference as ref
     from fxquant.core import reference_mx as rmx
@@ -368,6 +369,11 @@ def run_experts(res: Results, budget: Budget, *, device: str, smoke: bool) -> No
         dq = ref.dequantize_int8_per_channel(q, scale)
         return op, ref.int8_dynamic_grouped_mm, (q, scale), dq
 
+    def fp8wo(w):  # e4m3 per channel, x in bf16: int8 weight-only's kernel on e4m3 bytes
+        q, scale = ref.quantize_fp8_per_channel(w)
+        op = ops[torch.ops.fxquant.float8_weight_only_grouped_mm.default]
+        return op, ref.float8_weight_only_grouped_mm, (q, scale), q.float() * scale[..., None]
+
     def fp8_row(w):  # FbgemmFp8Config's experts: x per token (amax uncapped here)
         q, scale = ref.quantize_fp8_per_channel(w)
         op = ops[torch.ops.fxquant.float8_dynamic_grouped_mm.default]
@@ -391,7 +397,7 @@ def run_experts(res: Results, budget: Budget, *, device: str, smoke: bool) -> No
         return fast, reference, consts, stored.dequantized
 
     formats = (("mxfp4", mxfp4), ("int8", int8), ("int4", int4), ("w8a8", w8a8),
-               ("fp8-row", fp8_row), ("fp8-block", fp8_block))  # fmt: skip
+               ("fp8wo", fp8wo), ("fp8-row", fp8_row), ("fp8-block", fp8_block))  # fmt: skip
     for fmt, quantize in formats:
         for label, n, k in shapes:
             torch.manual_seed(0)

@@ -17,8 +17,9 @@ Written here are the ops no single scheme declares: the fusion pass's (``fxquant
 its activation quantizer followed by its scaled linear), the experts GEMMs of MXFP4 and int8
 weight-only, int4 weight-only and W4A8 (``mxfp4_grouped_mm``, ``int8_weight_only_grouped_mm``,
 ``int4_weight_only_grouped_mm``, ``int8_dynamic_int4_grouped_mm``), of W8A8
-(``int8_dynamic_grouped_mm``) and of fp8 with per-row or block scales
-(``float8_dynamic_grouped_mm``, ``float8_block_grouped_mm``), and the attention
+(``int8_dynamic_grouped_mm``) and of fp8 weight-only, with per-row or with block scales
+(``float8_weight_only_grouped_mm``, ``float8_dynamic_grouped_mm``, ``float8_block_grouped_mm``),
+and the attention
 ``fxquant.export_llm`` emits on CPU where fxquant's
 native kernels are built (``native_gqa_attention``: its CPU kernel is kernels/cpu/attention.cpp,
 registered when ``fxquant.kernels.cpu`` loads the library).
@@ -56,6 +57,18 @@ def int8_weight_only_grouped_mm(x: Tensor, weight: Tensor, scale: Tensor, offs: 
 
 
 @int8_weight_only_grouped_mm.register_fake
+def _(x, weight, scale, offs):
+    return x.new_empty((x.shape[0], weight.shape[1]))
+
+
+@torch.library.custom_op(f"{_LIB}::float8_weight_only_grouped_mm", mutates_args=())
+def float8_weight_only_grouped_mm(x: Tensor, weight: Tensor, scale: Tensor, offs: Tensor) -> Tensor:
+    """Expert GEMM (``fp8wo``): x [S, K] (rows sorted by expert, ``offs`` [E] their cumulative
+    ends) · the row's expert's e4m3 W [E, N, K] with per-channel scales [E, N] → [S, N]."""
+    return ref.float8_weight_only_grouped_mm(x, weight, scale, offs)
+
+
+@float8_weight_only_grouped_mm.register_fake
 def _(x, weight, scale, offs):
     return x.new_empty((x.shape[0], weight.shape[1]))
 

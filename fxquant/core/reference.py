@@ -343,6 +343,17 @@ def int8_weight_only_grouped_mm(x, weight, scale, offs):
     return grouped_linear(x, expert, offs).to(x.dtype)
 
 
+def float8_weight_only_grouped_mm(x, weight, scale, offs):
+    """Experts with e4m3 weights [E, N, K] and per-channel scales [E, N]: each row of x [S, K]
+    times its expert's weight (``grouped_linear``): ``float8_weight_only_linear`` on fp32 rows.
+    → [S, N] in x's dtype."""
+
+    def expert(rows, e):
+        return float8_weight_only_linear(rows.float(), weight[e], scale[e])
+
+    return grouped_linear(x, expert, offs).to(x.dtype)
+
+
 def int4_weight_only_grouped_mm(x, weight, scale, zero, offs, *, group_size: int):
     """Experts with int4 weights [E, N, Kp/2] and scales / zero points [E, N, Kp/g]: each row of
     x [S, K] times its expert's weight (``grouped_linear``): ``int4_weight_only_linear`` on fp32

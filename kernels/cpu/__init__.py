@@ -108,6 +108,14 @@ NATIVE_OPS = {
         "AtenTensorHandle offs, int64_t group_size, int64_t bf16_from, int64_t int8_from, "
         "AtenTensorHandle* ret0)",
     ),
+    # fp8 weight-only experts (int8_fp8.cpp): the int8 experts' shim on e4m3 [E, N, K]
+    "native_float8_weight_only_grouped_mm": (
+        "native_float8_weight_only_grouped_mm(Tensor x, Tensor weight, Tensor scale, "
+        "Tensor offs, int bf16_x) -> Tensor",
+        "AOTITorchError aoti_torch_cpu_native_float8_weight_only_grouped_mm(AtenTensorHandle x, "
+        "AtenTensorHandle weight, AtenTensorHandle scale, AtenTensorHandle offs, "
+        "int64_t bf16_x, AtenTensorHandle* ret0)",
+    ),
     # W8A8 experts (int8_fp8.cpp): each expert's rows quantized per token to int8 inside the op,
     # then the w8a8 linear's integer kernels on its stored [N, K] weight
     "native_int8_dynamic_grouped_mm": (
@@ -313,6 +321,11 @@ torch.library.register_fake("fxquant::native_int8_weight_only_grouped_mm", lib=_
 )
 torch.library.register_fake("fxquant::native_int4_grouped_mm", lib=_lib)(
     lambda x, weight, scale, offset, offs, group_size, bf16_from, int8_from: x.new_empty(
+        (x.shape[0], weight.shape[1]), dtype=torch.float32
+    )
+)
+torch.library.register_fake("fxquant::native_float8_weight_only_grouped_mm", lib=_lib)(
+    lambda x, weight, scale, offs, bf16_x: x.new_empty(
         (x.shape[0], weight.shape[1]), dtype=torch.float32
     )
 )

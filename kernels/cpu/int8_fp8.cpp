@@ -1086,22 +1086,25 @@ bool grouped_views(AtenTensorHandle x, AtenTensorHandle w, int32_t w_dtype,
   return wsizes[2] == xm->cols && om->rows == *E;
 }
 
-// ---- mixture-of-experts: int8 weight-only experts -------------------------------------------
+// ---- mixture-of-experts: int8 and fp8 weight-only experts ------------------------------------
 // x [S, K] fp32 with its rows sorted by expert, offs [E] (int64) each expert's cumulative row
-// end, w [E, N, K] int8, scale [E, N]: each expert's rows take the linear's own paths on that
-// expert's weight (the GEMV up to kGemvMaxM rows, the chunked GEMM above), so decode reads only
-// the experts its token chose and prefill runs one GEMM per expert. Rows at or past offs[E-1]
-// are zeros (transformers' grouped_mm fallback, the reference). The offsets are read here, on
-// the host: the data-dependent row split an aten composition cannot express. Rows of zeros are
-// not run (run_grouped: Llama 4's unchosen experts), and the path follows the rows that remain.
-// bf16_x: an expert's rows from kBf16MinM on take the bf16-dot GEMM, x rounded to bf16 (the int8
+// end, w [E, N, K] int8 or e4m3 (F), scale [E, N]: each expert's rows take the linear's own
+// paths on that expert's weight (the GEMV up to kGemvMaxM rows, the chunked GEMM above), so
+// decode reads only the experts its token chose and prefill runs one GEMM per expert. Rows at or
+// past offs[E-1] are zeros (transformers' grouped_mm fallback, the reference). The offsets are
+// read here, on the host: the data-dependent row split an aten composition cannot express. Rows
+// of zeros are not run (run_grouped: Llama 4's unchosen experts), and the path follows the rows
+// that remain.
+// bf16_x: an expert's rows from kBf16MinM on take the bf16-dot GEMM, x rounded to bf16 (the
 // linear's bf16_dot candidate, where the machine's dispatch table picks it); one row keeps fp32
 // x.
-AOTITorchError int8_grouped_mm(AtenTensorHandle x, AtenTensorHandle w, AtenTensorHandle scale,
-                               AtenTensorHandle offs, bool bf16_x, AtenTensorHandle* ret0) {
+template <Fmt F>
+AOTITorchError bytes_grouped_mm(int32_t w_dtype, AtenTensorHandle x, AtenTensorHandle w,
+                                AtenTensorHandle scale, AtenTensorHandle offs, bool bf16_x,
+                                AtenTensorHandle* ret0) {
   Mat xm, wm, sm, om;
   int64_t E = 0, N = 0;
-  if (!grouped_views(x, w, aoti_torch_dtype_int8(), scale, 2, offs, &xm, &wm, &sm, &om, &E, &N) ||
+  if (!grouped_views(x, w, w_dtype, scale, 2, offs, &xm, &wm, &sm, &om, &E, &N) ||
       sm.rows != E || sm.cols != N)
     return AOTI_TORCH_FAILURE;
   const int64_t S = xm.rows, K = xm.cols;
@@ -1114,16 +1117,15 @@ AOTITorchError int8_grouped_mm(AtenTensorHandle x, AtenTensorHandle w, AtenTenso
     std::vector<float> rounded;
     if (bf16_x && M >= kBf16MinM) {
 #ifdef FXQ_BF16_512
-      gemm_bf16(xe, M, K, ByteWeight<Fmt::kInt8>{we, K}, N, se, ye);
+      gemm_bf16(xe, M, K, ByteWeight<F>{we, K}, N, se, ye);
       return AOTI_TORCH_SUCCESS;
 #else
       rounded = bf16_rounded(xe, M, K);  // the same numerics on the fp32 paths below
       xe = rounded.data();
 #endif
     }
-    if (M > kGemvMaxM[int(Fmt::kInt8)])
-      return gemm_chunked(Fmt::kInt8, xe, M, K, we, N, se, nullptr, 0, ye);
-    gemv_bytes<Fmt::kInt8>(xe, M, K, we, N, se, ye);
+    if (M > kGemvMaxM[int(F)]) return gemm_chunked(F, xe, M, K, we, N, se, nullptr, 0, ye);
+    gemv_bytes<F>(xe, M, K, we, N, se, ye);
     return AOTI_TORCH_SUCCESS;
   };
   return run_grouped(xp, S, K, N, om.as<int64_t>(), E, /*skip_zero_rows=*/true, ret0, rows);
@@ -1132,7 +1134,7 @@ AOTITorchError int8_grouped_mm(AtenTensorHandle x, AtenTensorHandle w, AtenTenso
 // ---- mixture-of-experts: fp8 experts with dynamic activations --------------------------------
 // FbgemmFp8Config's experts (Llama 4: per-channel scales [E, N], x per token) and
 // FineGrainedFP8Config's (b x b tile scales [E, ceil(N/b), ceil(K/b)], x in 1 x b groups): x
-// [S, K] fp32 sorted by expert, offs [E] as int8_grouped_mm's, w [E, N, K] e4m3. x is quantized
+// [S, K] fp32 sorted by expert, offs [E] as bytes_grouped_mm's, w [E, N, K] e4m3. x is quantized
 // as the linear quantizes it, every row at once (a row's grid does not depend on its expert: the
 // reference's values and scales), then each expert's rows take that linear's paths on its
 // weight, their scales gathered with them (run_grouped_aux). Rows of zeros quantize to zeros and
@@ -1204,7 +1206,7 @@ AOTITorchError float8_block_grouped_mm(AtenTensorHandle x, AtenTensorHandle w,
 }
 
 // ---- mixture-of-experts: W8A8 experts ----------------------------------------------------------
-// x [S, K] fp32 sorted by expert, offs [E] as int8_grouped_mm's, w [E, N, K] int8, scale [E, N]:
+// x [S, K] fp32 sorted by expert, offs [E] as bytes_grouped_mm's, w [E, N, K] int8, scale [E, N]:
 // each expert's rows quantized per token to int8 (quantize_int8_rows: the reference's bytes; a
 // row's grid does not depend on its expert, so quantizing an expert's rows alone is the same),
 // then the w8a8 linear's integer kernels on that expert's stored weight (int8_int8_product:
@@ -1255,7 +1257,18 @@ AOTITorchError aoti_torch_cpu_native_int8_weight_only_grouped_mm(AtenTensorHandl
                                                                  AtenTensorHandle offs,
                                                                  int64_t bf16_x,
                                                                  AtenTensorHandle* ret0) {
-  return int8_grouped_mm(x, w, scale, offs, bf16_x != 0, ret0);
+  return bytes_grouped_mm<Fmt::kInt8>(aoti_torch_dtype_int8(), x, w, scale, offs, bf16_x != 0,
+                                      ret0);
+}
+
+AOTITorchError aoti_torch_cpu_native_float8_weight_only_grouped_mm(AtenTensorHandle x,
+                                                                   AtenTensorHandle w,
+                                                                   AtenTensorHandle scale,
+                                                                   AtenTensorHandle offs,
+                                                                   int64_t bf16_x,
+                                                                   AtenTensorHandle* ret0) {
+  return bytes_grouped_mm<Fmt::kFp8>(aoti_torch_dtype_float8_e4m3fn(), x, w, scale, offs,
+                                     bf16_x != 0, ret0);
 }
 
 AOTITorchError aoti_torch_cpu_native_int8_dynamic_grouped_mm(AtenTensorHandle x,

@@ -19,6 +19,11 @@ AOTITorchError aoti_torch_cpu_native_int8_weight_only_grouped_mm(AtenTensorHandl
                                                                  AtenTensorHandle,
                                                                  AtenTensorHandle, int64_t,
                                                                  AtenTensorHandle*);
+AOTITorchError aoti_torch_cpu_native_float8_weight_only_grouped_mm(AtenTensorHandle,
+                                                                   AtenTensorHandle,
+                                                                   AtenTensorHandle,
+                                                                   AtenTensorHandle, int64_t,
+                                                                   AtenTensorHandle*);
 AOTITorchError aoti_torch_cpu_native_int8_dynamic_grouped_mm(AtenTensorHandle, AtenTensorHandle,
                                                             AtenTensorHandle, AtenTensorHandle,
                                                             AtenTensorHandle*);
@@ -121,6 +126,13 @@ Tensor int8_weight_only_grouped(Tensor x, Tensor w, Tensor scale, Tensor offs, i
   auto err = aoti_torch_cpu_native_int8_weight_only_grouped_mm(x.get(), w.get(), scale.get(),
                                                                offs.get(), bf16_x, &out);
   return checked(err, out, "native_int8_weight_only_grouped_mm");
+}
+
+Tensor float8_weight_only_grouped(Tensor x, Tensor w, Tensor scale, Tensor offs, int64_t bf16_x) {
+  AtenTensorHandle out = nullptr;
+  auto err = aoti_torch_cpu_native_float8_weight_only_grouped_mm(x.get(), w.get(), scale.get(),
+                                                                 offs.get(), bf16_x, &out);
+  return checked(err, out, "native_float8_weight_only_grouped_mm");
 }
 
 Tensor int8_dynamic_grouped(Tensor x, Tensor w, Tensor scale, Tensor offs) {
@@ -301,6 +313,7 @@ STABLE_TORCH_LIBRARY_IMPL(fxquant, CPU, m) {
   m.impl("native_int8_weight_only_grouped_mm", TORCH_BOX(&int8_weight_only_grouped));
   m.impl("native_float32_grouped_mm", TORCH_BOX(&float32_grouped));
   m.impl("native_int4_grouped_mm", TORCH_BOX(&int4_grouped));
+  m.impl("native_float8_weight_only_grouped_mm", TORCH_BOX(&float8_weight_only_grouped));
   m.impl("native_int8_dynamic_grouped_mm", TORCH_BOX(&int8_dynamic_grouped));
   m.impl("native_float8_dynamic_grouped_mm", TORCH_BOX(&float8_dynamic_grouped));
   m.impl("native_float8_block_grouped_mm", TORCH_BOX(&float8_block_grouped));

@@ -1,7 +1,7 @@
 """The CPU lowering of the mixture-of-experts GEMMs (``int8_weight_only_grouped_mm``,
 ``int4_weight_only_grouped_mm``, ``int8_dynamic_int4_grouped_mm``, ``int8_dynamic_grouped_mm``,
-``float8_dynamic_grouped_mm``, ``float8_block_grouped_mm``, ``mxfp4_grouped_mm``, and the experts a
-config leaves in float):
+``float8_weight_only_grouped_mm``, ``float8_dynamic_grouped_mm``, ``float8_block_grouped_mm``,
+``mxfp4_grouped_mm``, and the experts a config leaves in float):
 each row of x [S, K] times its own expert's weight.
 
 Where it sits: registered by op name (``fxquant.core.registry``) and read by the lowering pass
@@ -79,6 +79,13 @@ EXPERT_KERNELS = {
         "the W4A8 linear's kernels (GEMV, then the integer GEMM); rows of zeros give zeros "
         "without running",
     ),
+    "float8_weight_only": (
+        True,
+        "fxquant native fp8 grouped kernel: each expert's rows on the fp8 weight-only linear's "
+        "kernels (its bf16-dot GEMM from 2 rows, x rounded to bf16, where this CPU class's table "
+        "runs that linear so; else the fp32 GEMV, then the chunked fp32 GEMM); rows of zeros give "
+        "zeros without running",
+    ),
     "int8_dynamic": (
         True,
         "fxquant native W8A8 grouped kernel: each expert's rows quantized per token to int8 in "
@@ -149,6 +156,24 @@ def _native_int8_weight_only_grouped_mm(x, weight, scale, offs):
 @lowering("cpu", "int8_weight_only_grouped_mm")
 def _int8_weight_only_grouped_mm(x, weight, scale, offs):
     def product(xf, ids):  # the codes' product, then the scale (the reference's order)
+        return (xf[:, None, :] * weight[ids].float()).sum(-1) * scale[ids]
+
+    return per_row_expert(x, offs, weight.shape[0], product).to(x.dtype)
+
+
+@lowering(NATIVE, "float8_weight_only_grouped_mm")
+def _native_float8_weight_only_grouped_mm(x, weight, scale, offs):
+    # int8wo's kernel on e4m3 bytes (kernels/cpu/int8_fp8.cpp, bytes_grouped_mm)
+    y = fxq.native_float8_weight_only_grouped_mm(
+        x.float().contiguous(), weight.contiguous(), scale.float().contiguous(), offs.long(),
+        fp8_bf16_experts(),
+    )  # fmt: skip
+    return y.to(x.dtype)
+
+
+@lowering("cpu", "float8_weight_only_grouped_mm")
+def _float8_weight_only_grouped_mm(x, weight, scale, offs):
+    def product(xf, ids):  # the e4m3 values' product, then the scale (the reference's order)
         return (xf[:, None, :] * weight[ids].float()).sum(-1) * scale[ids]
 
     return per_row_expert(x, offs, weight.shape[0], product).to(x.dtype)

@@ -34,9 +34,9 @@ PER_TENSOR_REASON = (
 class _Float8PerRow(Scheme):
     constants = ("qweight", "scale")  # e4m3 [N, K], fp32 [N]
 
-    def quantize(self, w):
+    def quantize(self, w):  # W [N, K], or experts' [E, N, K]: a scale per expert and channel
         q, s = ref.quantize_fp8_per_channel(w)
-        return QuantizedWeight({"qweight": q, "scale": s}, q.float() * s[:, None])
+        return QuantizedWeight({"qweight": q, "scale": s}, q.float() * s[..., None])
 
 
 @register_scheme
@@ -49,6 +49,15 @@ class Float8WeightOnly(_Float8PerRow):
 
     name: ClassVar[str] = "float8_weight_only"
     reference = staticmethod(ref.float8_weight_only_linear)
+
+    @property
+    def takes_experts(self) -> bool:  # type: ignore[override]
+        return True
+
+    def grouped_op_args(self, x, constants, offs):
+        # experts [E, N, K] per output channel of each expert, as int8wo's
+        op = torch.ops.fxquant.float8_weight_only_grouped_mm.default
+        return op, (x, constants["qweight"], constants["scale"], offs)
 
 
 @register_scheme
