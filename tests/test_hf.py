@@ -10,6 +10,7 @@ import torch
 
 import fxquant
 from fxquant import Float8Block, Float8Dynamic, Float8WeightOnly, Int8WeightOnly, from_hf
+from fxquant.core.config import EXPERT_WEIGHTS
 from fxquant.hf import HF_CONFIGS, docs_table, transformers_fields
 
 DOCS = Path(__file__).parents[1] / "docs" / "hf_configs.md"
@@ -149,7 +150,11 @@ def test_ignore_and_targets_become_name_rules():
         }
     )
     assert cfg.modules_to_not_convert == ("lm_head", ".*gate$")
-    assert cfg.scheme is None and dict(cfg.overrides) == {".*proj$": Float8WeightOnly()}
+    # a MoE model's 3-D experts stay float first (transformers' compressed-tensors quantizes
+    # Linear modules only), though ".*proj$" names them too
+    want = {EXPERT_WEIGHTS: None, ".*proj$": Float8WeightOnly()}
+    assert cfg.scheme is None and dict(cfg.overrides) == want
+    assert list(cfg.overrides)[0] == EXPERT_WEIGHTS
 
 
 @pytest.mark.parametrize(
