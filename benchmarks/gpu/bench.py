@@ -51,6 +51,7 @@ import importlib.metadata
 import json
 import os
 import platform
+import shutil
 import signal
 import statistics
 import subprocess
@@ -654,44 +655,49 @@ def run_decode(res: Results, budget: Budget, *, device: str, smoke: bool, runner
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(config).to(device=device, dtype=torch.bfloat16).eval()
     tmp = Path(tempfile.mkdtemp(prefix="fxq_gpu_decode_"))
-    for batch in batches:
-        try:
-            ep = fxquant.export_llm(model, max_cache_len=prefill + 64, max_batch=batch)
-        except Exception as e:  # noqa: BLE001 - a failing export is a result
-            res.rec["decode"].append({"batch": batch, "error": f"{type(e).__name__}: {e}"[:400]})
-            res.write()
-            continue
-        ids = torch.randint(0, config.vocab_size, (batch, prefill), device=device)
-        base: dict[str, float] = {}
-        for recipe in ("bf16", *DECODE_RECIPES):
-            if budget.left() < 100:
-                print(f"decode: budget spent before batch {batch} {recipe}", flush=True)
-                return
-            row: dict = {
-                "recipe": recipe,
-                "batch": batch,
-                "layers": config.num_hidden_layers,
-                "prefill_tokens": prefill,
-            }
-            t0 = time.perf_counter()
+    try:  # the packages (GBs each at 8B shapes) leave the device's disk with the section
+        for batch in batches:
             try:
-                program = ep if recipe == "bf16" else fxquant.quantize(ep, recipe)
-                path = tmp / f"{recipe}-{batch}.pt2"
-                fn, info = build(program, path, runner=runner, smoke=smoke, section="decode")
-                row.update(info)
-                row["build_s"] = time.perf_counter() - t0
-                row["prefill_ms"], row["decode_ms"] = _time_llm(fn, ids, bench)
-                row["decode_tokens_per_s"] = batch * 1e3 / row["decode_ms"]
-                row["prefill_tokens_per_s"] = batch * prefill * 1e3 / row["prefill_ms"]
-                for ph in ("decode", "prefill"):
-                    if recipe == "bf16":
-                        base[ph] = row[f"{ph}_ms"]
-                    row[f"{ph}_speedup_vs_bf16"] = base[ph] / row[f"{ph}_ms"] if base else None
-            except Exception as e:  # noqa: BLE001 - a failing recipe is a result
-                row["error"] = f"{type(e).__name__}: {str(e)[:400]}"
-            res.rec["decode"].append(row)
-            res.write()
-            print(f"decode b={batch} {recipe}: {row.get('error') or _decode_line(row)}", flush=True)
+                ep = fxquant.export_llm(model, max_cache_len=prefill + 64, max_batch=batch)
+            except Exception as e:  # noqa: BLE001 - a failing export is a result
+                error = f"{type(e).__name__}: {e}"[:400]
+                res.rec["decode"].append({"batch": batch, "error": error})
+                res.write()
+                continue
+            ids = torch.randint(0, config.vocab_size, (batch, prefill), device=device)
+            base: dict[str, float] = {}
+            for recipe in ("bf16", *DECODE_RECIPES):
+                if budget.left() < 100:
+                    print(f"decode: budget spent before batch {batch} {recipe}", flush=True)
+                    return
+                row: dict = {
+                    "recipe": recipe,
+                    "batch": batch,
+                    "layers": config.num_hidden_layers,
+                    "prefill_tokens": prefill,
+                }
+                t0 = time.perf_counter()
+                try:
+                    program = ep if recipe == "bf16" else fxquant.quantize(ep, recipe)
+                    path = tmp / f"{recipe}-{batch}.pt2"
+                    fn, info = build(program, path, runner=runner, smoke=smoke, section="decode")
+                    row.update(info)
+                    row["build_s"] = time.perf_counter() - t0
+                    row["prefill_ms"], row["decode_ms"] = _time_llm(fn, ids, bench)
+                    row["decode_tokens_per_s"] = batch * 1e3 / row["decode_ms"]
+                    row["prefill_tokens_per_s"] = batch * prefill * 1e3 / row["prefill_ms"]
+                    for ph in ("decode", "prefill"):
+                        if recipe == "bf16":
+                            base[ph] = row[f"{ph}_ms"]
+                        row[f"{ph}_speedup_vs_bf16"] = base[ph] / row[f"{ph}_ms"] if base else None
+                except Exception as e:  # noqa: BLE001 - a failing recipe is a result
+                    row["error"] = f"{type(e).__name__}: {str(e)[:400]}"
+                res.rec["decode"].append(row)
+                res.write()
+                line = row.get("error") or _decode_line(row)
+                print(f"decode b={batch} {recipe}: {line}", flush=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _time_llm(fn, ids: torch.Tensor, bench) -> tuple[float, float]:
