@@ -11,7 +11,7 @@ on its expert, so one launch quantizes every row) and
 ``fxquant::triton_float8_block_scaled_grouped_mm`` below. The oracle is
 ``fxquant.core.reference.float8_block_grouped_mm``.
 
-Rows and programs as in ``kernels.mxfp4_grouped``: x sorted by expert, ``offs`` [E] each
+Rows and programs as in ``kernels.grouped``: x sorted by expert, ``offs`` [E] each
 expert's cumulative row end, grid (E, cdiv(S, BLOCK_M), cdiv(N, BLOCK_N)); program (e, mb, nb)
 takes its expert's rows from ``offs[e-1] + mb * BLOCK_M`` and exits at once when it has none, so
 the offsets stay on the device and S stays dynamic. Numerics as ``kernels.float8_block``'s: a
@@ -30,12 +30,17 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
-from torch.library import triton_op, wrap_triton
+from torch.library import triton_op
 
 from fxquant.core.registry import lowering
 from fxquant.kernels import quantize  # noqa: F401  (registers triton_quantize_fp8_groups)
 from fxquant.kernels.gemm import load_a, store_tile
-from fxquant.kernels.mxfp4_grouped import check_offsets, check_quantized_operands, expert_tile
+from fxquant.kernels.grouped import (
+    check_offsets,
+    check_quantized_operands,
+    expert_tile,
+    launch_grouped,
+)
 
 fxq = torch.ops.fxquant
 _BLOCK_M, _BLOCK_N = 32, 64  # BLOCK_K is the block size b
@@ -125,17 +130,11 @@ def triton_float8_block_scaled_grouped_mm(
     cumulative row ends ``offs`` [E] (int32 or int64, non-decreasing: not checked, that would
     need a host sync) → [S, N] in ``out_dtype``, zeros for rows at or past ``offs[-1]``."""
     _check(xq, xs, weight, scale, offs, block_size, out_dtype)
-    xq, xs, weight = xq.contiguous(), xs.contiguous(), weight.contiguous()
-    scale, offs = scale.contiguous(), offs.contiguous()
-    s, k = xq.shape
-    e, n = weight.shape[0], weight.shape[1]
-    out = torch.zeros((s, n), dtype=out_dtype, device=xq.device)
-    grid = (e, triton.cdiv(s, _BLOCK_M), triton.cdiv(n, _BLOCK_N))
-    wrap_triton(_float8_block_grouped_kernel)[grid](
-        xq, xs, weight, scale, offs, out, s, n, k, triton.cdiv(k, block_size),
+    return launch_grouped(
+        _float8_block_grouped_kernel, (xq, xs, weight, scale, offs), weight, out_dtype,
+        triton.cdiv(xq.shape[1], block_size),
         BLOCK_M=_BLOCK_M, BLOCK_N=_BLOCK_N, BLOCK_K=block_size,
     )  # fmt: skip
-    return out
 
 
 @lowering("cuda", "float8_block_grouped_mm")

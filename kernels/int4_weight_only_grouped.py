@@ -9,7 +9,7 @@ puts where an exported MoE layer had its grouped_mm, under ``int4wo-<g>``) onto
 the W4A8 linear does. The oracles are ``fxquant.core.reference.int4_weight_only_grouped_mm`` and
 ``int8_dynamic_int4_grouped_mm``.
 
-Rows and programs as in ``kernels.mxfp4_grouped`` (``expert_tile``: the offsets stay on the
+Rows and programs as in ``kernels.grouped`` (``expert_tile``: the offsets stay on the
 device, S stays dynamic). Weight layout and numerics as ``kernels.int4_weight_only``'s: each K
 step of 32 columns lies in one group, its codes minus the zero point (in [-15, 15], exact in
 x's dtype) go into one fp32-accumulated dot, which is then multiplied by the group's scale; one
@@ -22,14 +22,14 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
-from torch.library import triton_op, wrap_triton
+from torch.library import triton_op
 
 import fxquant.kernels.quantize  # noqa: F401  (registers W4A8's activation quantizer)
 from fxquant.core.registry import lowering
 from fxquant.kernels.gemm import as_operand, dot_f32, load_a, store_tile
+from fxquant.kernels.grouped import check_offsets, expert_tile, launch_grouped
 from fxquant.kernels.int4_weight_only import GROUP_SIZES
 from fxquant.kernels.intx_weight_only import unpack_nibbles
-from fxquant.kernels.mxfp4_grouped import check_offsets, expert_tile
 
 _BLOCK_M, _BLOCK_N, _BLOCK_K = 32, 64, 32  # BLOCK_K divides every group size: one scale a step
 _X_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -113,22 +113,10 @@ def triton_int4_weight_only_grouped_mm(
     [E] (int32 or int64, non-decreasing: not checked, that would need a host sync) → [S, N] in
     x's dtype, zeros for rows at or past ``offs[-1]``."""
     _check(x, weight, scale, zero, offs, group_size)
-    x, weight, scale, zero = (
-        x.contiguous(),
-        weight.contiguous(),
-        scale.contiguous(),
-        zero.contiguous(),
-    )
-    offs = offs.contiguous()
-    s, k = x.shape
-    e, n = weight.shape[0], weight.shape[1]
-    out = torch.zeros((s, n), dtype=x.dtype, device=x.device)
-    grid = (e, triton.cdiv(s, _BLOCK_M), triton.cdiv(n, _BLOCK_N))
-    wrap_triton(_int4_grouped_kernel)[grid](
-        x, weight, scale, zero, offs, out, s, n, k, scale.shape[2],
+    return launch_grouped(
+        _int4_grouped_kernel, (x, weight, scale, zero, offs), weight, x.dtype, scale.shape[2],
         GROUP_SIZE=group_size, BLOCK_M=_BLOCK_M, BLOCK_N=_BLOCK_N, BLOCK_K=_BLOCK_K,
     )  # fmt: skip
-    return out
 
 
 @lowering("cuda", "int4_weight_only_grouped_mm")

@@ -8,7 +8,7 @@ puts where an exported MoE layer had its grouped_mm, under ``int8wo``) onto
 (``fp8wo``: e4m3 [E, N, K], the same kernel) onto ``triton_float8_weight_only_grouped_mm``. The
 oracles are ``fxquant.core.reference.int8_weight_only_grouped_mm`` / ``float8_...``.
 
-Rows and programs as in ``kernels.mxfp4_grouped``: x sorted by expert, ``offs`` [E] each
+Rows and programs as in ``kernels.grouped``: x sorted by expert, ``offs`` [E] each
 expert's cumulative row end, grid (E, cdiv(S, BLOCK_M), cdiv(N, BLOCK_N)); program (e, mb, nb)
 takes its expert's rows from ``offs[e-1] + mb * BLOCK_M`` and exits at once when it has none, so
 the offsets stay on the device and S stays dynamic. Numerics as ``kernels.int8_weight_only``'s:
@@ -23,11 +23,11 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
-from torch.library import triton_op, wrap_triton
+from torch.library import triton_op
 
 from fxquant.core.registry import lowering
 from fxquant.kernels.gemm import as_operand, dot_f32, load_a, store_tile
-from fxquant.kernels.mxfp4_grouped import check_offsets, expert_tile
+from fxquant.kernels.grouped import check_offsets, expert_tile, launch_grouped
 
 _BLOCK_M, _BLOCK_N, _BLOCK_K = 32, 64, 64
 _X_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -103,17 +103,10 @@ def triton_int8_weight_only_grouped_mm(
 
 
 def _launch(x: Tensor, weight: Tensor, scale: Tensor, offs: Tensor) -> Tensor:
-    x, weight, scale = x.contiguous(), weight.contiguous(), scale.contiguous()
-    offs = offs.contiguous()
-    s, k = x.shape
-    e, n = weight.shape[0], weight.shape[1]
-    out = torch.zeros((s, n), dtype=x.dtype, device=x.device)
-    grid = (e, triton.cdiv(s, _BLOCK_M), triton.cdiv(n, _BLOCK_N))
-    wrap_triton(_int8_grouped_kernel)[grid](
-        x, weight, scale, offs, out, s, n, k,
+    return launch_grouped(
+        _int8_grouped_kernel, (x, weight, scale, offs), weight, x.dtype,
         BLOCK_M=_BLOCK_M, BLOCK_N=_BLOCK_N, BLOCK_K=_BLOCK_K,
     )  # fmt: skip
-    return out
 
 
 @triton_op("fxquant::triton_float8_weight_only_grouped_mm", mutates_args=())

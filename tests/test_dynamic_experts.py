@@ -8,7 +8,7 @@ experts, from_hf, the FP8 checkpoint loaders, and the AOT package.
 The reference's oracle is the linear's own reference, row by row with the row's expert weight:
 x is quantized per token (or in 1×b groups of a token), so a row's values do not depend on the
 rows beside it. The model-level oracle is the quantized program run by those references. The
-Triton kernels: tests/test_kernels_float8_grouped.py, tests/test_kernels_int8_dynamic_grouped.py.
+Triton kernels: tests/test_kernels_scaled_grouped.py, tests/test_kernels_float8_block_grouped.py.
 """
 
 from __future__ import annotations

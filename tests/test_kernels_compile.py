@@ -354,7 +354,6 @@ def _format_cases():
     from fxquant.kernels import (
         bnb4_weight_only,
         float8_block_grouped,
-        float8_dynamic_grouped,
         gemm,
         int4_weight_only_grouped,
         int8_dynamic_grouped,
@@ -481,32 +480,28 @@ def _format_cases():
             cases.append(
                 _case(f"{name} grouped mm offs={offs} x={x}", kernel, sig, {**group, **tile})
             )
-    # the fp8 experts' grouped GEMMs, per-row scales and b×b block scales (BLOCK_K = b: 128, and
-    # the least b the launcher takes, fp8 tl.dot's least K): e4m3 tiles on the fp8 tensor cores,
-    # with either offsets dtype and output dtype
-    gd, gb = float8_dynamic_grouped, float8_block_grouped
-    grouped = (
-        ("fp8 row-scaled", gd, gd._float8_grouped_kernel, {"s_ptr": "*fp32"},
-         gd._BLOCK_K, gd._BLOCK_K),
-        ("fp8 block", gb, gb._float8_block_grouped_kernel, {"ws_ptr": "*fp32", "KB": "i32"},
-         _FP8_BLOCK, gb._MIN_BLOCK),
-    )  # fmt: skip
-    for name, g, kernel, scale, k_i32, k_i64 in grouped:
-        for offs, out, block_k in (("*i32", "bf16", k_i32), ("*i64", "fp32", k_i64)):
-            sig = {"x_ptr": "*fp8e4nv", "xs_ptr": "*fp32", "w_ptr": "*fp8e4nv", **scale}
-            sig.update(offs_ptr=offs, out_ptr=f"*{out}", S="i32", N="i32", K="i32")
-            tile = {"BLOCK_M": g._BLOCK_M, "BLOCK_N": g._BLOCK_N, "BLOCK_K": block_k}
-            label = f"{name} grouped mm offs={offs} out={out} BLOCK_K={block_k}"
-            cases.append(_case(label, kernel, sig, tile))
-    # the W8A8 experts' grouped GEMM: int8 tiles on the int8 tensor cores (exact int32 sums),
-    # with either offsets dtype and output dtype
+    # the W8A8 and fp8-row experts' grouped GEMM (one kernel, INT8 on or off): int8 tiles on
+    # the int8 tensor cores (exact int32 sums), e4m3 ones on the fp8 tensor cores, with either
+    # offsets dtype and output dtype
     g = int8_dynamic_grouped
-    for offs, out in (("*i32", "bf16"), ("*i64", "fp32")):
-        sig = {"x_ptr": "*i8", "xs_ptr": "*fp32", "w_ptr": "*i8", "s_ptr": "*fp32"}
-        sig.update(offs_ptr=offs, out_ptr=f"*{out}", S="i32", N="i32", K="i32")
-        tile = {"BLOCK_M": g._BLOCK_M, "BLOCK_N": g._BLOCK_N, "BLOCK_K": g._BLOCK_K}
-        label = f"int8 row-scaled grouped mm offs={offs} out={out}"
-        cases.append(_case(label, g._int8_scaled_grouped_kernel, sig, tile))
+    for name, operand in (("int8", "*i8"), ("fp8", "*fp8e4nv")):
+        for offs, out in (("*i32", "bf16"), ("*i64", "fp32")):
+            sig = {"x_ptr": operand, "xs_ptr": "*fp32", "w_ptr": operand, "s_ptr": "*fp32"}
+            sig.update(offs_ptr=offs, out_ptr=f"*{out}", S="i32", N="i32", K="i32")
+            meta = {"INT8": name == "int8", "BLOCK_M": g._BLOCK_M, "BLOCK_N": g._BLOCK_N}
+            label = f"{name} row-scaled grouped mm offs={offs} out={out}"
+            cases.append(
+                _case(label, g._scaled_grouped_kernel, sig, {**meta, "BLOCK_K": g._BLOCK_K})
+            )
+    # the fp8-block experts' grouped GEMM (BLOCK_K = b: 128, and the least b the launcher
+    # takes, fp8 tl.dot's least K), with either offsets dtype and output dtype
+    gb = float8_block_grouped
+    for offs, out, block_k in (("*i32", "bf16", _FP8_BLOCK), ("*i64", "fp32", gb._MIN_BLOCK)):
+        sig = {"x_ptr": "*fp8e4nv", "xs_ptr": "*fp32", "w_ptr": "*fp8e4nv", "ws_ptr": "*fp32"}
+        sig.update(offs_ptr=offs, out_ptr=f"*{out}", S="i32", N="i32", K="i32", KB="i32")
+        tile = {"BLOCK_M": gb._BLOCK_M, "BLOCK_N": gb._BLOCK_N, "BLOCK_K": block_k}
+        label = f"fp8 block grouped mm offs={offs} out={out} BLOCK_K={block_k}"
+        cases.append(_case(label, gb._float8_block_grouped_kernel, sig, tile))
     for rows in (1, 128):
         bm, bn = mxfp4.block_sizes(rows)  # mxfp8 launches with mxfp4.launch
         cases.append(
