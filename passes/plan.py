@@ -24,7 +24,7 @@ import torch
 import torch.fx as fx
 import torch.nn.functional as F
 
-from fxquant.core.config import QuantConfig, Scheme
+from fxquant.core.config import EXPERT_SCHEMES, QuantConfig, Scheme
 
 aten = torch.ops.aten
 
@@ -308,13 +308,6 @@ def _shape_problem(site: Site, scheme: Scheme) -> str | None:
     return scheme.unsupported_reason(out_features=site.out_features, in_features=site.in_features)
 
 
-# the schemes whose ``takes_experts`` is true, as an error message names them
-_EXPERT_SCHEMES = (
-    "Int8WeightOnly, Int8DynamicActivation, Int4WeightOnly, Int8DynamicActivationInt4, "
-    "Float8WeightOnly, Float8Dynamic(granularity='row'), Float8Block or MXFP4(activations=False)"
-)
-
-
 def _experts_problem(site: Site, scheme: Scheme, x: torch.Tensor) -> str | None:
     node = site.node
     if site.kind == "bmm":
@@ -338,6 +331,6 @@ def _experts_scheme_problem(scheme: Scheme, kind: str) -> str | None:
     if scheme.takes_experts:
         return None
     return (
-        f"expert weights ([E, K, N], {kind}) take only {_EXPERT_SCHEMES}, "
+        f"expert weights ([E, K, N], {kind}) take only {EXPERT_SCHEMES}, "
         f"not {type(scheme).__name__}"
     )

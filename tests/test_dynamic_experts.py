@@ -378,15 +378,17 @@ def test_a_fine_grained_fp8_checkpoint_loads_its_experts_stacked(moe):
 
 
 def test_fp8_experts_that_cannot_stack_are_refused_by_name(moe):
-    model, _ = moe
+    model, ep = moe
     tensors = _fp8_checkpoint(model)
     gone = {k: v for k, v in tensors.items() if ".experts.2.down_proj." not in k}
-    with pytest.raises(CheckpointError, match=r"experts\.2: no fp8 down_proj"):
-        read_quantized(gone, quantization_config=FP8_QCFG)
+    read_quantized(gone, quantization_config=FP8_QCFG)  # linears: the model decides
+    with pytest.raises(CheckpointError, match=r"experts\.2: no quantized down_proj"):
+        fxquant.load_quantized(ep, gone, quantization_config=FP8_QCFG)
     # moe_intermediate_size 32 is one tile of 32, half a tile of 64
     wide = _fp8_checkpoint(model, b=64)
     with pytest.raises(CheckpointError, match="intermediate size 32 is not a multiple of the 64"):
-        read_quantized(wide, quantization_config={**FP8_QCFG, "weight_block_size": [64, 64]})
+        qcfg = {**FP8_QCFG, "weight_block_size": [64, 64]}
+        fxquant.load_quantized(ep, wide, quantization_config=qcfg)
 
 
 def _fbgemm_checkpoint(model):

@@ -25,7 +25,6 @@ importlib.import_module("transformers.integrations.moe")
 import fxquant  # noqa: E402
 import fxquant.kernels.cpu as native  # noqa: E402
 from conftest import assert_sums_close  # noqa: E402
-from fxquant.checkpoints import CheckpointError  # noqa: E402
 from fxquant.core import reference as ref  # noqa: E402
 from fxquant.core.reference import sqnr  # noqa: E402
 from fxquant.core.registry import lowering_table  # noqa: E402
@@ -339,18 +338,6 @@ def test_experts_only_config_matches_the_fake_quantized_model(moe):
     assert len(quantized) == 4 and all(".experts." in n for n in quantized)
     want = logits(fake_quantized(qwen2_moe()))
     torch.testing.assert_close(logits(qep.module()), want, rtol=1e-5, atol=1e-5)
-
-
-def test_writing_compressed_tensors_refuses_quantized_experts_before_writing(moe, tmp_path):
-    _, ep = moe
-    qep = fxquant.quantize(ep, "int8wo")
-    with pytest.raises(CheckpointError, match=r"mixture-of-experts weights \(4 experts"):
-        fxquant.save_compressed_tensors(qep, tmp_path / "out")
-    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
-    kept = fxquant.QuantConfig(scheme=fxquant.Int8WeightOnly(), overrides={
-        r"experts\.(gate_up_proj|down_proj)": None})  # fmt: skip
-    fxquant.save_compressed_tensors(fxquant.quantize(ep, kept), tmp_path / "kept")
-    assert (tmp_path / "kept" / "model.safetensors").exists()
 
 
 def test_hugging_face_configs_keep_the_experts_float_as_transformers_does(moe):

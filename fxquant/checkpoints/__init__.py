@@ -11,7 +11,8 @@ are replaced by the checkpoint's.
 ```
 checkpoint dir / .safetensors / .gguf / state dict
    └─ read_quantized ──▶ LoadedCheckpoint(config, weights, tensors)   (per-format readers below)
-          └─ load_quantized(model skeleton) ──▶ fxquant.quantize(..., weights=) ──▶ ExportedProgram
+          └─ load_quantized(model skeleton) ──▶ experts stacked ──▶ fxquant.quantize(..., weights=)
+                                                                      ──▶ ExportedProgram
 ExportedProgram ──save_compressed_tensors──▶ model.safetensors + config.json (compressed-tensors)
 ```
 
@@ -22,7 +23,9 @@ which ``fxquant.hf`` maps from too, and the writer), DeepSeek-style FP8 blocks
 (``fp8``), GPTQ and AWQ GEMM (``gptq``), gpt-oss MXFP4 experts (``mxfp4``), MLX affine groups
 (``mlx``: transformers' ``MetalConfig`` and Apple MLX's own files), GGUF (``gguf``).
 The readers build on ``base`` (the error type, ``TensorSource``, ``LoadedCheckpoint``, the shared
-conversions); ``read`` dispatches a path to its reader; ``attach`` holds ``load_quantized``.
+conversions); ``read`` dispatches a path to its reader; ``attach`` holds ``load_quantized``;
+``experts`` stacks a MoE checkpoint's per-expert linears into a model's stacked experts (and
+splits them for the writer).
 Each reader raises ``CheckpointError`` naming the tensor and what was expected, and
 ``NotImplementedError`` saying why when a layout has no exact fxquant form.
 """

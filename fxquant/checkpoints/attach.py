@@ -15,6 +15,7 @@ import torch
 from torch.export import ExportedProgram
 
 from fxquant.checkpoints.base import CheckpointError, LoadedCheckpoint
+from fxquant.checkpoints.experts import stack_expert_linears
 from fxquant.checkpoints.read import read_quantized
 from fxquant.core.config import QuantConfig
 from fxquant.passes.rewrite import copy_call_graph
@@ -75,6 +76,8 @@ def load_quantized(
         raise ValueError(
             f"load_quantized() takes an nn.Module or an ExportedProgram, got {type(model).__name__}"
         )
+    # a checkpoint's per-expert linears, where the model stacks its experts
+    ckpt = stack_expert_linears(ckpt, ep.state_dict.keys())
     ep = _with_tensors(ep, ckpt, strict=strict)
     config = ckpt.config
     if not fuse_norms:

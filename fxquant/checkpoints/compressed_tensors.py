@@ -385,8 +385,17 @@ def _layer_entry(scheme: Scheme, c: dict[str, torch.Tensor], n: int, k: int):
     raise NotImplementedError(f"{type(scheme).__name__} has no compressed-tensors writer yet")
 
 
-def _quantized_layers(ep: ExportedProgram):
-    """(module name, scheme, {constant name: tensor}, N, K, constant fqns) per quantized weight."""
+# per-expert linears as transformers 4 checkpoints (and transformers 5's save_pretrained) name
+# them: Mixtral's (and MiniMax's, which share its conversion) w1 / w3 / w2 in block_sparse_moe,
+# every other MoE model's gate_proj / up_proj / down_proj in mlp
+_MIXTRAL_TYPES = ("mixtral", "minimax", "minimax_m2")
+_MIXTRAL_BLOCK = (".mlp.", ".block_sparse_moe.")
+
+
+def _quantized_layers(ep: ExportedProgram, *, mixtral: bool = False):
+    """(module name, scheme, {constant name: tensor}, N, K, constant fqns) per quantized weight;
+    a mixture-of-experts weight gives one per expert's linear (``checkpoints.experts``)."""
+    from fxquant.checkpoints.experts import expert_linears
     from fxquant.core.config import EXPERT_WEIGHTS, scheme_from_dict
 
     by_node = {
@@ -398,12 +407,13 @@ def _quantized_layers(ep: ExportedProgram):
         row = LayerRow.from_node(node)
         if node.op != "call_function" or row is None or row.status != "quantized":
             continue
-        if row.experts is not None:
+        scheme = scheme_from_dict(row.scheme)
+        if row.experts is not None and not row.read_transposed:
             raise CheckpointError(
-                f"{row.name!r}: mixture-of-experts weights ({row.experts} experts, quantized "
-                f"{scheme_from_dict(row.scheme)}) have no compressed-tensors layout here (it "
-                "describes Linear modules); quantize with the experts kept in float to write "
-                f"this program: QuantConfig(..., overrides={{r'{EXPERT_WEIGHTS}': None}})"
+                f"{row.name!r}: mixture-of-experts weights stored [E, K, N] ({row.experts} "
+                f"experts, quantized {scheme}: gpt-oss', Llama 4's) have no per-expert "
+                "compressed-tensors layout here; quantize with the experts kept in float to "
+                f"write this program: QuantConfig(..., overrides={{r'{EXPERT_WEIGHTS}': None}})"
             )
         fqns = [by_node.get(a.name) for a in node.args if isinstance(a, torch.fx.Node)]
         qfqn = next((f for f in fqns if f and f.endswith("qweight")), None)
@@ -412,7 +422,6 @@ def _quantized_layers(ep: ExportedProgram):
         prefix = qfqn.removesuffix("qweight")
         if prefix in seen:
             continue  # a weight shared by two layers is written once
-        scheme = scheme_from_dict(row.scheme)
         n, k = row.out_features, row.in_features
         names = list(layout_of(scheme, (n, k)))
         consts = {name: state[prefix + name] for name in names}
@@ -421,9 +430,15 @@ def _quantized_layers(ep: ExportedProgram):
                 f"{row.weight!r} is quantized for {row.name!r} and kept in float for "
                 "another use (a tied weight): a compressed-tensors module holds one form"
             )
-        module = row.weight.removesuffix(".weight")
-        seen[prefix] = (module, scheme, consts, n, k, {prefix + name for name in names})
-    return list(seen.values())
+        fqn_set = {prefix + name for name in names}
+        if row.experts is None:
+            module = row.weight.removesuffix(".weight")
+            seen[prefix] = [(module, scheme, consts, n, k, fqn_set)]
+            continue
+        proj = ("w1", "w3", "w2") if mixtral else ("gate_proj", "up_proj", "down_proj")
+        linears = expert_linears(row.weight, scheme, consts, n, k, names=proj)
+        seen[prefix] = [(m, scheme, c, n2, k2, fqn_set) for m, c, n2, k2 in linears]
+    return [layer for layers in seen.values() for layer in layers]
 
 
 def save_compressed_tensors(
@@ -441,6 +456,13 @@ def save_compressed_tensors(
     targeting the layers by name. The compressed-tensors library (and engines that read it, such
     as vLLM) decompress it to exactly the weights fxquant computes with.
 
+    Mixture-of-experts weights a model stores stacked [E, N, K] (transformers 5's Qwen2/3-MoE,
+    Mixtral, DeepSeek ``experts.gate_up_proj`` / ``down_proj``) are written as each expert's
+    linears, as transformers 5 saves them and vLLM reads them: ``experts.<i>.gate_proj`` /
+    ``up_proj`` / ``down_proj``, or, for a ``model_config`` of ``model_type`` Mixtral (MiniMax),
+    ``block_sparse_moe.experts.<i>.w1`` / ``w3`` / ``w2`` with the whole block under
+    ``block_sparse_moe``. ``load_quantized`` stacks them back.
+
     Everything is built in memory first, then each file is written to a temporary name and
     renamed, so an error leaves no partial checkpoint behind.
 
@@ -457,7 +479,8 @@ def save_compressed_tensors(
         raise ValueError(
             f"save_compressed_tensors takes an ExportedProgram, got {type(ep).__name__}"
         )
-    layers = _quantized_layers(ep)
+    mixtral = (model_config or {}).get("model_type") in _MIXTRAL_TYPES
+    layers = _quantized_layers(ep, mixtral=mixtral)
     if not layers:
         raise ValueError("the program has no quantized layer (run fxquant.quantize first)")
     tensors: dict[str, torch.Tensor] = {}
@@ -489,6 +512,10 @@ def save_compressed_tensors(
             continue
         seen_ids.add(id(t))
         tensors[name] = t.detach().contiguous()
+    if mixtral:  # the MoE block under its checkpoint name, as transformers 5 saves Mixtral
+        tensors = {n.replace(*_MIXTRAL_BLOCK): t for n, t in tensors.items()}
+        for group in groups.values():
+            group["targets"] = [m.replace(*_MIXTRAL_BLOCK) for m in group["targets"]]
     qcfg = {
         "quant_method": "compressed-tensors",
         "format": formats.pop() if len(formats) == 1 else "mixed-precision",

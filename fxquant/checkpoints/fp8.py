@@ -9,17 +9,14 @@ Qwen3-FP8, ...): per quantized linear ``<m>.weight`` float8_e4m3fn [N, K] and
 groups at run time, as DeepSeek's ``act_quant`` does (amax / 448).
 
 A mixture-of-experts model's checkpoint stores each expert as linears
-(``<block>.mlp.experts.<i>.gate_proj`` / ``up_proj`` / ``down_proj``), which transformers 5
-stacks as it loads them (its conversion mapping for Qwen2-MoE, shared by Qwen3-MoE,
-DeepSeek-V2/V3, GLM-4-MoE …): ``experts.gate_up_proj`` [E, 2I, H], each expert's gate rows then
-its up rows, and ``experts.down_proj`` [E, H, I]. Their tiles stack the same way into
-``Float8Block``'s experts constants (``fxquant::float8_block_grouped_mm``), which needs I a
-multiple of b (gate and up each whole tiles; DeepSeek-V3's 2048, Qwen3-30B-A3B's 768 of 128).
+(``<block>.mlp.experts.<i>.gate_proj`` / ``up_proj`` / ``down_proj``), read here as linears;
+``load_quantized`` stacks their tiles where the model stacks its experts
+(``fxquant.checkpoints.experts``: ``Float8Block``'s experts constants, which need I a multiple
+of b, gate and up each whole tiles; DeepSeek-V3's 2048, Qwen3-30B-A3B's 768 of 128).
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -54,14 +51,11 @@ def read_fp8_blocks(source: TensorSource, qcfg: Mapping[str, Any]) -> LoadedChec
     scales = [n for n in source if n.endswith(".weight_scale_inv")]
     if not scales:
         raise CheckpointError("fp8 block checkpoint has no '*.weight_scale_inv' tensor")
-    experts: dict[str, dict[int, dict[str, tuple[torch.Tensor, torch.Tensor]]]] = {}
     used = set()
     for sname in scales:
         module = sname.removesuffix(".weight_scale_inv")
         wname = f"{module}.weight"
-        layout = (
-            "[N, K] (a linear's; experts stored stacked are not a layout these checkpoints use)"
-        )
+        layout = "[N, K] (a linear's; these checkpoints do not store experts stacked)"
         w = e4m3_beside(source, wname, sname, layout)
         n, k = w.shape
         s = expect(
@@ -71,14 +65,7 @@ def read_fp8_blocks(source: TensorSource, qcfg: Mapping[str, Any]) -> LoadedChec
             dtype=(torch.float32, torch.bfloat16, torch.float16),
         )
         used.update((wname, sname))
-        expert = _EXPERT.fullmatch(module)
-        if expert:
-            slot = experts.setdefault(expert["stack"], {}).setdefault(int(expert["i"]), {})
-            slot[expert["proj"]] = (w, s.float())
-            continue
         out.add(module, scheme, QuantizedWeight({"qweight": w, "scale": s.float()}, None), (n, k))
-    for stack, by_index in experts.items():
-        _add_experts(out, scheme, stack, by_index)
     for name in source:
         if name in used:
             continue
@@ -89,61 +76,3 @@ def read_fp8_blocks(source: TensorSource, qcfg: Mapping[str, Any]) -> LoadedChec
             )
         out.tensors[name] = t
     return out
-
-
-# one expert's linear of a MoE block, as checkpoints name them
-_EXPERT = re.compile(r"(?P<stack>.+\.experts)\.(?P<i>\d+)\.(?P<proj>gate_proj|up_proj|down_proj)")
-_PROJS = ("gate_proj", "up_proj", "down_proj")
-
-
-def _add_experts(out: LoadedCheckpoint, scheme: Float8Block, stack: str, by_index) -> None:
-    """``<stack>.<i>.{gate,up,down}_proj`` (e4m3 and tile scales) → the stacked
-    ``<stack>.gate_up_proj`` [E, 2I, H] and ``<stack>.down_proj`` [E, H, I] constants."""
-    b = scheme.block_size
-    e = len(by_index)
-    if sorted(by_index) != list(range(e)):
-        raise CheckpointError(
-            f"{stack}: experts {sorted(by_index)} are not numbered 0 … {e - 1} (one missing?)"
-        )
-    for i, projs in sorted(by_index.items()):
-        lacking = [p for p in _PROJS if p not in projs]
-        if lacking:
-            raise CheckpointError(f"{stack}.{i}: no fp8 {', '.join(lacking)} (every expert needs "
-                                  "gate_proj, up_proj and down_proj)")  # fmt: skip
-    first = by_index[0]
-    shapes = {p: tuple(first[p][0].shape) for p in _PROJS}
-    (i_dim, h), (h2, i2) = shapes["gate_proj"], shapes["down_proj"]
-    if shapes["up_proj"] != (i_dim, h) or (h2, i2) != (h, i_dim):
-        raise CheckpointError(
-            f"{stack}.0: gate_proj {list(shapes['gate_proj'])}, up_proj "
-            f"{list(shapes['up_proj'])} and down_proj {list(shapes['down_proj'])} are not "
-            "[I, H], [I, H] and [H, I]"
-        )
-    for i, projs in by_index.items():
-        for p in _PROJS:
-            if tuple(projs[p][0].shape) != shapes[p]:
-                raise CheckpointError(
-                    f"{stack}.{i}.{p} is {list(projs[p][0].shape)}, expert 0's is "
-                    f"{list(shapes[p])}: the experts of one block must share their shapes"
-                )
-    if i_dim % b:
-        raise CheckpointError(
-            f"{stack}: the experts' intermediate size {i_dim} is not a multiple of the "
-            f"{b}×{b} tiles, so gate_proj's and up_proj's tiles cannot stack into one "
-            "gate_up_proj (Float8Block's experts layout)"
-        )
-    experts = [by_index[i] for i in range(e)]
-
-    def stacked(parts):
-        return torch.stack([torch.cat(p) for p in parts])
-
-    gate_up = QuantizedWeight({
-        "qweight": stacked([(x["gate_proj"][0], x["up_proj"][0]) for x in experts]),
-        "scale": stacked([(x["gate_proj"][1], x["up_proj"][1]) for x in experts]),
-    }, None)  # fmt: skip
-    down = QuantizedWeight({
-        "qweight": torch.stack([x["down_proj"][0] for x in experts]),
-        "scale": torch.stack([x["down_proj"][1] for x in experts]),
-    }, None)  # fmt: skip
-    out.add_experts(f"{stack}.gate_up_proj", scheme, gate_up, (e, 2 * i_dim, h), stored_nk=True)
-    out.add_experts(f"{stack}.down_proj", scheme, down, (e, h, i_dim), stored_nk=True)

@@ -48,6 +48,11 @@ LM_HEAD_SUFFIX = "+lm_head"  # "<recipe>+lm_head[=<recipe>]": QuantConfig.from_r
 EXPERT_WEIGHTS = r"experts\.(gate_up_proj|down_proj)"
 # Llama 4's routed experts (Llama4TextExperts, a bmm over every expert), by their module path
 LLAMA4_EXPERTS = r"feed_forward\.experts\.(gate_up_proj|down_proj)"
+# the schemes whose ``takes_experts`` is true, as error messages name them
+EXPERT_SCHEMES = (
+    "Int8WeightOnly, Int8DynamicActivation, Int4WeightOnly, Int8DynamicActivationInt4, "
+    "Float8WeightOnly, Float8Dynamic(granularity='row'), Float8Block or MXFP4(activations=False)"
+)
 # patterns naming a model family's layers, which the configs mapped from Hugging Face
 # (fxquant.hf) carry for every model: one matching no layer of a model without such layers is
 # not a typo, so it is never reported as unmatched
