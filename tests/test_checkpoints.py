@@ -344,6 +344,15 @@ def _pack_rows(v: torch.Tensor, bits: int) -> torch.Tensor:
     return torch.where(out >= 2**31, out - 2**32, out).to(torch.int32)
 
 
+def awq_pack(v: torch.Tensor) -> torch.Tensor:
+    """AutoAWQ's WQLinear_GEMM.from_linear: eight columns of ``v`` into one int32, interleaved
+    0 2 4 6 1 3 5 7, lowest bits first."""
+    out = torch.zeros(v.shape[0], v.shape[1] // 8, dtype=torch.int64)
+    for i, col in enumerate((0, 2, 4, 6, 1, 3, 5, 7)):
+        out |= v[:, col::8].to(torch.int64) << (4 * i)
+    return torch.where(out >= 2**31, out - 2**32, out).to(torch.int32)
+
+
 @pytest.mark.parametrize("fmt", ["gptq", "gptq_v2"])
 def test_gptq_checkpoints_load_exactly(fmt):
     torch.manual_seed(0)
@@ -391,12 +400,6 @@ def test_awq_gemm_checkpoints_load_exactly():
     q = torch.randint(0, 16, (k, n))
     z = torch.randint(0, 16, (k // g, n))
     s = torch.rand(k // g, n).half() * 0.1 + 0.01
-
-    def awq_pack(v):  # AutoAWQ WQLinear_GEMM.from_linear: columns interleaved in each word
-        out = torch.zeros(v.shape[0], v.shape[1] // 8, dtype=torch.int64)
-        for i, col in enumerate((0, 2, 4, 6, 1, 3, 5, 7)):
-            out |= v[:, col::8].to(torch.int64) << (4 * i)
-        return torch.where(out >= 2**31, out - 2**32, out).to(torch.int32)
 
     tensors = {
         "proj.qweight": awq_pack(q),

@@ -22,7 +22,7 @@ importlib.import_module("transformers.integrations.moe")  # registers grouped_mm
 
 from test_bmm_experts import llama4  # noqa: E402
 from test_checkpoints import dequantize  # noqa: E402
-from test_int8_experts import IDS, VOCAB, logits, qwen2_moe  # noqa: E402
+from test_int8_experts import IDS, logits, mixtral, qwen2_moe  # noqa: E402
 
 import fxquant  # noqa: E402
 from fxquant.checkpoints import CheckpointError, LoadedCheckpoint, read_quantized  # noqa: E402
@@ -37,17 +37,6 @@ SCHEMES = {
     "fp8-block-32": fxquant.Float8Block(block_size=32),  # I = 32: one tile of gate, one of up
     "int4wo-32": fxquant.Int4WeightOnly(group_size=32),
 }
-
-
-def mixtral(seed: int = 0):
-    """Mixtral: experts stored [E, N, K] as Qwen2-MoE's, named w1 / w3 / w2 in checkpoints."""
-    config = transformers.MixtralConfig(
-        vocab_size=VOCAB, hidden_size=64, intermediate_size=32, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-        num_local_experts=4, num_experts_per_tok=2,
-    )  # fmt: skip
-    torch.manual_seed(seed)
-    return transformers.AutoModelForCausalLM.from_config(config).eval()
 
 
 @pytest.fixture(scope="module")
@@ -224,10 +213,12 @@ def test_experts_stored_k_by_n_are_not_written(tmp_path):
     assert not (tmp_path / "ckpt").exists()
 
 
-def test_a_gptq_moe_checkpoint_stacks_its_int4_experts(moe):
-    """GPTQ MoE checkpoints (Qwen-MoE, Mixtral GPTQ-Int4) store each expert as a GPTQ linear:
-    they stack into Int4WeightOnly experts whose weights are the checkpoint's, code for code."""
-    from test_checkpoints import _pack_rows
+@pytest.mark.parametrize("method", ["gptq", "awq"])
+def test_a_gptq_or_awq_moe_checkpoint_stacks_its_int4_experts(moe, method):
+    """GPTQ and AWQ MoE checkpoints (Qwen3-30B-A3B-GPTQ-Int4 / -AWQ, Mixtral's) store each
+    expert as a linear: they stack into Int4WeightOnly experts whose weights are the
+    checkpoint's, code for code."""
+    from test_checkpoints import _pack_rows, awq_pack
 
     model, ep = moe
     g, torch_gen = 32, torch.Generator().manual_seed(0)
@@ -248,16 +239,23 @@ def test_a_gptq_moe_checkpoint_stacks_its_int4_experts(moe):
                 parts.append(
                     ((q - z.repeat_interleave(g, 0)) * s.float().repeat_interleave(g, 0)).t()
                 )
-                tensors |= {
-                    f"{block}.{i}.{proj}.qweight": _pack_rows(q, 4),
-                    f"{block}.{i}.{proj}.qzeros": _pack_rows(z.t(), 4).t().contiguous(),
-                    f"{block}.{i}.{proj}.scales": s,
-                    f"{block}.{i}.{proj}.g_idx": (torch.arange(k) // g).to(torch.int32),
-                }
+                m = f"{block}.{i}.{proj}"
+                if method == "awq":  # packed along N
+                    tensors |= {f"{m}.qweight": awq_pack(q), f"{m}.qzeros": awq_pack(z)}
+                else:  # packed along K, zeros along N
+                    tensors |= {
+                        f"{m}.qweight": _pack_rows(q, 4),
+                        f"{m}.qzeros": _pack_rows(z.t(), 4).t().contiguous(),
+                        f"{m}.g_idx": (torch.arange(k) // g).to(torch.int32),
+                    }
+                tensors[f"{m}.scales"] = s
             per_expert.append(torch.cat(parts))
         want[name] = torch.stack(per_expert)
     qcfg = {"quant_method": "gptq", "bits": 4, "group_size": g, "desc_act": False,
             "sym": False, "checkpoint_format": "gptq_v2"}  # fmt: skip
+    if method == "awq":
+        qcfg = {"quant_method": "awq", "bits": 4, "group_size": g, "zero_point": True,
+                "version": "gemm"}  # fmt: skip
     stacked = stack_expert_linears(read_quantized(tensors, quantization_config=qcfg),
                                    ep.state_dict.keys())  # fmt: skip
     for name, w in want.items():
