@@ -142,8 +142,9 @@ def test_calibration_quantizes_the_experts_to_nearest_and_says_so():
 
 
 def test_the_from_pretrained_bridge_reports_the_experts_it_cannot_swap(tmp_path):
-    """The bridge swaps nn.Linear modules; Llama 4's experts are rows of its report that say so,
-    with their [E, K, N] weights read as such (N the output)."""
+    """The bridge swaps nn.Linear modules and transformers' experts modules; Llama 4's (a bmm of
+    every expert) are rows of its report that say so, with their [E, K, N] weights read as such
+    (N the output)."""
     from transformers import AutoModelForCausalLM
 
     from fxquant.hf.bridge import FxquantHfConfig
@@ -156,7 +157,7 @@ def test_the_from_pretrained_bridge_reports_the_experts_it_cannot_swap(tmp_path)
     assert gate_up["status"] == "skipped" and gate_up["kind"] == "experts"
     assert (gate_up["experts"], gate_up["out_features"], gate_up["in_features"]) == (4, 128, 64)
     assert (down["out_features"], down["in_features"]) == (64, 64)
-    assert "run in a batched matmul, not an nn.Linear" in gate_up["reason"]
+    assert "run in a batched matmul of Llama4TextExperts, not an nn.Linear" in gate_up["reason"]
     assert rows["model.layers.0.self_attn.q_proj"]["status"] == "quantized"
 
 

@@ -1,5 +1,5 @@
 """Mixture-of-experts weights in checkpoints that store each expert as linears (compressed-tensors
-from llm-compressor / vLLM, FineGrainedFP8, what transformers 5's save_pretrained writes):
+from llm-compressor / vLLM, FineGrainedFP8, GPTQ, AWQ; what transformers 5 saves):
 ``save_compressed_tensors`` splits a model's stacked experts into them, ``load_quantized``
 stacks them back where the model stacks its experts (fxquant/checkpoints/experts.py).
 

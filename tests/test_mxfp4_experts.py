@@ -411,17 +411,29 @@ def test_dequantize_true_is_refused(tmp_path):
         )
 
 
-def test_the_from_pretrained_bridge_reports_the_experts_it_cannot_swap(tmp_path):
+def test_the_from_pretrained_bridge_quantizes_the_experts_as_the_export_path(tmp_path):
+    """gpt-oss' experts ([E, K, N], biases, its clamped gate) through from_pretrained: the same
+    MXFP4 constants and op as fxquant.quantize of the exported model, the same logits; they
+    save and reload as they are."""
     from transformers import AutoModelForCausalLM
 
     from fxquant.hf.bridge import FxquantHfConfig
 
-    tiny_model().save_pretrained(tmp_path)
-    config = FxquantHfConfig(fxquant.from_hf(Mxfp4Config()))
-    model = AutoModelForCausalLM.from_pretrained(tmp_path, quantization_config=config)
-    rows = {r["name"]: r for r in model.fxquant_report.rows}
-    row = rows["model.layers.0.mlp.experts.gate_up_proj"]
-    assert row["status"] == "skipped" and row["kind"] == "experts"
+    tiny_model().save_pretrained(tmp_path / "float")
+    config = fxquant.from_hf(Mxfp4Config())
+    model = AutoModelForCausalLM.from_pretrained(
+        tmp_path / "float", quantization_config=FxquantHfConfig(config)
+    )
+    rows = model.fxquant_report.rows
+    row = {r["name"]: r for r in rows}["model.layers.0.mlp.experts.gate_up_proj"]
+    assert row["status"] == "quantized" and row["kind"] == "experts"
     assert (row["experts"], row["out_features"], row["in_features"]) == (4, 128, 64)
-    assert "export the model and use fxquant.quantize or load_quantized" in row["reason"]
-    assert not model.fxquant_report.quantized  # Mxfp4Config plans no nn.Linear
+    assert row["sqnr_db"] > 15 and row["bytes_after"] < row["bytes_before"] / 3
+    # every nn.Linear stays float, as transformers' Mxfp4Config keeps them
+    assert {r["kind"] for r in rows if r["status"] == "quantized"} == {"experts"}
+    want = logits(fxquant.quantize(export(tiny_model()), config).module())
+    got = logits(model)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    model.save_pretrained(tmp_path / "q")
+    again = AutoModelForCausalLM.from_pretrained(tmp_path / "q")
+    torch.testing.assert_close(logits(again), got, rtol=0, atol=0)

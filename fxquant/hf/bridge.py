@@ -61,6 +61,13 @@ from fxquant.core.config import QuantConfig, Scheme
 from fxquant.core.reference import sqnr
 from fxquant.core.row import LayerRow
 from fxquant.core.scheme import QuantizedWeight, layout_of
+from fxquant.hf.bridge_experts import (
+    ExpertWeights,
+    bmm_expert_rows,
+    build_experts_skeleton,
+    keep_stacked_on_save,
+    quantize_experts,
+)
 from fxquant.passes.plan import FLOAT_DTYPES
 from fxquant.report import Report
 
@@ -238,7 +245,8 @@ def _swap(model: nn.Module, site: _Site, weight: QuantizedWeight) -> None:
 
 def quantize_linears(model: nn.Module, config: QuantConfig | Scheme | str) -> Report:
     """Swap, in place, every ``nn.Linear`` of ``model`` the config gives a scheme for a
-    ``QuantizedLinear``; returns the per-layer report (skips say why).
+    ``QuantizedLinear``, and quantize the experts weights it plans (``bridge_experts``);
+    returns the per-layer report (skips say why).
 
     In place because transformers hands the quantizer a model it has just built; callers with a
     model of their own should use ``fxquant.quantize`` (which never mutates its input). A weight
@@ -261,39 +269,10 @@ def quantize_linears(model: nn.Module, config: QuantConfig | Scheme | str) -> Re
             site.row = site.row.replace(bytes_after=q.nbytes, sqnr_db=db)
             done[site.name] = q
         _swap(model, site, q)
-    rows = [s.row for s in sites] + _expert_rows(model, config)
+    experts = quantize_experts(model, config)
+    keep_stacked_on_save(model, experts)
+    rows = [s.row for s in sites] + experts + bmm_expert_rows(model, config)
     return Report(rows=rows, config=config, program_bytes=_bytes(model))
-
-
-def _expert_rows(model: nn.Module, config: QuantConfig) -> list[LayerRow]:
-    """Skipped rows for the 3-D mixture-of-experts weights the config gives a scheme (gpt-oss'
-    ``experts.gate_up_proj``, as ``from_hf(Mxfp4Config())`` targets): transformers runs them in
-    a grouped GEMM inside the experts module (Llama 4's: a batched matmul of every expert), not
-    in an ``nn.Linear`` this bridge can swap. The export path rewrites that GEMM
-    (``fxquant.quantize`` / ``load_quantized``)."""
-    rows = []
-    for name, p in model.named_parameters():
-        scheme = config.scheme_for(name)[0] if p.dim() == 3 else None
-        if scheme is None:
-            continue
-        owner = model.get_submodule(name.rpartition(".")[0])
-        # transformers' experts: [E, K, N] when is_transposed, else [E, N, K]; Llama 4's bmm
-        # experts (no is_transposed) store [E, K, N]
-        bmm = type(owner).__name__ == "Llama4TextExperts"
-        e, a, b = p.shape
-        n, k = (b, a) if bmm or getattr(owner, "is_transposed", False) else (a, b)
-        size = p.numel() * p.dtype.itemsize
-        rows.append(LayerRow(
-            name=name, weight=name, node=None, kind="experts", experts=e,
-            in_features=k, out_features=n, dtype=str(p.dtype).removeprefix("torch."),
-            status="skipped", scheme=None,
-            reason=f"expert weights ({scheme.name} planned) run in "
-            f"{'a batched matmul' if bmm else 'a grouped GEMM'}, not an nn.Linear: the "
-            "from_pretrained bridge swaps nn.Linear only; export the model and use "
-            "fxquant.quantize or load_quantized, which rewrite that GEMM",
-            bytes_before=size, bytes_after=size, sqnr_db=None,
-        ))  # fmt: skip
-    return rows
 
 
 def _bytes(model: nn.Module) -> int:
@@ -420,7 +399,7 @@ def _check_tensors(sites: list[_Site], layouts: dict[str, tuple], found: dict, p
 
 def _check_storable(model: nn.Module) -> None:
     for name, module in model.named_modules():
-        if not isinstance(module, QuantizedLinear):
+        if not isinstance(module, (QuantizedLinear, ExpertWeights)):
             continue
         for c in module._constants:
             t = getattr(module, c)
@@ -480,6 +459,7 @@ class FxquantHfQuantizer(HfQuantizer):
     def __init__(self, quantization_config: FxquantHfConfig, **kwargs: Any) -> None:
         super().__init__(quantization_config, **kwargs)
         self._sites: list[_Site] = []  # the skeleton's plan (reloading only)
+        self._experts: list = []  # its experts weights' plan (bridge_experts)
         self._layouts: dict[str, tuple] = {}  # constant → (shape, dtype) it must load as
         self._saved_rows: dict[str, LayerRow] = {}
 
@@ -494,11 +474,18 @@ class FxquantHfQuantizer(HfQuantizer):
             for name, m in model.named_modules()
             if isinstance(m, nn.Linear) and (row := _lookup(saved, name, prefix)) is not None
         }
+        experts_from = {
+            name: getattr(torch, row.dtype)
+            for name, p in model.named_parameters()
+            if p.dim() == 3 and (row := _lookup(saved, name, prefix)) is not None
+        }
         config = self.quantization_config.quant_config
         self._sites, self._layouts = _build_skeleton(model, config, quantized_from)
-        _check_plan(self._sites, saved, prefix)
+        self._experts, layouts = build_experts_skeleton(model, config, experts_from)
+        self._layouts |= layouts
+        _check_plan([*self._sites, *self._experts], saved, prefix)
         if found is not None:
-            _check_tensors(self._sites, self._layouts, found, prefix)
+            _check_tensors([*self._sites, *self._experts], self._layouts, found, prefix)
         _untie(model, {s.row.weight for s in self._sites if s.scheme is not None})
         return model
 
@@ -532,8 +519,16 @@ class FxquantHfQuantizer(HfQuantizer):
                     setattr(module, c, getattr(owner, c))
             saved = _lookup(self._saved_rows, site.name, prefix)
             site.row = site.row.replace(sqnr_db=None if saved is None else saved.sqnr_db)
+        for w in self._experts:
+            saved = _lookup(self._saved_rows, w.name, prefix)
+            w.row = w.row.replace(sqnr_db=None if saved is None else saved.sqnr_db)
+            if w.scheme is not None:
+                nbytes = sum(t.nbytes for t in model.get_submodule(w.name).buffers())
+                w.row = w.row.replace(bytes_after=nbytes)
         model.fxquant_report = Report(
-            rows=[s.row for s in self._sites] + _expert_rows(model, config),
+            rows=[s.row for s in self._sites]
+            + [w.row for w in self._experts]
+            + bmm_expert_rows(model, config),
             config=config,
             program_bytes=_bytes(model),
         )

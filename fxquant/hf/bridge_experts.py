@@ -1,0 +1,247 @@
+"""The from_pretrained bridge for mixture-of-experts weights: transformers 5's experts modules
+(``@use_experts_implementation``: Qwen2/3-MoE, Mixtral, DeepSeek, OLMoE, gpt-oss …) run their
+grouped GEMMs on fxquant's experts ops.
+
+Where it sits: beside ``fxquant.hf.bridge`` (which swaps ``nn.Linear`` modules), called by its
+quantizer after the float weights load (quantizing) or before (reloading a saved model). An
+experts module holds its weights as 3-D parameters (``gate_up_proj`` [E, 2I, H], ``down_proj``
+[E, H, I]; [E, K, N] where ``is_transposed``, gpt-oss') and runs them in transformers' grouped
+GEMM. Each weight the plan quantizes becomes an ``ExpertWeights`` submodule of the same name
+holding the constants the graph rewrite would store for it ([E, N, K] layout, the scheme's
+``quantize`` of each expert), and the module's class becomes a subclass of its own whose forward
+is transformers' ``grouped_mm`` experts forward (tokens sorted by expert, cumulative row ends,
+the module's own gate, activation, biases and routing weights) with each grouped GEMM the
+scheme's experts op (``Scheme.grouped_op_args``). Everything else of the module stays as
+transformers built it; a weight the plan leaves float runs transformers' grouped GEMM. The
+constants are buffers (``<experts>.gate_up_proj.qweight`` …), so ``save_pretrained`` writes them
+and a reload fills them. Llama 4's experts (a batched matmul over every expert, no
+``use_experts_implementation``) stay float here and the report says so.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from fxquant.core.config import EXPERT_SCHEMES, QuantConfig, Scheme
+from fxquant.core.reference import sqnr
+from fxquant.core.row import LayerRow
+from fxquant.core.scheme import QuantizedWeight, layout_of
+from fxquant.passes.plan import FLOAT_DTYPES
+
+__all__ = ["ExpertWeights", "build_experts_skeleton", "quantize_experts"]
+
+
+class ExpertWeights(nn.Module):
+    """One quantized 3-D experts weight: its constants as buffers, ``forward(x, offs)`` the
+    scheme's grouped op (x [S, K] sorted by expert, ``offs`` [E] cumulative row ends)."""
+
+    def __init__(self, scheme: Scheme, weight: QuantizedWeight, *, experts: int, n: int, k: int):
+        super().__init__()
+        self.scheme, self.experts, self.out_features, self.in_features = scheme, experts, n, k
+        self._constants = list(weight.tensors)
+        for name, t in weight.tensors.items():
+            self.register_buffer(name, t)
+
+    def forward(self, x: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+        op, args = self.scheme.grouped_op_args(x, {c: getattr(self, c) for c in self._constants},
+                                               offs)  # fmt: skip
+        return op(*args)
+
+    def extra_repr(self) -> str:
+        return f"experts={self.experts}, n={self.out_features}, k={self.in_features}, {self.scheme}"
+
+
+class _FxquantExperts:
+    """The forward of the experts classes ``_quantized_class`` makes: transformers 5.25's
+    ``grouped_mm_experts_forward`` (integrations/moe.py, less expert parallelism, which the plan
+    refuses), each grouped GEMM on an ``ExpertWeights`` where the weight is one."""
+
+    def forward(self, hidden_states, top_k_index, top_k_weights):
+        num_top_k, num_tokens = top_k_index.size(-1), hidden_states.size(0)
+        expert_ids_g, perm = torch.sort(top_k_index.reshape(-1))
+        x = hidden_states[perm // num_top_k]
+        weights_g = top_k_weights.reshape(-1)[perm]
+        # histc as transformers counts (no bincount: CUDA graphs); float bins on the CPU
+        ids = expert_ids_g.float() if x.device.type in ("cpu", "mps") else expert_ids_g.int()
+        counts = torch.histc(ids, bins=self.num_experts, min=0, max=self.num_experts - 1)
+        offs = torch.cumsum(counts, dim=0, dtype=torch.int32)
+        up = self._grouped("gate_up_proj" if self.has_gate else "up_proj", x, offs, expert_ids_g)
+        h = self._apply_gate(up) if self.has_gate else self.act_fn(up)
+        out = self._grouped("down_proj", h, offs, expert_ids_g)
+        if self.has_post_expert_norm:
+            out = self.post_expert_norm(out)
+        out = out * weights_g.unsqueeze(-1)
+        inv = torch.empty_like(perm)
+        inv[perm] = torch.arange(perm.size(0), device=perm.device)
+        out = out[inv].view(num_tokens, num_top_k, hidden_states.size(-1)).sum(dim=1)
+        return out.to(hidden_states.dtype)
+
+    def _grouped(self, name, x, offs, expert_ids_g):
+        from transformers.integrations.moe import _grouped_linear
+
+        w = getattr(self, name)
+        bias = getattr(self, f"{name}_bias")[expert_ids_g] if self.has_bias else None
+        if not isinstance(w, ExpertWeights):
+            return _grouped_linear(x, w, offs, bias=bias, is_transposed=self.is_transposed)
+        y = w(x, offs)
+        return y if bias is None else y + bias
+
+
+@functools.cache
+def _quantized_class(cls: type) -> type:
+    return type(f"Fxquant{cls.__name__}", (_FxquantExperts, cls), {"__module__": __name__})
+
+
+# ---- planning: from names, shapes and dtypes only (the same on a meta skeleton) ----------------
+
+
+@dataclass
+class _Weight:
+    """One 3-D experts weight and what the plan decided for it."""
+
+    module: str
+    param: str
+    scheme: Scheme | None
+    row: LayerRow
+    transposed: bool  # stored [E, K, N]
+
+    @property
+    def name(self) -> str:
+        return self.row.name
+
+
+def _experts_modules(model: nn.Module):
+    for name, module in model.named_modules():
+        if hasattr(module, "has_gate") and hasattr(module, "is_transposed"):
+            yield name, module  # transformers' @use_experts_implementation classes
+
+
+def _plan(model, config, *, quantized_from: Mapping[str, torch.dtype] | None = None):
+    weights = []
+    for name, module in _experts_modules(model):
+        for param in ("gate_up_proj" if module.has_gate else "up_proj", "down_proj"):
+            p = getattr(module, param, None)
+            if not isinstance(p, nn.Parameter) or p.dim() != 3:
+                continue
+            full = f"{name}.{param}"
+            scheme, why = config.scheme_for(full)
+            if scheme is None:
+                continue  # not planned: as float as the rest of the model the config leaves
+            dtype = (quantized_from or {}).get(full, p.dtype)
+            e, a, b = p.shape
+            n, k = (b, a) if module.is_transposed else (a, b)
+            if dtype not in FLOAT_DTYPES:
+                problem = f"weight dtype {dtype} is not floating point"
+            elif not scheme.takes_experts:
+                problem = f"{scheme.name} has no experts op; experts take {EXPERT_SCHEMES}"
+            elif getattr(module, "_is_expert_parallel", False):
+                problem = "expert parallelism (sharded experts) is not supported here"
+            else:
+                problem = scheme.unsupported_reason(out_features=n, in_features=k)
+            if problem is not None:
+                scheme, why = None, problem
+            size = p.numel() * dtype.itemsize
+            row = LayerRow(
+                name=full, weight=full, node=None, kind="experts", experts=e,
+                in_features=k, out_features=n, dtype=str(dtype).removeprefix("torch."),
+                status="skipped" if scheme is None else "quantized",
+                scheme=None if scheme is None else scheme.to_dict(), reason=why,
+                bytes_before=size, bytes_after=size, sqnr_db=None,
+            )  # fmt: skip
+            weights.append(_Weight(name, param, scheme, row, module.is_transposed))
+    return weights
+
+
+def _swap(model: nn.Module, w: _Weight, weight: QuantizedWeight) -> None:
+    module = model.get_submodule(w.module)
+    row = w.row
+    del module._parameters[w.param]
+    module.add_module(w.param, ExpertWeights(w.scheme, weight, experts=row.experts,
+                                             n=row.out_features, k=row.in_features))  # fmt: skip
+    if not isinstance(module, _FxquantExperts):
+        module.__class__ = _quantized_class(type(module))
+
+
+def quantize_experts(model: nn.Module, config: QuantConfig) -> list[LayerRow]:
+    """Quantize, in place, every experts weight of ``model`` the config gives a scheme that
+    takes experts; → a report row for each experts weight the config plans (skips say why)."""
+    rows = []
+    for w in _plan(model, config):
+        if w.scheme is not None:
+            p = model.get_submodule(w.module).get_parameter(w.param).detach().float()
+            wf = (p.transpose(1, 2) if w.transposed else p).contiguous()  # [E, N, K]
+            q = w.scheme.quantize(wf)
+            w.row = w.row.replace(bytes_after=q.nbytes, sqnr_db=round(sqnr(wf, q.dequantized), 2))
+            _swap(model, w, q)
+        rows.append(w.row)
+    return rows
+
+
+def keep_stacked_on_save(model: nn.Module, rows: list[LayerRow]) -> None:
+    """transformers' ``save_pretrained`` reverts the conversions that stacked a checkpoint's
+    per-expert weights as it loaded them (``model._weight_conversions``: ``experts.<i>.gate_proj``
+    … → ``experts.gate_up_proj``), which would split the quantized constants into per-expert
+    tensors under float names; quantized experts are saved as they are (and reload so), so those
+    conversions are dropped. A float experts weight they also stacked is then saved stacked,
+    which transformers 5 loads as it is."""
+    conversions = getattr(model, "_weight_conversions", None)
+    names = [r.name for r in rows if r.status == "quantized"]
+    if not conversions or not names:
+        return
+    from transformers.core_model_loading import WeightConverter
+
+    def stacks_quantized(c) -> bool:
+        targets = c._original_target_patterns if isinstance(c, WeightConverter) else ()
+        return any(re.search(t, n) for t in targets for n in names)
+
+    model._weight_conversions = [c for c in conversions if not stacks_quantized(c)]
+
+
+def build_experts_skeleton(
+    model: nn.Module, config: QuantConfig, quantized_from: Mapping[str, torch.dtype]
+) -> tuple[list[_Weight], dict[str, tuple]]:
+    """On transformers' (meta) skeleton before a saved model loads: each planned experts weight
+    swapped for an ``ExpertWeights`` with empty buffers of the scheme's layout; → the plan and
+    {buffer name: (shape, dtype)} the checkpoint must hold."""
+    planned, layouts = _plan(model, config, quantized_from=quantized_from), {}
+    for w in planned:
+        if w.scheme is None:
+            continue
+        r = w.row
+        with torch.device("cpu"):  # the probe quantizes zeros: not on the meta device
+            layout = layout_of(w.scheme, (r.experts, r.out_features, r.in_features))
+        device = model.get_submodule(w.module).get_parameter(w.param).device
+        tensors = {c: torch.empty(s, dtype=d, device=device) for c, (s, d) in layout.items()}
+        layouts.update({f"{r.name}.{c}": v for c, v in layout.items()})
+        _swap(model, w, QuantizedWeight(tensors, dequantized=None))
+    return planned, layouts
+
+
+def bmm_expert_rows(model: nn.Module, config: QuantConfig) -> list[LayerRow]:
+    """Skipped rows for the experts this bridge cannot swap, that the config gives a scheme:
+    Llama 4's (``Llama4TextExperts``: a batched matmul of every expert, [E, K, N])."""
+    rows = []
+    for name, p in model.named_parameters():
+        owner = model.get_submodule(name.rpartition(".")[0])
+        scheme = config.scheme_for(name)[0] if p.dim() == 3 else None
+        if scheme is None or hasattr(owner, "has_gate"):
+            continue
+        e, k, n = p.shape
+        size = p.numel() * p.dtype.itemsize
+        rows.append(LayerRow(
+            name=name, weight=name, node=None, kind="experts", experts=e,
+            in_features=k, out_features=n, dtype=str(p.dtype).removeprefix("torch."),
+            status="skipped", scheme=None,
+            reason=f"expert weights ({scheme.name} planned) run in a batched matmul of "
+            f"{type(owner).__name__}, not an nn.Linear or a transformers experts module: the "
+            "from_pretrained bridge swaps those only; export the model and use "
+            "fxquant.quantize or load_quantized, which rewrite that GEMM",
+            bytes_before=size, bytes_after=size, sqnr_db=None,
+        ))  # fmt: skip
+    return rows
