@@ -27,6 +27,8 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+from transformers.core_model_loading import WeightConverter
+from transformers.integrations.moe import _grouped_linear
 
 from fxquant.core.config import EXPERT_SCHEMES, QuantConfig, Scheme
 from fxquant.core.reference import sqnr
@@ -34,7 +36,13 @@ from fxquant.core.row import LayerRow
 from fxquant.core.scheme import QuantizedWeight, layout_of
 from fxquant.passes.plan import FLOAT_DTYPES
 
-__all__ = ["ExpertWeights", "build_experts_skeleton", "quantize_experts"]
+__all__ = [
+    "ExpertWeights",
+    "bmm_expert_rows",
+    "build_experts_skeleton",
+    "keep_stacked_on_save",
+    "quantize_experts",
+]
 
 
 class ExpertWeights(nn.Module):
@@ -60,7 +68,8 @@ class ExpertWeights(nn.Module):
 class _FxquantExperts:
     """The forward of the experts classes ``_quantized_class`` makes: transformers 5.25's
     ``grouped_mm_experts_forward`` (integrations/moe.py, less expert parallelism, which the plan
-    refuses), each grouped GEMM on an ``ExpertWeights`` where the weight is one."""
+    refuses; 5.17's is the same without it and the post-expert norm), each grouped GEMM on an
+    ``ExpertWeights`` where the weight is one."""
 
     def forward(self, hidden_states, top_k_index, top_k_weights):
         num_top_k, num_tokens = top_k_index.size(-1), hidden_states.size(0)
@@ -74,7 +83,7 @@ class _FxquantExperts:
         up = self._grouped("gate_up_proj" if self.has_gate else "up_proj", x, offs, expert_ids_g)
         h = self._apply_gate(up) if self.has_gate else self.act_fn(up)
         out = self._grouped("down_proj", h, offs, expert_ids_g)
-        if self.has_post_expert_norm:
+        if getattr(self, "has_post_expert_norm", False):  # transformers 5.25, not 5.17
             out = self.post_expert_norm(out)
         out = out * weights_g.unsqueeze(-1)
         inv = torch.empty_like(perm)
@@ -83,8 +92,6 @@ class _FxquantExperts:
         return out.to(hidden_states.dtype)
 
     def _grouped(self, name, x, offs, expert_ids_g):
-        from transformers.integrations.moe import _grouped_linear
-
         w = getattr(self, name)
         bias = getattr(self, f"{name}_bias")[expert_ids_g] if self.has_bias else None
         if not isinstance(w, ExpertWeights):
@@ -194,7 +201,6 @@ def keep_stacked_on_save(model: nn.Module, rows: list[LayerRow]) -> None:
     names = [r.name for r in rows if r.status == "quantized"]
     if not conversions or not names:
         return
-    from transformers.core_model_loading import WeightConverter
 
     def stacks_quantized(c) -> bool:
         targets = c._original_target_patterns if isinstance(c, WeightConverter) else ()
