@@ -361,7 +361,9 @@ def _fuse(editor, m: NormMatch, quant: ActivationQuant, record: dict) -> None:
         cls, user_args = _consumer(user)
         op, new_args = cls.scaled_linear(q, scale, user_args, out_dtype)
         new = editor.swap(user, op, new_args)
-        LayerRow.from_node(new).replace(fused_norm=record["name"]).store(new)
+        row = LayerRow.from_node(new)
+        if row is not None:  # None: an op the rewrite did not place (the from_pretrained bridge's)
+            row.replace(fused_norm=record["name"]).store(new)
     # The norm's own nodes, last first, with the checks export hung on them; one still in use
     # (HF's x.to(float32), also read by the residual) stays.
     for node in reversed(m.nodes):

@@ -110,7 +110,7 @@ def prepack(editor, *, device: str | torch.device = "cpu") -> int:
         if rule.when is not None and not rule.when(args):
             continue
         const_nodes = [args[name] for name in rule.consts]
-        found = [editor.weight_of(n) for n in const_nodes]
+        found = [editor.weight_of(n, buffers=True) for n in const_nodes]
         if any(f is None for f in found):
             continue
         consts = {name: t for name, (_, t) in zip(rule.consts, found, strict=True)}

@@ -92,7 +92,10 @@ class ProgramEditor:
             spec.arg = TensorArgument(name)
         return spec
 
-    def weight_of(self, node: fx.Node):
+    def weight_of(self, node: fx.Node, *, buffers: bool = True):
+        """(fqn, tensor) of the parameter, buffer or constant ``node`` reads, or None; a
+        program's buffers are its constants as much as its parameters (``buffers`` is for
+        ``DynamoEditor``'s signature)."""
         spec = self._spec_of.get(node.name) if node.op == "placeholder" else None
         if spec is None:
             return None
@@ -202,7 +205,11 @@ class DynamoEditor:
         self._params: dict[fx.Node, tuple[Any, torch.Tensor]] = {}
         self._baked: set[fx.Node] = set()
 
-    def weight_of(self, node: fx.Node):
+    def weight_of(self, node: fx.Node, *, buffers: bool = False):
+        """(fqn, tensor) of the parameter (or, ``buffers``, the buffer) ``node`` reads, or None.
+        Buffers are left out of planning (a model's buffers include what it computes with, such
+        as rotary frequencies a matmul reads); prepacking asks for them, since the constants of
+        ops already quantized (the from_pretrained bridge's) are module buffers."""
         if node.op == "get_attr":
             t = self.gm
             for part in node.target.split("."):
@@ -210,7 +217,9 @@ class DynamoEditor:
             return (node.target, t) if isinstance(t, torch.Tensor) else None
         value = self._inputs.get(node)
         grapharg = node.meta.get("grapharg")
-        if not isinstance(value, torch.nn.Parameter) or grapharg is None:
+        if grapharg is None or not isinstance(value, torch.Tensor):
+            return None
+        if not isinstance(value, torch.nn.Parameter) and not (buffers and _is_buffer(grapharg)):
             return None
         fqn = fqn_from_source(grapharg.source.name)
         self._params.setdefault(node, (grapharg.source, value))
@@ -264,6 +273,11 @@ class DynamoEditor:
         self.graph.lint()
         self.gm.recompile()
         return self.gm
+
+
+def _is_buffer(grapharg) -> bool:
+    """Dynamo's input is a module buffer (its source reads ``_buffers[...]``)."""
+    return "_buffers" in grapharg.source.name
 
 
 def fqn_from_source(source_name: str) -> str:

@@ -82,8 +82,8 @@ def fuse_siblings(editor) -> int:
         spec = _BY_TARGET[target]
         found = []
         for n, args in members:
-            consts = {c: editor.weight_of(args[c]) for c in spec.consts}
-            bias = None if no_bias else editor.weight_of(args["bias"])
+            consts = {c: editor.weight_of(args[c], buffers=True) for c in spec.consts}
+            bias = None if no_bias else editor.weight_of(args["bias"], buffers=True)
             if any(c is None for c in consts.values()) or (not no_bias and bias is None):
                 break
             rows = consts[spec.consts[0]][1].shape[0]
@@ -94,7 +94,7 @@ def fuse_siblings(editor) -> int:
         if len(found) != len(members):
             continue
         first, first_args, first_tensors, _ = found[0]
-        prefix = editor.weight_of(first_args[spec.consts[0]])[0] + ".siblings"
+        prefix = editor.weight_of(first_args[spec.consts[0]], buffers=True)[0] + ".siblings"
         whole_args = dict(first_args)
         for i, name in enumerate(spec.consts):
             t = torch.cat([c[i].reshape(c[i].shape[0], -1) for _, _, c, _ in found])
