@@ -144,6 +144,6 @@ def test_the_fxquant_backend_prepacks_the_bridges_constants(saved, monkeypatch):
     monkeypatch.setattr(backend, "prepack", prepack)
     model = _bridged(path, fxquant.QuantConfig(scheme=fxquant.Int4WeightOnly(group_size=32),
                                                modules_to_not_convert=SKIP))  # fmt: skip
-    compiled = torch.compile(model, backend="fxquant")
+    compiled = torch.compile(model, backend="fxquant", options={"config": fxquant.QuantConfig()})
     assert sqnr(logits(model), logits(compiled)) > 30
     assert left == [0]
