@@ -150,6 +150,39 @@ def test_mixtral_checkpoints_name_the_block_and_experts_as_mixtrals(tmp_path):
     torch.testing.assert_close(logits(loaded.module()), logits(qep.module()), rtol=0, atol=0)
 
 
+def test_experts_a_checkpoint_keeps_float_stack_as_float_tensors(moe, tmp_path):
+    """A block the quantization config ignored keeps its experts float, one linear each (as
+    transformers 5 saves them): they stack into the model's float experts, beside quantized
+    blocks."""
+    from safetensors.torch import load_file
+
+    model, ep = moe
+    kept = fxquant.QuantConfig(
+        scheme=fxquant.Int8WeightOnly(),
+        overrides={r"layers\.0\.mlp\.experts\.(gate_up_proj|down_proj)": None},
+        modules_to_not_convert=("lm_head", "gate", "shared_expert_gate"),
+    )
+    qep = fxquant.quantize(ep, kept)
+    fxquant.save_compressed_tensors(qep, tmp_path, model_config=model.config.to_dict())
+    tensors = load_file(str(tmp_path / "model.safetensors"))
+    qcfg = json.loads((tmp_path / "config.json").read_text())["quantization_config"]
+    block = "model.layers.0.mlp.experts"
+    gate_up, down = tensors.pop(f"{block}.gate_up_proj"), tensors.pop(f"{block}.down_proj")
+    half = gate_up.shape[1] // 2
+    for i in range(gate_up.shape[0]):  # the layout transformers 5's save_pretrained writes
+        tensors[f"{block}.{i}.gate_proj.weight"] = gate_up[i, :half].clone()
+        tensors[f"{block}.{i}.up_proj.weight"] = gate_up[i, half:].clone()
+        tensors[f"{block}.{i}.down_proj.weight"] = down[i].clone()
+    loaded = fxquant.load_quantized(ep, tensors, quantization_config=qcfg)
+    rows = {r["name"]: r for r in fxquant.report(loaded).rows}
+    assert rows[f"{block}.gate_up_proj"]["status"] == "skipped"
+    assert rows["model.layers.1.mlp.experts.gate_up_proj"]["weights"] == "given"
+    torch.testing.assert_close(logits(loaded.module()), logits(qep.module()), rtol=0, atol=0)
+    del tensors[f"{block}.3.down_proj.weight"]
+    with pytest.raises(CheckpointError, match=r"experts\.3: no float down_proj"):
+        fxquant.load_quantized(ep, tensors, quantization_config=qcfg)
+
+
 # --------------------------------------------------------------------------------------------
 # What cannot stack, or need not
 # --------------------------------------------------------------------------------------------

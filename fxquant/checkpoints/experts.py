@@ -13,7 +13,9 @@ then ``Concatenate(dim=1)``; Mixtral's ``.block_sparse_moe.`` renamed ``.mlp.``)
 quantizes experts as linears, one expert at a time, and every scheme that takes experts keeps
 its constants per row of the weight (Float8Block: per b rows), so stacking the loaded linears'
 constants the same way gives what ``from_hf`` computes from the float model, bit for bit.
-A model that keeps its experts as linears (transformers 4 remote code) takes them as they are.
+Experts a checkpoint keeps float, one linear each (a block its quantization config ignored),
+stack into the model's float experts the same way. A model that keeps its experts as linears
+(transformers 4 remote code) takes them as they are.
 """
 
 from __future__ import annotations
@@ -58,7 +60,8 @@ def stack_expert_linears(ckpt: LoadedCheckpoint, model_names: Collection[str]) -
             f"{module}.weight" in model_names for module in by_index.get(0, {}).values()
         ):
             todo[stack] = (target, by_index)
-    if not todo:
+    floats = _float_stacks(ckpt, model_names, set(todo))
+    if not todo and not floats:
         return ckpt
     out = LoadedCheckpoint(
         format=ckpt.format, schemes=dict(ckpt.schemes), weights=dict(ckpt.weights),
@@ -66,7 +69,9 @@ def stack_expert_linears(ckpt: LoadedCheckpoint, model_names: Collection[str]) -
     )  # fmt: skip
     for stack, (target, by_index) in todo.items():
         _stack(out, stack, target, by_index)
-    if any(target != stack for stack, (target, _) in todo.items()):
+    for stack, (target, by_index) in floats.items():
+        _stack_float(out, stack, target, by_index)
+    if any(target != stack for stack, (target, _) in (todo | floats).items()):
         # Mixtral: the router and every other weight of the block move with its experts
         out.schemes = {_renamed(m, model_names): v for m, v in out.schemes.items()}
         out.weights = {_renamed(n, model_names): v for n, v in out.weights.items()}
@@ -78,14 +83,46 @@ def stack_expert_linears(ckpt: LoadedCheckpoint, model_names: Collection[str]) -
 def _renamed(name: str, model_names: Collection[str]) -> str:
     """``name`` (a tensor's, or a module's whose weight is ``<name>.weight``) under Mixtral's
     transformers 5 name where the model has that one and not this one."""
+
+    def has(n: str) -> bool:
+        return n in model_names or f"{n}.weight" in model_names
+
     new = name.replace(*_MIXTRAL)
-    has = lambda n: n in model_names or f"{n}.weight" in model_names  # noqa: E731
     return new if new != name and has(new) and not has(name) else name
 
 
-def _stack(out: LoadedCheckpoint, stack: str, target: str, by_index) -> None:
-    """``<stack>.<i>.{gate,up,down}`` in ``out`` → ``<target>.gate_up_proj`` [E, 2I, H] and
-    ``<target>.down_proj`` [E, H, I], in place."""
+def _float_stacks(ckpt: LoadedCheckpoint, model_names, quantized: set[str]) -> dict:
+    """Blocks whose experts the checkpoint keeps float, one linear each (``<block>.<i>.<proj>
+    .weight`` among its tensors: a layer its quantization config ignored), where the model
+    stacks them: {block: (its model name, {expert: {role: tensor name}})}."""
+    stacks: dict[str, dict[int, dict[str, str]]] = {}
+    for name in ckpt.tensors:
+        m = _EXPERT.fullmatch(name.removesuffix(".weight")) if name.endswith(".weight") else None
+        if m is not None and m["stack"] not in quantized:
+            stacks.setdefault(m["stack"], {}).setdefault(int(m["i"]), {})[_ROLE[m["proj"]]] = name
+    return {
+        stack: (stack.replace(*_MIXTRAL), by_index)
+        for stack, by_index in stacks.items()
+        if f"{stack.replace(*_MIXTRAL)}.gate_up_proj" in model_names
+        and not any(n in model_names for n in by_index.get(0, {}).values())
+    }
+
+
+def _stack_float(out: LoadedCheckpoint, stack: str, target: str, by_index) -> None:
+    """Float per-expert linears → ``<target>.gate_up_proj`` / ``down_proj`` tensors, in place,
+    stacked as transformers 5 stacks them."""
+    _check_experts(stack, by_index, "float")
+    t = [{r: out.tensors.pop(by_index[i][r]) for r in ("gate", "up", "down")}
+         for i in range(len(by_index))]  # fmt: skip
+    out.tensors[f"{target}.gate_up_proj"] = torch.stack(
+        [torch.cat([x["gate"], x["up"]]) for x in t]
+    )
+    out.tensors[f"{target}.down_proj"] = torch.stack([x["down"] for x in t])
+
+
+def _check_experts(stack: str, by_index, kind: str) -> None:
+    """Experts numbered 0 … E-1, each with its gate, up and down projections (``kind``:
+    ``"quantized"`` or ``"float"``, as the block's first expert has them)."""
     e = len(by_index)
     if sorted(by_index) != list(range(e)):
         raise CheckpointError(
@@ -94,8 +131,15 @@ def _stack(out: LoadedCheckpoint, stack: str, target: str, by_index) -> None:
     for i, roles in sorted(by_index.items()):
         lacking = [f"{r}_proj" for r in ("gate", "up", "down") if r not in roles]
         if lacking:
-            raise CheckpointError(f"{stack}.{i}: no quantized {', '.join(lacking)} (every "
-                                  "expert needs its gate, up and down projections)")  # fmt: skip
+            raise CheckpointError(f"{stack}.{i}: no {kind} {', '.join(lacking)} (every expert "
+                                  "needs its gate, up and down projections)")  # fmt: skip
+
+
+def _stack(out: LoadedCheckpoint, stack: str, target: str, by_index) -> None:
+    """``<stack>.<i>.{gate,up,down}`` in ``out`` → ``<target>.gate_up_proj`` [E, 2I, H] and
+    ``<target>.down_proj`` [E, H, I], in place."""
+    _check_experts(stack, by_index, "quantized")
+    e = len(by_index)
     modules = [by_index[i][r] for i in range(e) for r in ("gate", "up", "down")]
     schemes = {out.schemes[m] for m in modules}
     if len(schemes) != 1:
