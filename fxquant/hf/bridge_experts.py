@@ -105,6 +105,9 @@ def _quantized_class(cls: type) -> type:
     return type(f"Fxquant{cls.__name__}", (_FxquantExperts, cls), {"__module__": __name__})
 
 
+_EXPERT_PARAMS = ("gate_up_proj", "up_proj", "down_proj")  # transformers' 3-D experts weights
+
+
 # ---- planning: from names, shapes and dtypes only (the same on a meta skeleton) ----------------
 
 
@@ -234,8 +237,10 @@ def bmm_expert_rows(model: nn.Module, config: QuantConfig) -> list[LayerRow]:
     Llama 4's (``Llama4TextExperts``: a batched matmul of every expert, [E, K, N])."""
     rows = []
     for name, p in model.named_parameters():
-        owner = model.get_submodule(name.rpartition(".")[0])
-        scheme = config.scheme_for(name)[0] if p.dim() == 3 else None
+        module, _, leaf = name.rpartition(".")
+        if p.dim() != 3 or leaf not in _EXPERT_PARAMS:
+            continue  # not an experts weight (a Conv1d's is 3-D too)
+        scheme, owner = config.scheme_for(name)[0], model.get_submodule(module)
         if scheme is None or hasattr(owner, "has_gate"):
             continue
         e, k, n = p.shape
