@@ -141,24 +141,32 @@ def test_calibration_quantizes_the_experts_to_nearest_and_says_so():
     assert rows["model.model.layers.0.self_attn.q_proj"]["calibration"]["status"] == "calibrated"
 
 
-def test_the_from_pretrained_bridge_reports_the_experts_it_cannot_swap(tmp_path):
-    """The bridge swaps nn.Linear modules and transformers' experts modules; Llama 4's (a bmm of
-    every expert) are rows of its report that say so, with their [E, K, N] weights read as such
-    (N the output)."""
+def test_the_from_pretrained_bridge_runs_the_experts_as_the_export_path(exported, tmp_path):
+    """The bridge runs Llama 4's experts (every token through every expert, [E, K, N] weights,
+    N the output) on the grouped experts op, E groups of T rows, as the export path rewrites
+    the bmm: the same logits, bit for bit; saved and reloaded as they are."""
     from transformers import AutoModelForCausalLM
 
     from fxquant.hf.bridge import FxquantHfConfig
 
-    llama4().save_pretrained(tmp_path)
-    config = FxquantHfConfig(fxquant.QuantConfig.from_recipe("int8wo"))
-    model = AutoModelForCausalLM.from_pretrained(tmp_path, quantization_config=config)
+    llama4().save_pretrained(tmp_path / "float")
+    config = fxquant.QuantConfig(scheme=fxquant.Int8WeightOnly(), modules_to_not_convert=(
+        "lm_head", "router"))  # fmt: skip
+    model = AutoModelForCausalLM.from_pretrained(
+        tmp_path / "float", quantization_config=FxquantHfConfig(config)
+    )
     rows = {r["name"]: r for r in model.fxquant_report.rows}
     gate_up, down = (rows[name] for name in EXPERTS[:2])
-    assert gate_up["status"] == "skipped" and gate_up["kind"] == "experts"
+    assert gate_up["status"] == "quantized" and gate_up["kind"] == "experts"
     assert (gate_up["experts"], gate_up["out_features"], gate_up["in_features"]) == (4, 128, 64)
     assert (down["out_features"], down["in_features"]) == (64, 64)
-    assert "run in a batched matmul of Llama4TextExperts, not an nn.Linear" in gate_up["reason"]
-    assert rows["model.layers.0.self_attn.q_proj"]["status"] == "quantized"
+    assert type(model.model.layers[0].feed_forward.experts).__name__ == "FxquantLlama4TextExperts"
+    got = logits(model)
+    want = logits(fxquant.quantize(exported, config).module())
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    model.save_pretrained(tmp_path / "q")
+    again = AutoModelForCausalLM.from_pretrained(tmp_path / "q")
+    torch.testing.assert_close(logits(again), got, rtol=0, atol=0)
 
 
 @pytest.mark.slow

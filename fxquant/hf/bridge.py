@@ -63,10 +63,10 @@ from fxquant.core.row import LayerRow
 from fxquant.core.scheme import QuantizedWeight, layout_of
 from fxquant.hf.bridge_experts import (
     ExpertWeights,
-    bmm_expert_rows,
     build_experts_skeleton,
     keep_stacked_on_save,
     quantize_experts,
+    unknown_expert_rows,
 )
 from fxquant.passes.plan import FLOAT_DTYPES
 from fxquant.report import Report
@@ -271,7 +271,7 @@ def quantize_linears(model: nn.Module, config: QuantConfig | Scheme | str) -> Re
         _swap(model, site, q)
     experts = quantize_experts(model, config)
     keep_stacked_on_save(model, experts)
-    rows = [s.row for s in sites] + experts + bmm_expert_rows(model, config)
+    rows = [s.row for s in sites] + experts + unknown_expert_rows(model, config)
     return Report(rows=rows, config=config, program_bytes=_bytes(model))
 
 
@@ -528,7 +528,7 @@ class FxquantHfQuantizer(HfQuantizer):
         model.fxquant_report = Report(
             rows=[s.row for s in self._sites]
             + [w.row for w in self._experts]
-            + bmm_expert_rows(model, config),
+            + unknown_expert_rows(model, config),
             config=config,
             program_bytes=_bytes(model),
         )

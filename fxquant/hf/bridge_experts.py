@@ -14,8 +14,8 @@ the module's own gate, activation, biases and routing weights) with each grouped
 scheme's experts op (``Scheme.grouped_op_args``). Everything else of the module stays as
 transformers built it; a weight the plan leaves float runs transformers' grouped GEMM. The
 constants are buffers (``<experts>.gate_up_proj.qweight`` …), so ``save_pretrained`` writes them
-and a reload fills them. Llama 4's experts (a batched matmul over every expert, no
-``use_experts_implementation``) stay float here and the report says so.
+and a reload fills them. Llama 4's experts (no ``use_experts_implementation``: every token
+through every expert, a bmm each) get the same treatment with their own forward.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from fxquant.passes.plan import FLOAT_DTYPES
 
 __all__ = [
     "ExpertWeights",
-    "bmm_expert_rows",
+    "unknown_expert_rows",
     "build_experts_skeleton",
     "keep_stacked_on_save",
     "quantize_experts",
@@ -100,12 +100,35 @@ class _FxquantExperts:
         return y if bias is None else y + bias
 
 
+class _FxquantBmmExperts:
+    """The forward of Llama 4's experts class as ``_quantized_class`` makes it: transformers'
+    ``Llama4TextExperts.forward`` (5.17 to 5.25: every token through every expert, the rows
+    grouped by expert, a bmm each, the router's scores already applied to the rows), each bmm
+    on an ``ExpertWeights`` (E groups of T rows, as the export path rewrites it) where the
+    weight is one."""
+
+    def forward(self, hidden_states):
+        x = hidden_states.view(-1, self.hidden_size)  # [E·T, H], expert by expert
+        rows = x.shape[0] // self.num_experts
+        offs = torch.arange(1, self.num_experts + 1, device=x.device, dtype=torch.int32) * rows
+        gate, up = self._bmm("gate_up_proj", x, offs).chunk(2, dim=-1)
+        return self._bmm("down_proj", up * self.act_fn(gate), offs)
+
+    def _bmm(self, name, x, offs):
+        w = getattr(self, name)
+        if isinstance(w, ExpertWeights):
+            return w(x, offs)
+        return torch.bmm(x.view(w.shape[0], -1, x.shape[-1]), w).view(-1, w.shape[-1])
+
+
 @functools.cache
-def _quantized_class(cls: type) -> type:
-    return type(f"Fxquant{cls.__name__}", (_FxquantExperts, cls), {"__module__": __name__})
+def _quantized_class(cls: type, forward: type) -> type:
+    return type(f"Fxquant{cls.__name__}", (forward, cls), {"__module__": __name__})
 
 
 _EXPERT_PARAMS = ("gate_up_proj", "up_proj", "down_proj")  # transformers' 3-D experts weights
+# experts classes whose forward is _FxquantBmmExperts' (checked against the class as installed)
+_BMM_EXPERTS = ("Llama4TextExperts",)
 
 
 # ---- planning: from names, shapes and dtypes only (the same on a meta skeleton) ----------------
@@ -120,6 +143,7 @@ class _Weight:
     scheme: Scheme | None
     row: LayerRow
     transposed: bool  # stored [E, K, N]
+    bmm: bool  # Llama 4's experts (every token through every expert)
 
     @property
     def name(self) -> str:
@@ -127,15 +151,20 @@ class _Weight:
 
 
 def _experts_modules(model: nn.Module):
+    """(name, module, bmm) for each experts module the bridge knows how to run."""
     for name, module in model.named_modules():
         if hasattr(module, "has_gate") and hasattr(module, "is_transposed"):
-            yield name, module  # transformers' @use_experts_implementation classes
+            yield name, module, False  # transformers' @use_experts_implementation classes
+        elif type(module).__name__ in _BMM_EXPERTS or isinstance(module, _FxquantBmmExperts):
+            yield name, module, True
 
 
 def _plan(model, config, *, quantized_from: Mapping[str, torch.dtype] | None = None):
     weights = []
-    for name, module in _experts_modules(model):
-        for param in ("gate_up_proj" if module.has_gate else "up_proj", "down_proj"):
+    for name, module, bmm in _experts_modules(model):
+        transposed = bmm or module.is_transposed  # Llama 4's: [E, K, N]
+        first = "gate_up_proj" if bmm or module.has_gate else "up_proj"
+        for param in (first, "down_proj"):
             p = getattr(module, param, None)
             if not isinstance(p, nn.Parameter) or p.dim() != 3:
                 continue
@@ -145,7 +174,7 @@ def _plan(model, config, *, quantized_from: Mapping[str, torch.dtype] | None = N
                 continue  # not planned: as float as the rest of the model the config leaves
             dtype = (quantized_from or {}).get(full, p.dtype)
             e, a, b = p.shape
-            n, k = (b, a) if module.is_transposed else (a, b)
+            n, k = (b, a) if transposed else (a, b)
             if dtype not in FLOAT_DTYPES:
                 problem = f"weight dtype {dtype} is not floating point"
             elif not scheme.takes_experts:
@@ -164,7 +193,7 @@ def _plan(model, config, *, quantized_from: Mapping[str, torch.dtype] | None = N
                 scheme=None if scheme is None else scheme.to_dict(), reason=why,
                 bytes_before=size, bytes_after=size, sqnr_db=None,
             )  # fmt: skip
-            weights.append(_Weight(name, param, scheme, row, module.is_transposed))
+            weights.append(_Weight(name, param, scheme, row, transposed, bmm))
     return weights
 
 
@@ -174,8 +203,9 @@ def _swap(model: nn.Module, w: _Weight, weight: QuantizedWeight) -> None:
     del module._parameters[w.param]
     module.add_module(w.param, ExpertWeights(w.scheme, weight, experts=row.experts,
                                              n=row.out_features, k=row.in_features))  # fmt: skip
-    if not isinstance(module, _FxquantExperts):
-        module.__class__ = _quantized_class(type(module))
+    forward = _FxquantBmmExperts if w.bmm else _FxquantExperts
+    if not isinstance(module, forward):
+        module.__class__ = _quantized_class(type(module), forward)
 
 
 def quantize_experts(model: nn.Module, config: QuantConfig) -> list[LayerRow]:
@@ -232,27 +262,28 @@ def build_experts_skeleton(
     return planned, layouts
 
 
-def bmm_expert_rows(model: nn.Module, config: QuantConfig) -> list[LayerRow]:
-    """Skipped rows for the experts this bridge cannot swap, that the config gives a scheme:
-    Llama 4's (``Llama4TextExperts``: a batched matmul of every expert, [E, K, N])."""
+def unknown_expert_rows(model: nn.Module, config: QuantConfig) -> list[LayerRow]:
+    """Skipped rows for 3-D experts weights the config gives a scheme in a module the bridge
+    does not know how to run (neither a transformers experts module nor Llama 4's): its own
+    forward computes with them, which the bridge cannot redirect. Read as [E, N, K]."""
+    known = {name for name, _, _ in _experts_modules(model)}
     rows = []
     for name, p in model.named_parameters():
         module, _, leaf = name.rpartition(".")
-        if p.dim() != 3 or leaf not in _EXPERT_PARAMS:
-            continue  # not an experts weight (a Conv1d's is 3-D too)
+        if p.dim() != 3 or leaf not in _EXPERT_PARAMS or module in known:
+            continue  # not an experts weight (a Conv1d's is 3-D too), or one the bridge runs
         scheme, owner = config.scheme_for(name)[0], model.get_submodule(module)
-        if scheme is None or hasattr(owner, "has_gate"):
+        if scheme is None:
             continue
-        e, k, n = p.shape
+        e, n, k = p.shape
         size = p.numel() * p.dtype.itemsize
         rows.append(LayerRow(
             name=name, weight=name, node=None, kind="experts", experts=e,
             in_features=k, out_features=n, dtype=str(p.dtype).removeprefix("torch."),
             status="skipped", scheme=None,
-            reason=f"expert weights ({scheme.name} planned) run in a batched matmul of "
-            f"{type(owner).__name__}, not an nn.Linear or a transformers experts module: the "
-            "from_pretrained bridge swaps those only; export the model and use "
-            "fxquant.quantize or load_quantized, which rewrite that GEMM",
+            reason=f"expert weights ({scheme.name} planned) run in the forward of "
+            f"{type(owner).__name__}, which the from_pretrained bridge does not know; export "
+            "the model and use fxquant.quantize or load_quantized, which rewrite its GEMMs",
             bytes_before=size, bytes_after=size, sqnr_db=None,
         ))  # fmt: skip
     return rows
