@@ -127,7 +127,8 @@ def _quantized_class(cls: type, forward: type) -> type:
 
 
 _EXPERT_PARAMS = ("gate_up_proj", "up_proj", "down_proj")  # transformers' 3-D experts weights
-# experts classes whose forward is _FxquantBmmExperts' (checked against the class as installed)
+# experts classes whose forward _FxquantBmmExperts reproduces (tests/test_bmm_experts.py holds it
+# to the export path bit for bit)
 _BMM_EXPERTS = ("Llama4TextExperts",)
 
 
