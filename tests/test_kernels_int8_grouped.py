@@ -1,6 +1,7 @@
 """The int8 weight-only grouped (mixture-of-experts) GEMM kernel,
-kernels/int8_weight_only_grouped.py, and its CUDA lowering against
-``fxquant.core.reference.int8_weight_only_grouped_mm``, on CPU tensors under TRITON_INTERPRET=1.
+kernels/int8_weight_only_grouped.py, on int8 weights and on e4m3 ones (fp8wo's experts), and its
+CUDA lowerings against ``fxquant.core.reference.int8_weight_only_grouped_mm`` /
+``float8_weight_only_grouped_mm``, on CPU tensors under TRITON_INTERPRET=1.
 
 The kernel multiplies the integer codes exactly in x's dtype and sums in fp32 like the reference,
 in another order, so fp32 outputs match to fp32 rounding and half-precision ones to one rounding
@@ -18,7 +19,7 @@ from torch.library import opcheck
 triton = pytest.importorskip("triton")
 
 # the MXFP4 experts' kernel test's cases and checks: both kernels take the same rows and offsets
-# (kernels.mxfp4_grouped.expert_tile) and round one fp32 sum to x's dtype
+# (kernels.grouped.expert_tile) and round one fp32 sum to x's dtype
 from test_kernels_mxfp4_grouped import (  # noqa: E402
     CASES,
     DEVICE,
@@ -35,22 +36,38 @@ pytestmark = pytest.mark.interpreter
 fxq = torch.ops.fxquant
 
 
-def _inputs(e, n, k, s, offs, *, dtype=torch.float32, offs_dtype=torch.int64, seed=0):
+# per weight format: (quantizer, kernel op, semantic op, reference); fp8wo's experts run the same
+# kernel on e4m3 weights
+FORMATS = {
+    "int8": (ref.quantize_int8_per_channel, fxq.triton_int8_weight_only_grouped_mm,
+             fxq.int8_weight_only_grouped_mm, ref.int8_weight_only_grouped_mm),
+    "fp8": (ref.quantize_fp8_per_channel, fxq.triton_float8_weight_only_grouped_mm,
+            fxq.float8_weight_only_grouped_mm, ref.float8_weight_only_grouped_mm),
+}  # fmt: skip
+
+
+def _inputs(e, n, k, s, offs, *, dtype=torch.float32, offs_dtype=torch.int64, seed=0,
+            weight="int8"):  # fmt: skip
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(s, k, generator=g).to(dtype)
-    q, scale = ref.quantize_int8_per_channel(torch.randn(e, n, k, generator=g))
-    q[0, 0, : min(k, 2)] = torch.tensor([-127, 127][: min(k, 2)], dtype=torch.int8)
+    q, scale = FORMATS[weight][0](torch.randn(e, n, k, generator=g))
+    if weight == "int8":
+        q[0, 0, : min(k, 2)] = torch.tensor([-127, 127][: min(k, 2)], dtype=torch.int8)
     o = torch.tensor(offs, dtype=offs_dtype)
     return tuple(t.to(DEVICE) for t in (x, q, scale, o))
 
 
+@pytest.mark.parametrize("weight", list(FORMATS))
 @pytest.mark.parametrize(("dtype", "rtol", "atol"), TOLERANCES)
 @pytest.mark.parametrize(("e", "n", "k", "s", "offs"), CASES)
-def test_kernel_matches_reference(e, n, k, s, offs, dtype, rtol, atol):
-    x, w, sc, o = _inputs(e, n, k, s, offs, dtype=dtype)
-    y = fxq.triton_int8_weight_only_grouped_mm(x, w, sc, o)
-    _close(y, ref.int8_weight_only_grouped_mm(x, w, sc, o), rtol, atol)
+def test_kernel_matches_reference(e, n, k, s, offs, dtype, rtol, atol, weight):
+    _, kernel, op, reference = FORMATS[weight]
+    x, w, sc, o = _inputs(e, n, k, s, offs, dtype=dtype, weight=weight)
+    y = kernel(x, w, sc, o)
+    _close(y, reference(x, w, sc, o), rtol, atol)
     assert (y[offs[-1] :] == 0).all()
+    # the CUDA lowering is the kernel on the op's arguments as they are
+    _close(lower_cuda.CUDA_LOWERINGS[op.default](x, w, sc, o), y, 0, 0)
 
 
 @pytest.mark.parametrize("offs_dtype", [torch.int32, torch.int64])
@@ -106,29 +123,6 @@ def _bad_inputs():
 def test_bad_inputs_raise(case, match):
     with pytest.raises(ValueError, match=match):
         fxq.triton_int8_weight_only_grouped_mm(*case)
-
-
-# --------------------------------------------------------------------------------------------
-# fp8wo's experts: the same kernel on e4m3 weights (kernels/int8_weight_only_grouped.py)
-# --------------------------------------------------------------------------------------------
-
-
-def _fp8_inputs(e, n, k, s, offs, *, dtype=torch.float32, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(s, k, generator=g).to(dtype)
-    q, scale = ref.quantize_fp8_per_channel(torch.randn(e, n, k, generator=g))
-    return tuple(t.to(DEVICE) for t in (x, q, scale, torch.tensor(offs)))
-
-
-@pytest.mark.parametrize(("dtype", "rtol", "atol"), TOLERANCES)
-@pytest.mark.parametrize(("e", "n", "k", "s", "offs"), CASES)
-def test_the_fp8_weight_kernel_matches_reference(e, n, k, s, offs, dtype, rtol, atol):
-    x, w, sc, o = _fp8_inputs(e, n, k, s, offs, dtype=dtype)
-    y = fxq.triton_float8_weight_only_grouped_mm(x, w, sc, o)
-    _close(y, ref.float8_weight_only_grouped_mm(x, w, sc, o), rtol, atol)
-    assert (y[offs[-1] :] == 0).all()
-    lowering = lower_cuda.CUDA_LOWERINGS[fxq.float8_weight_only_grouped_mm.default]
-    _close(lowering(x, w, sc, o), y, 0, 0)
 
 
 def test_the_fp8_weight_kernel_refuses_int8_weights():
