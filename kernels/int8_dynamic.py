@@ -33,6 +33,25 @@ fxq = torch.ops.fxquant
 
 
 @triton.jit
+def scaled_dot_step(acc, x_rows, w_cols, k, K, mask_m, mask_n, INT8: tl.constexpr):
+    """One K step of an int8 (``INT8``) or e4m3 GEMM: the A tile ``x_rows + k`` [BLOCK_M,
+    BLOCK_K] and the weight tile ``w_cols + k`` read as [BLOCK_K, BLOCK_N] (zeros outside the
+    masks and past K), their product added to ``acc`` (int32, exact; or fp32). Shared with
+    the grouped kernel of ``int8_dynamic_grouped``."""
+    mask_k = k < K
+    mask_a = mask_m[:, None] & mask_k[None, :]
+    mask_b = mask_k[:, None] & mask_n[None, :]
+    if INT8:  # integer `other`s: the loads stay int8 (what the int8 tl.dot takes)
+        a = tl.load(x_rows + k[None, :], mask=mask_a, other=0)
+        b = tl.load(w_cols + k[:, None], mask=mask_b, other=0)
+        return tl.dot(a, b, acc, out_dtype=tl.int32)
+    else:  # the interpreter needs a float `other` for fp8 loads
+        a = tl.load(x_rows + k[None, :], mask=mask_a, other=0.0)
+        b = tl.load(w_cols + k[:, None], mask=mask_b, other=0.0)
+        return tl.dot(a, b, acc)
+
+
+@triton.jit
 def _scaled_mm_kernel(
     x_ptr,  # [M, K] int8 or float8_e4m3fn, contiguous
     xs_ptr,  # fp32 activation scale: [M] (stride_xs = 1) or [1] (stride_xs = 0)
@@ -62,18 +81,8 @@ def _scaled_mm_kernel(
     # ---- int8 · int8 → int32 (exact), or e4m3 · e4m3 → fp32, over this program's K share ---
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32 if INT8 else tl.float32)
     for k0 in range(pid_k * BLOCK_K, K, BLOCK_K * SPLIT_K):
-        offs_k = k0 + tl.arange(0, BLOCK_K)
-        mask_k = offs_k < K
-        mask_a = mask_m[:, None] & mask_k[None, :]
-        mask_b = mask_k[:, None] & mask_n[None, :]
-        if INT8:
-            a = tl.load(x_rows + offs_k[None, :], mask=mask_a, other=0)
-            b = tl.load(w_cols + offs_k[:, None], mask=mask_b, other=0)
-            acc = tl.dot(a, b, acc, out_dtype=tl.int32)
-        else:  # the interpreter needs a float `other` for fp8 loads
-            a = tl.load(x_rows + offs_k[None, :], mask=mask_a, other=0.0)
-            b = tl.load(w_cols + offs_k[:, None], mask=mask_b, other=0.0)
-            acc = tl.dot(a, b, acc)
+        acc = scaled_dot_step(acc, x_rows, w_cols, k0 + tl.arange(0, BLOCK_K), K, mask_m, mask_n,
+                              INT8)  # fmt: skip
     # ---- epilogue: activation × weight scales, bias (once, from split 0), store ------------
     xs = tl.load(xs_ptr + offs_m * stride_xs, mask=mask_m, other=0.0)
     ws = tl.load(ws_ptr + offs_n * stride_ws, mask=mask_n, other=0.0)

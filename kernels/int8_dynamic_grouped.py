@@ -12,15 +12,16 @@ below; ``kernels.float8_dynamic_grouped`` does the same for e4m3 with ``scaled_g
 oracles are ``fxquant.core.reference.int8_dynamic_grouped_mm`` / ``float8_dynamic_grouped_mm``.
 
 Rows, programs and launch as every grouped kernel's (``kernels.grouped``). Numerics as the dense
-kernel's: int8 tiles multiplied by ``tl.dot`` into an int32 accumulator (exact: no rounding until
-the epilogue; |sum| ≤ K · 127², so K up to 133,000 cannot overflow), e4m3 tiles into an fp32
-one (every product is exact in fp32; on sm90 Triton's default lets the tensor cores accumulate
-fp8 products at their own reduced precision); then xs[s] · scale[e, n] applied in fp32 in the
-reference's order, before one rounding to the output dtype. The reference sums the same int8
-integers in fp32, exactly while |sum| < 2**24, so for int8 the two differ by nothing but the
-epilogue's fp32 roundings. The ops take the output dtype as ``out_dtype``: their input is
-already quantized, so x's dtype is not there to read (the lowerings pass x's). One fixed tile,
-not autotuned, as the other experts' kernels; not yet measured on a GPU.
+kernel's, whose K step it runs (``int8_dynamic.scaled_dot_step``): int8 tiles multiplied by
+``tl.dot`` into an int32 accumulator (exact: no rounding until the epilogue; |sum| ≤ K · 127²,
+so K up to 133,000 cannot overflow), e4m3 tiles into an fp32 one (every product is exact in
+fp32; on sm90 Triton's default lets the tensor cores accumulate fp8 products at their own
+reduced precision); then xs[s] · scale[e, n] applied in fp32 in the reference's order, before
+one rounding to the output dtype. The reference sums the same int8 integers in fp32, exactly
+while |sum| < 2**24, so for int8 the two differ by nothing but the epilogue's fp32 roundings.
+The ops take the output dtype as ``out_dtype``: their input is already quantized, so x's dtype
+is not there to read (the lowerings pass x's). One fixed tile, not autotuned, as the other
+experts' kernels; not yet measured on a GPU.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from fxquant.core.registry import lowering
 from fxquant.kernels import quantize  # noqa: F401  (registers triton_quantize_int8_per_token)
 from fxquant.kernels.gemm import store_tile
 from fxquant.kernels.grouped import check_row_scaled, expert_tile, launch_grouped
+from fxquant.kernels.int8_dynamic import scaled_dot_step
 
 fxq = torch.ops.fxquant
 # BLOCK_K = 128 one-byte values: 128 bytes a weight row per K step, what 64 bf16 values are to
@@ -68,17 +70,7 @@ def _scaled_grouped_kernel(
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32 if INT8 else tl.float32)
     # ---- K loop: int8 · int8 → int32 (exact), or e4m3 · e4m3 → fp32 --------------------------
     for k0 in range(0, K, BLOCK_K):
-        k = k0 + offs_k
-        mask_a = mask_m[:, None] & (k < K)[None, :]
-        mask_b = (k < K)[:, None] & mask_n[None, :]
-        if INT8:  # integer `other`s: the loads stay int8 (what the int8 tl.dot takes)
-            a = tl.load(x_rows + k[None, :], mask=mask_a, other=0)
-            b = tl.load(w_cols + k[:, None], mask=mask_b, other=0)
-            acc = tl.dot(a, b, acc, out_dtype=tl.int32)
-        else:  # the interpreter needs a float `other` for fp8 loads
-            a = tl.load(x_rows + k[None, :], mask=mask_a, other=0.0)
-            b = tl.load(w_cols + k[:, None], mask=mask_b, other=0.0)
-            acc = tl.dot(a, b, acc)
+        acc = scaled_dot_step(acc, x_rows, w_cols, k0 + offs_k, K, mask_m, mask_n, INT8)
     # ---- epilogue: (xq · Wᵀ) · xs · scale as the reference, one rounding to out_dtype --------
     xs = tl.load(xs_ptr + offs_m, mask=mask_m, other=0.0)
     scale = tl.load(s_ptr + e.to(tl.int64) * N + offs_n, mask=mask_n, other=0.0)
