@@ -42,25 +42,11 @@ def stack_expert_linears(ckpt: LoadedCheckpoint, model_names: Collection[str]) -
     """``ckpt`` with each block's per-expert linears stacked where the model (its parameter and
     buffer names, ``model_names``) holds that block's experts stacked; ``ckpt`` itself is not
     changed. CheckpointError / NotImplementedError naming the block where they cannot stack."""
-    stacks: dict[str, dict[int, dict[str, str]]] = {}  # block → expert → role → module
-    for module in ckpt.schemes:
-        m = _EXPERT.fullmatch(module)
-        if m is None:
-            continue
-        roles = stacks.setdefault(m["stack"], {}).setdefault(int(m["i"]), {})
-        role = _ROLE[m["proj"]]
-        if role in roles:
-            raise CheckpointError(f"{module!r} and {roles[role]!r} are both expert {m['i']}'s "
-                                  f"{role} projection")  # fmt: skip
-        roles[role] = module
-    todo = {}
-    for stack, by_index in stacks.items():
-        target = stack.replace(*_MIXTRAL)
-        if f"{target}.gate_up_proj" in model_names and not any(
-            f"{module}.weight" in model_names for module in by_index.get(0, {}).values()
-        ):
-            todo[stack] = (target, by_index)
-    floats = _float_stacks(ckpt, model_names, set(todo))
+    todo = _stacked_in_model(ckpt.schemes, model_names)
+    # blocks whose experts the checkpoint keeps float, one linear each (a layer its quantization
+    # config ignored)
+    weights = [n for n in ckpt.tensors if n.endswith(".weight")]
+    floats = _stacked_in_model(weights, model_names, skip=set(todo))
     if not todo and not floats:
         return ckpt
     out = LoadedCheckpoint(
@@ -91,21 +77,28 @@ def _renamed(name: str, model_names: Collection[str]) -> str:
     return new if new != name and has(new) and not has(name) else name
 
 
-def _float_stacks(ckpt: LoadedCheckpoint, model_names, quantized: set[str]) -> dict:
-    """Blocks whose experts the checkpoint keeps float, one linear each (``<block>.<i>.<proj>
-    .weight`` among its tensors: a layer its quantization config ignored), where the model
-    stacks them: {block: (its model name, {expert: {role: tensor name}})}."""
-    stacks: dict[str, dict[int, dict[str, str]]] = {}
-    for name in ckpt.tensors:
-        m = _EXPERT.fullmatch(name.removesuffix(".weight")) if name.endswith(".weight") else None
-        if m is not None and m["stack"] not in quantized:
-            stacks.setdefault(m["stack"], {}).setdefault(int(m["i"]), {})[_ROLE[m["proj"]]] = name
-    return {
-        stack: (stack.replace(*_MIXTRAL), by_index)
-        for stack, by_index in stacks.items()
-        if f"{stack.replace(*_MIXTRAL)}.gate_up_proj" in model_names
-        and not any(n in model_names for n in by_index.get(0, {}).values())
-    }
+def _stacked_in_model(names, model_names, *, skip=()) -> dict[str, tuple[str, dict]]:
+    """The per-expert linears among ``names`` (modules, or their ``.weight`` tensors) by block,
+    for the blocks the model stacks (not in ``skip``): {block: (the block's name in the model,
+    {expert: {role: name}})}."""
+    stacks: dict[str, dict[int, dict[str, str]]] = {}  # block → expert → role → name
+    for name in names:
+        m = _EXPERT.fullmatch(name.removesuffix(".weight"))
+        if m is None or m["stack"] in skip:
+            continue
+        roles = stacks.setdefault(m["stack"], {}).setdefault(int(m["i"]), {})
+        role = _ROLE[m["proj"]]
+        if role in roles:
+            raise CheckpointError(f"{name!r} and {roles[role]!r} are both expert {m['i']}'s "
+                                  f"{role} projection")  # fmt: skip
+        roles[role] = name
+    out = {}
+    for stack, by_index in stacks.items():
+        target = stack.replace(*_MIXTRAL)
+        first = [f"{n.removesuffix('.weight')}.weight" for n in by_index.get(0, {}).values()]
+        if f"{target}.gate_up_proj" in model_names and not any(n in model_names for n in first):
+            out[stack] = (target, by_index)
+    return out
 
 
 def _stack_float(out: LoadedCheckpoint, stack: str, target: str, by_index) -> None:
