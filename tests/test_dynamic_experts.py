@@ -25,7 +25,7 @@ transformers = pytest.importorskip("transformers")
 importlib.import_module("transformers.integrations.moe")  # registers grouped_mm_fallback
 
 from test_bmm_experts import llama4  # noqa: E402
-from test_int8_experts import IDS, VOCAB, logits, qwen2_moe  # noqa: E402
+from test_int8_experts import IDS, VOCAB, check_moe_package, logits, qwen2_moe  # noqa: E402
 
 import fxquant  # noqa: E402
 import fxquant.kernels.cpu as native  # noqa: E402
@@ -35,7 +35,6 @@ from fxquant.core import reference as ref  # noqa: E402
 from fxquant.core.config import EXPERT_WEIGHTS  # noqa: E402
 from fxquant.core.reference import sqnr  # noqa: E402
 from fxquant.core.registry import lowering_table  # noqa: E402
-from fxquant.llm import export_llm  # noqa: E402
 from fxquant.passes.cpu.experts import EXPERT_KERNELS, fp8_bf16_experts  # noqa: E402
 from fxquant.passes.lower import lower, lowerings  # noqa: E402
 
@@ -317,16 +316,8 @@ def test_the_aot_package_runs_the_dynamic_experts(tmp_path):
         r"layers\.0\.mlp\.experts\.down_proj": W8A8,
         r"layers\.1\.mlp\.experts\.\w+": fxquant.Float8Block(block_size=32),
     })  # fmt: skip
-    qep = fxquant.quantize(export_llm(qwen2_moe(), max_cache_len=32, logits="all"), config)
-    targets = {str(n.target) for n in qep.graph.nodes if n.op == "call_function"}
-    for op in ("int8_dynamic", "float8_dynamic", "float8_block"):
-        assert f"fxquant.{op}_grouped_mm.default" in targets
-    package = fxquant.aot_compile(qep, tmp_path / "moe.pt2")
-    ids = torch.randint(0, VOCAB, (1, 9))
-    m = qep.module()
-    for t in (slice(0, 6), slice(6, 7)):  # prefill, then a decode step
-        pos = torch.arange(t.start, t.stop)
-        assert sqnr(m(ids[:, t], pos), package(ids[:, t], pos)) > 40
+    ops = ("int8_dynamic", "float8_dynamic", "float8_block")
+    check_moe_package(config, ops, tmp_path, (slice(0, 6), slice(6, 7)))  # prefill, a decode step
 
 
 # --------------------------------------------------------------------------------------------

@@ -453,15 +453,23 @@ def test_the_aot_package_of_a_moe_model_runs_its_int8_and_int4_experts(tmp_path)
         r"layers\.0\.mlp\.experts\.down_proj": fxquant.Int8DynamicActivationInt4(group_size=32),
         r"layers\.1\.mlp\.experts\.\w+": fxquant.Int4WeightOnly(group_size=32),
     })  # fmt: skip
+    # the package's linears, and from 2 rows the int4 experts, round x to bf16 where this
+    # machine's table runs them so (passes/cpu/int8.py, experts.py)
+    ops = ("int8_weight_only", "int4_weight_only", "int8_dynamic_int4")
+    check_moe_package(config, ops, tmp_path, (slice(0, 6), slice(6, 7), slice(7, 8)))
+
+
+def check_moe_package(config, ops, tmp_path, steps) -> None:
+    """A cached Qwen2-MoE program quantized by ``config``, with each of ``ops``' grouped op in
+    it, packaged: the package's logits over each step (a prefill, then decode steps: slices of
+    9 token ids) within 40 dB of the program's."""
     qep = fxquant.quantize(export_llm(qwen2_moe(), max_cache_len=32, logits="all"), config)
     targets = {str(n.target) for n in qep.graph.nodes if n.op == "call_function"}
-    for op in ("int8_weight_only", "int4_weight_only", "int8_dynamic_int4"):
+    for op in ops:
         assert f"fxquant.{op}_grouped_mm.default" in targets
     package = fxquant.aot_compile(qep, tmp_path / "moe.pt2")
     ids = torch.randint(0, VOCAB, (1, 9))
     m = qep.module()
-    for t in (slice(0, 6), slice(6, 7), slice(7, 8)):  # prefill, then decode steps
+    for t in steps:
         pos = torch.arange(t.start, t.stop)
-        # the package's linears, and from 2 rows the int4 experts, round x to bf16 where this
-        # machine's table runs them so (passes/cpu/int8.py, experts.py)
         assert sqnr(m(ids[:, t], pos), package(ids[:, t], pos)) > 40
