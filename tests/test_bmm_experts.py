@@ -20,6 +20,7 @@ import fxquant  # noqa: E402
 import fxquant.kernels.cpu as native  # noqa: E402
 from fxquant.core.reference import sqnr  # noqa: E402
 from fxquant.passes.cpu.experts import BMM_EXPERTS_KERNEL, EXPERT_KERNELS  # noqa: E402
+from fxquant.passes.eager import reference_math  # noqa: E402
 from fxquant.passes.lower import lower  # noqa: E402
 
 AT_BMM = "aten.bmm, as the model runs it (every token through every expert)"
@@ -55,7 +56,9 @@ def fake_quantized(model, scheme, layers=(0, 1)):
 
 
 def logits(fn, ids=IDS) -> torch.Tensor:
-    with torch.no_grad():
+    # a bridged model's ops on their reference math, as an exported program runs them (its
+    # eager kernels are tests/test_bridge_eager.py's)
+    with torch.no_grad(), reference_math():
         return fn(ids, use_cache=False).logits
 
 

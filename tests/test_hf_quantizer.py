@@ -15,6 +15,7 @@ from safetensors.torch import load_file, save_file  # noqa: E402
 import fxquant  # noqa: E402
 from fxquant.core.reference import sqnr  # noqa: E402
 from fxquant.hf.bridge import FxquantHfConfig, QuantizedLinear  # noqa: E402
+from fxquant.passes.eager import reference_math  # noqa: E402
 
 
 def _llama_config(**kw) -> transformers.LlamaConfig:
@@ -76,7 +77,7 @@ def test_from_pretrained_runs_the_same_program_as_quantize(tiny_checkpoint, reci
     ref_ops = {str(n.target) for n in ref_ep.graph.nodes if str(n.target).startswith("fxquant")}
     assert ops and set(ops) <= ref_ops  # the reference may also fuse norms into norm_quant
     with torch.no_grad():
-        got = model(ids, use_cache=False).logits
+        got = _logits(model, ids)
         want = ref_ep.module()(ids, use_cache=False).logits
         base = float_model(ids, use_cache=False).logits
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
@@ -120,7 +121,8 @@ def _ids():
 
 
 def _logits(model, ids):
-    with torch.no_grad():
+    # the ops' reference math, as the exported program's (eager kernels: test_bridge_eager.py)
+    with torch.no_grad(), reference_math():
         return model(ids, use_cache=False).logits
 
 

@@ -29,6 +29,7 @@ from fxquant.core import reference as ref  # noqa: E402
 from fxquant.core.reference import sqnr  # noqa: E402
 from fxquant.core.registry import lowering_table  # noqa: E402
 from fxquant.llm import export_llm  # noqa: E402
+from fxquant.passes.eager import reference_math  # noqa: E402
 from fxquant.passes.lower import CPU_LOWERINGS, lower, lowerings  # noqa: E402
 
 fxq = torch.ops.fxquant
@@ -66,7 +67,9 @@ def fake_quantized(model):
 
 
 def logits(fn, ids=IDS) -> torch.Tensor:
-    with torch.no_grad():
+    # a bridged model's ops on their reference math, as an exported program runs them (its
+    # eager kernels are tests/test_bridge_eager.py's)
+    with torch.no_grad(), reference_math():
         out = fn(ids, use_cache=False)
     return out.logits if hasattr(out, "logits") else out
 

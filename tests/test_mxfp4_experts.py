@@ -24,6 +24,7 @@ import fxquant  # noqa: E402
 from fxquant.checkpoints import CheckpointError  # noqa: E402
 from fxquant.core import reference as ref  # noqa: E402
 from fxquant.core import reference_mx as rmx  # noqa: E402
+from fxquant.passes.eager import reference_math  # noqa: E402
 from fxquant.passes.lower import lower  # noqa: E402
 
 fxq = torch.ops.fxquant
@@ -60,7 +61,10 @@ def export(model):
 
 
 def logits(fn) -> torch.Tensor:
-    return fn(IDS, use_cache=False).logits
+    # a bridged model's ops on their reference math, as an exported program runs them (its
+    # eager kernels are tests/test_bridge_eager.py's)
+    with reference_math():
+        return fn(IDS, use_cache=False).logits
 
 
 def packed_experts(e: int, n: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -68,6 +68,7 @@ from fxquant.hf.bridge_experts import (
     quantize_experts,
     unknown_expert_rows,
 )
+from fxquant.passes.eager import EagerKernels
 from fxquant.passes.plan import FLOAT_DTYPES
 from fxquant.report import Report
 
@@ -97,7 +98,8 @@ _SAFETENSORS_DTYPES = {
 
 
 class QuantizedLinear(nn.Module):
-    """An ``nn.Linear`` whose forward is one ``fxquant::`` op on quantized constants.
+    """An ``nn.Linear`` whose forward is one ``fxquant::`` op on quantized constants (called
+    eagerly on CPU, on the CPU lowering's kernels: ``fxquant.passes.eager``).
 
     The constants are buffers named as the rewrite names them (``qweight``, ``scale`` …), so a
     state dict reads like a quantized ``.pt2``'s and a saved model reloads into the same layout.
@@ -122,11 +124,12 @@ class QuantizedLinear(nn.Module):
         for name, t in weight.tensors.items():
             self.register_buffer(name, t, persistent=persistent)
         self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), False)
+        self._kernels = EagerKernels()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         consts = {n: getattr(self, n) for n in self._constants}
         op, args = self.scheme.op_args(x, consts, self.bias)
-        return op(*args)
+        return self._kernels(op, args, (*consts.values(), self.bias))
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, {self.scheme}"

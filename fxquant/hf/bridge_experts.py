@@ -34,6 +34,7 @@ from fxquant.core.config import EXPERT_SCHEMES, QuantConfig, Scheme
 from fxquant.core.reference import sqnr
 from fxquant.core.row import LayerRow
 from fxquant.core.scheme import QuantizedWeight, layout_of
+from fxquant.passes.eager import EagerKernels
 from fxquant.passes.plan import FLOAT_DTYPES
 
 __all__ = [
@@ -47,7 +48,8 @@ __all__ = [
 
 class ExpertWeights(nn.Module):
     """One quantized 3-D experts weight: its constants as buffers, ``forward(x, offs)`` the
-    scheme's grouped op (x [S, K] sorted by expert, ``offs`` [E] cumulative row ends)."""
+    scheme's grouped op (x [S, K] sorted by expert, ``offs`` [E] cumulative row ends), eagerly
+    on CPU on the lowering's grouped kernels (``fxquant.passes.eager``)."""
 
     def __init__(self, scheme: Scheme, weight: QuantizedWeight, *, experts: int, n: int, k: int):
         super().__init__()
@@ -55,11 +57,12 @@ class ExpertWeights(nn.Module):
         self._constants = list(weight.tensors)
         for name, t in weight.tensors.items():
             self.register_buffer(name, t)
+        self._kernels = EagerKernels()
 
     def forward(self, x: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
-        op, args = self.scheme.grouped_op_args(x, {c: getattr(self, c) for c in self._constants},
-                                               offs)  # fmt: skip
-        return op(*args)
+        consts = {c: getattr(self, c) for c in self._constants}
+        op, args = self.scheme.grouped_op_args(x, consts, offs)
+        return self._kernels(op, args, consts.values())
 
     def extra_repr(self) -> str:
         return f"experts={self.experts}, n={self.out_features}, k={self.in_features}, {self.scheme}"
