@@ -10,8 +10,10 @@ attention over a cache):
 
 - float eager (transformers' ``grouped_mm`` experts: a Python loop over the experts on CPU) and
   float Inductor (``torch.compile``: the baseline every ratio is relative to);
-- per recipe, the bridged model eager (each ``fxquant::`` op runs its reference math, the plain
-  torch the kernels are tested against: dequantize, then multiply) and under
+- per recipe, the bridged model eager (its ops on the CPU lowering's kernels,
+  ``fxquant.passes.eager``, the experts' grouped ones among them), the same under
+  ``reference_math()`` (each op's plain-torch reference: dequantize, then multiply; what a
+  bridged model ran eagerly before 2026-12-07), and under
   ``torch.compile(backend="fxquant", options={"config": fxquant.QuantConfig()})`` (the graph
   already holds fxquant's ops; the backend, told to quantize nothing more, lowers them onto this
   CPU's native kernels, the experts' grouped ones among them; the head and routers stay float
@@ -29,6 +31,7 @@ Writes results/bridge_moe.json (machine, versions, rows, ratios).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import sys
 import tempfile
@@ -43,9 +46,15 @@ from machine import bench_interleaved, machine_info, own_forward, write_results 
 from moe_decode import build_model  # noqa: E402
 
 import fxquant  # noqa: E402
+from fxquant.passes.eager import reference_math  # noqa: E402
 
 RECIPES = ("int8wo", "w8a8", "int4wo-64")
 BASELINE = "float Inductor"
+EAGER, REFERENCE, BACKEND = (
+    " bridge eager",
+    " bridge eager (reference math)",
+    " bridge + fxquant backend",
+)
 
 
 def main() -> None:
@@ -82,20 +91,20 @@ def main() -> None:
                 tmp, quantization_config=FxquantHfConfig(config)
             ).eval()
             reports[recipe] = bridged.fxquant_report
-            models[f"{recipe} bridge eager"] = bridged
+            models[recipe + EAGER] = bridged
+            models[recipe + REFERENCE] = bridged
             own = own_forward(copy.deepcopy(bridged))
             # nothing more to quantize (QuantConfig()): the backend lowers the bridge's ops
             lower_only = {"config": fxquant.QuantConfig()}
-            models[f"{recipe} bridge + fxquant backend"] = torch.compile(
-                own, backend="fxquant", options=lower_only
-            )
+            models[recipe + BACKEND] = torch.compile(own, backend="fxquant", options=lower_only)
     rows = {}
     for what, ids in inputs.items():
         fns = {}
         for name, m in models.items():
+            reference = name.endswith(REFERENCE)
 
-            def call(m=m, ids=ids):
-                with torch.no_grad():
+            def call(m=m, ids=ids, reference=reference):
+                with torch.no_grad(), reference_math() if reference else contextlib.nullcontext():
                     m(ids, use_cache=False)
 
             fns[name] = call
@@ -107,7 +116,7 @@ def main() -> None:
             row[f"{what}_x"] = round(timed[BASELINE]["median_ms"] / t["median_ms"], 2)
     for recipe, rep in reports.items():
         experts = [r for r in rep.rows if r["kind"] == "experts"]
-        for suffix in (" bridge eager", " bridge + fxquant backend"):
+        for suffix in (EAGER, REFERENCE, BACKEND):
             rows[recipe + suffix]["experts_quantized"] = sum(
                 r["status"] == "quantized" for r in experts
             )
@@ -115,9 +124,9 @@ def main() -> None:
     rows["float eager"]["weight_bytes"] = rows[BASELINE]["weight_bytes"] = sum(
         p.numel() * p.element_size() for p in model.parameters()
     )
-    print(f"\n{'row':34} {'prefill ms':>11} {'x':>6} {'decode ms':>10} {'x':>6} {'MB':>7}")
+    print(f"\n{'row':44} {'prefill ms':>11} {'x':>6} {'decode ms':>10} {'x':>6} {'MB':>7}")
     for name, r in rows.items():
-        print(f"{name:34} {r['prefill_ms']:11.2f} {r['prefill_x']:6.2f} {r['decode_ms']:10.2f} "
+        print(f"{name:44} {r['prefill_ms']:11.2f} {r['prefill_x']:6.2f} {r['decode_ms']:10.2f} "
               f"{r['decode_x']:6.2f} {r['weight_bytes'] / 1e6:7.1f}")  # fmt: skip
     res = {
         "what": "from_pretrained bridge on a Qwen2-MoE-shaped model: one forward, no cache",

@@ -69,6 +69,36 @@ def build(model, name: str, recipe: str | None):
     return m
 
 
+def time_generate(built: dict, prompt, kw: dict, rounds: int, new_tokens: int, greedy_ref: str):
+    """Per row of ``built`` (name → model): its decode step (a generate of 2 + ``new_tokens``
+    new tokens less one of 2, over ``new_tokens``; medians over ``rounds`` interleaved rounds),
+    and how many leading new tokens it shares with the row ``greedy_ref``."""
+    short = {n: [] for n in built}
+    long = {n: [] for n in built}
+    tokens = {}
+    for _ in range(rounds):
+        for name, m in built.items():
+            t0 = time.perf_counter()
+            m.generate(prompt, max_new_tokens=2, **kw)
+            short[name].append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            out = m.generate(prompt, max_new_tokens=2 + new_tokens, **kw)
+            long[name].append(time.perf_counter() - t0)
+            tokens[name] = out[0, prompt.shape[1] :].tolist()
+    want = tokens[greedy_ref]
+    results = {}
+    for name in built:
+        step = (statistics.median(long[name]) - statistics.median(short[name])) / new_tokens
+        pairs = enumerate(zip(tokens[name], want, strict=True))
+        results[name] = dict(
+            decode_ms=round(step * 1e3, 2),
+            decode_tokens_per_s=round(1 / step, 1),
+            generate_2_tokens_s=round(statistics.median(short[name]), 3),
+            greedy_agree=next((i for i, (x, y) in pairs if x != y), len(want)),
+        )
+    return results
+
+
 def _row_name(recipe: str) -> str:
     if recipe == NOT_QUANTIZED:
         return "fxquant backend, nothing quantized"
@@ -112,29 +142,9 @@ def main() -> None:
         scheme = a.dtype if recipe in (None, NOT_QUANTIZED) else recipe
         results[name] = {"candidate": name, "scheme": scheme, "build_s": build_s}
         print(f"[{name}] ready in {build_s} s", flush=True)
-    short = {n: [] for n in built}
-    long = {n: [] for n in built}
-    tokens = {}
-    for _ in range(a.rounds):
-        for name, m in built.items():
-            t0 = time.perf_counter()
-            m.generate(prompt, max_new_tokens=2, **kw)
-            short[name].append(time.perf_counter() - t0)
-            t0 = time.perf_counter()
-            out = m.generate(prompt, max_new_tokens=2 + a.new_tokens, **kw)
-            long[name].append(time.perf_counter() - t0)
-            tokens[name] = out[0, PROMPT_TOKENS:].tolist()
-    want = tokens[eager]
-    for name in built:
-        step = (statistics.median(long[name]) - statistics.median(short[name])) / a.new_tokens
-        pairs = enumerate(zip(tokens[name], want, strict=True))
-        same = next((i for i, (x, y) in pairs if x != y), len(want))
-        results[name].update(
-            decode_ms=round(step * 1e3, 2),
-            decode_tokens_per_s=round(1 / step, 1),
-            generate_2_tokens_s=round(statistics.median(short[name]), 3),
-            greedy_agree=same,
-        )
+    for name, timed in time_generate(built, prompt, kw, a.rounds, a.new_tokens, eager).items():
+        results[name].update(timed)
+    want = a.new_tokens + 2  # new tokens of the long generate
     base = results[baseline]["decode_ms"]
     print(f"\nmax_cache_len {a.max_cache_len}, prompt {PROMPT_TOKENS}, {a.new_tokens} steps timed")
     print(f"{'row':42} {'decode ms':>10} {'tok/s':>7} {'x inductor':>10} {'greedy':>7}")
@@ -142,7 +152,7 @@ def main() -> None:
         r["decode_speedup_vs_baseline"] = round(base / r["decode_ms"], 2)
         print(
             f"{r['candidate']:42} {r['decode_ms']:10.2f} {r['decode_tokens_per_s']:7.1f} "
-            f"{r['decode_speedup_vs_baseline']:9.2f}x {r['greedy_agree']:4d}/{len(want)}"
+            f"{r['decode_speedup_vs_baseline']:9.2f}x {r['greedy_agree']:4d}/{want}"
         )
     write_results(
         {

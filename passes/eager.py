@@ -137,7 +137,13 @@ class EagerKernels:
             self._built, self._key = None, None  # drop the old prepacked constants first
             self._built, self._key = lower_call(op, args, ids), key
         gm, positions = self._built
-        return gm(*(args[i] for i in positions))
+        inputs = [args[i] for i in positions]
+        if torch.is_grad_enabled() and any(t.requires_grad for t in inputs):
+            return gm.forward(*inputs)  # recorded: a backward raises at the native ops
+        # Nothing to record (the constants need no gradient): below autograd, the native ops
+        # skip their Python autograd wrappers, a quarter of a decode GEMM's eager call.
+        with torch._C._AutoDispatchBelowAutograd():
+            return gm.forward(*inputs)
 
     @property
     def built(self) -> bool:

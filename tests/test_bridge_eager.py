@@ -141,3 +141,16 @@ def test_the_op_runs_as_it_is_outside_eager_cpu_calls():
     kernels, op = EagerKernels(), torch.ops.aten.add.Tensor
     a = torch.ones(2, device="meta")
     assert kernels(op, (a, a), (a,)).device.type == "meta" and not kernels.built
+
+
+def test_a_call_that_records_autograd_still_refuses_backward():
+    """Grad mode with an input that needs a gradient: the call is recorded and a backward raises
+    at the native kernel (as the op's own would), never silently dropping x's gradient."""
+    model = _linear(0)
+    x = torch.randn(3, 256, requires_grad=True)
+    y = model(x)
+    assert y.requires_grad and model[0]._kernels.built
+    with pytest.raises(RuntimeError, match="inference kernel"):
+        y.sum().backward()
+    with torch.no_grad():
+        assert not model(x).requires_grad
