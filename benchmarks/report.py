@@ -610,9 +610,10 @@ def bridge_moe_section() -> str:
         "fp32, loaded by `from_pretrained` as it is and with `FxquantHfConfig(recipe)` (linears "
         "and routed experts quantized; routers and head float). One forward without a cache, "
         f"{t} tokens and 1; medians of {rec.get('rounds', '?')} interleaved rounds, × vs "
-        f"{rec.get('baseline', 'float Inductor')} in the same run. Eager rows run each op's "
-        'reference math; the backend rows (`torch.compile(backend="fxquant")`, quantizing '
-        "nothing more) its native kernels. MB: parameters and buffers.",
+        f"{rec.get('baseline', 'float Inductor')} in the same run. Eager rows run each op on "
+        'the CPU lowering\'s kernels (`fxquant.passes.eager`), "reference math" rows under '
+        '`reference_math()`; the backend rows (`torch.compile(backend="fxquant")`, quantizing '
+        "nothing more) compile around the same kernels. MB: parameters and buffers.",
         "",
     ]
     rows = [
