@@ -136,6 +136,11 @@ def machine_class() -> str:
                 f"FXQUANT_CPU_CLASS={forced!r} is not a CPU class; allowed: {', '.join(CLASSES)}"
             )
         return forced
+    return _probed_class()
+
+
+@functools.cache  # the CPU does not change under a process; eager calls ask at every GEMM
+def _probed_class() -> str:
     cpu = torch.cpu
     if cpu._is_amx_tile_supported():
         return "amx"
