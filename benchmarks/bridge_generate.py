@@ -18,7 +18,8 @@ start of ``lee.cor``, held-out text), nothing compiled. Rows, measured side by s
 
 Timing as ``hf_generate.py``: a decode step is (a generate of 2 + K new tokens - one of 2) / K,
 medians over interleaved rounds, transformers' Python between steps included. Greedy: leading
-new tokens shared with float eager. MB: the state dict as ``torch.save`` writes it.
+new tokens shared with float eager. MB: the state dict as ``torch.save`` writes it; +MB: what
+the eager kernels hold beside it (``EagerKernels.extra_bytes``: prepacked weights).
 ``hf_generate.py`` measures the compiled rows (``torch.compile(backend="fxquant")``).
 
     python benchmarks/bridge_generate.py                  # ~4 min on 2 cores
@@ -46,7 +47,7 @@ from machine import machine_info, write_results
 from fxquant import assets
 from fxquant.hf.bridge import FxquantHfConfig
 from fxquant.packages import DTYPES
-from fxquant.passes.eager import reference_math
+from fxquant.passes.eager import EagerKernels, reference_math
 
 HERE = Path(__file__).resolve().parent
 RECIPES = ("int8wo", "int8wo+lm_head", "w8a8", "int4wo-64")
@@ -120,6 +121,11 @@ def main() -> None:
                 "candidate": name,
                 "load_s": round(time.perf_counter() - t0, 1),
                 "state_bytes": _state_bytes(m),
+                "eager_kernel_bytes": sum(
+                    mod._kernels.extra_bytes
+                    for mod in m.modules()
+                    if isinstance(getattr(mod, "_kernels", None), EagerKernels)
+                ),
                 "quantized_linears": len(report.quantized) if report else None,
             }
             if report is not None and not a.no_reference:
@@ -129,14 +135,16 @@ def main() -> None:
         timed = time_generate(built, prompt, kw, a.rounds, a.new_tokens, baseline)
     base = timed[baseline]["decode_ms"]
     print(f"\nSmolLM2-135M {a.dtype}, prompt {PROMPT_TOKENS}, {a.new_tokens} steps timed, eager")
-    print(f"{'row':48} {'decode ms':>10} {'tok/s':>7} {'x float':>8} {'greedy':>7} {'MB':>6}")
+    head = f"{'decode ms':>10} {'tok/s':>7} {'x float':>8} {'greedy':>7} {'MB':>6} {'+MB':>5}"
+    print(f"{'row':48} {head}")
     for name, row in rows.items():
         speedup = round(base / timed[name]["decode_ms"], 2)
         row.update(timed[name], decode_speedup_vs_baseline=speedup)
         print(
             f"{name:48} {row['decode_ms']:10.2f} {row['decode_tokens_per_s']:7.1f} "
             f"{row['decode_speedup_vs_baseline']:7.2f}x {row['greedy_agree']:4d}/"
-            f"{a.new_tokens + 2} {row['state_bytes'] / 1e6:6.0f}"
+            f"{a.new_tokens + 2} {row['state_bytes'] / 1e6:6.0f} "
+            f"{row['eager_kernel_bytes'] / 1e6:5.0f}"
         )
     versions = {"torch": torch.__version__, "transformers": transformers.__version__}
     with contextlib.suppress(ImportError):

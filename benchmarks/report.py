@@ -665,13 +665,15 @@ def _bridge_generate_run(name: str) -> str:
         'lowering\'s kernels (`fxquant.passes.eager`); "reference math" rows the same model '
         "under `reference_math()`, as every bridged model ran before 2026-12-07. torchao rows: "
         "`TorchAoConfig` through the same `from_pretrained`. Greedy: leading new tokens equal to "
-        f"{dtype} eager's. MB: the state dict as `torch.save` writes it.",
+        f"{dtype} eager's. MB: the state dict as `torch.save` writes it; +MB: what the eager "
+        "kernels hold beside it (prepacked weights, `EagerKernels.extra_bytes`).",
         "",
     ]
     rows = [
         [
             r["candidate"],
             _f(r.get("state_bytes") and r["state_bytes"] / 1e6, ".0f"),
+            _f(r.get("eager_kernel_bytes", 0) / 1e6, ".0f"),
             _f(r.get("decode_ms"), ".2f"),
             f"{_f(r.get('decode_tokens_per_s'), '.1f')} "
             f"({_f(r.get('decode_speedup_vs_baseline'), '.2f')}×)",
@@ -679,7 +681,7 @@ def _bridge_generate_run(name: str) -> str:
         ]
         for r in rec.get("results", [])
     ]
-    head = ["candidate", "MB", "decode ms", "decode tok/s", "greedy"]
+    head = ["candidate", "MB", "+MB", "decode ms", "decode tok/s", "greedy"]
     return "\n".join([*out, _table(head, rows)])
 
 

@@ -42,6 +42,7 @@ from fxquant.passes.rewrite import DynamoEditor
 __all__ = ["EagerKernels", "reference_math"]
 
 _state = threading.local()
+_CONST = "const"  # the built graph's names of the module's own constants (const0, const1 …)
 
 
 @contextlib.contextmanager
@@ -87,8 +88,8 @@ def lower_call(op: torch._ops.OpOverload, args: Sequence[Any], constants: set[in
     nodes, inputs, positions = [], [], []
     for i, a in enumerate(args):
         if isinstance(a, Tensor) and id(a) in constants:
-            root.register_buffer(f"const{i}", a)
-            nodes.append(graph.get_attr(f"const{i}"))
+            root.register_buffer(f"{_CONST}{i}", a)
+            nodes.append(graph.get_attr(f"{_CONST}{i}"))
         elif isinstance(a, Tensor):
             nodes.append(graph.placeholder(f"input{i}"))
             inputs.append(a)
@@ -149,6 +150,19 @@ class EagerKernels:
     def built(self) -> bool:
         """Whether a lowered graph is held (for tests and reports)."""
         return self._built is not None
+
+    @property
+    def extra_bytes(self) -> int:
+        """Bytes the built graph holds beyond the module's own constants: the prepack rules' new
+        tensors (an int4 weight in the kernel's layout, w8a8's VNNI panels), the memory an eager
+        model pays for its kernels, as a compiled one does."""
+        if self._built is None:
+            return 0
+        return sum(
+            t.numel() * t.element_size()
+            for name, t in self._built[0].named_buffers()
+            if not name.startswith(_CONST)
+        )
 
     def __deepcopy__(self, memo) -> EagerKernels:
         return EagerKernels()

@@ -114,6 +114,9 @@ def test_a_changed_constant_rebuilds_and_traces_see_the_op():
     model, other = _linear(0), _linear(1)
     x = torch.randn(5, 256)
     first = model(x)
+    # the int4 weight in the kernel's layout, beside the module's own (no more than as much again)
+    own = sum(t.numel() * t.element_size() for t in model.buffers())
+    assert 0 < model[0]._kernels.extra_bytes <= own
     with reference_math():
         assert sqnr(model(x), first) > 30
     model.load_state_dict(other.state_dict())  # copies into the same buffers
