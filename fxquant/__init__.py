@@ -49,6 +49,7 @@ _EXPORTS = {
     "RECIPES": "fxquant.core.scheme",
     "Scheme": "fxquant.core.scheme",
     "from_recipe_name": "fxquant.core.scheme",
+    "reference_math": "fxquant.passes.eager",
 }
 # Every declared scheme class (fxquant/core/schemes/), from its own module: a new scheme is a
 # public name with no line here.
@@ -98,6 +99,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
     from fxquant.core.schemes import *  # noqa: F403  (the scheme classes)
     from fxquant.hf import calibration_from_hf, from_hf  # noqa: F401
     from fxquant.llm import export_llm, llm_info  # noqa: F401
+    from fxquant.passes.eager import reference_math  # noqa: F401
     from fxquant.report import Report, report  # noqa: F401
     from fxquant.runtime import LLMPackage, generate  # noqa: F401
     from fxquant.training.accelerate import from_accelerate  # noqa: F401
