@@ -9,17 +9,19 @@ before. Called eagerly on CPU tensors, it builds once (per module, per input dty
 the lowering makes of that one node — the prepack rules' constants (an int4 weight in the
 native kernel's layout …), the semantic op replaced by its composition around the native
 kernels, which pick their path by M — and runs that graph. Without it an eager call runs the
-op's eager kernel, its reference math (dequantize the whole weight, then multiply): on a
-bridged SmolLM2 decoding with ``generate`` that made int4 about 2× slower than the float model
-it replaced, and int8 no faster.
+op's eager kernel, its reference math (dequantize the whole weight, then multiply): a bridged
+SmolLM2 decoding with ``generate`` ran int4 at 0.35× the fp32 model it replaced and int8 at
+0.86× (``benchmarks/bridge_generate.py``).
 
 The numerics are the compiled backend's (``torch.compile(backend="fxquant")`` runs the same
 compositions), not the reference's bit for bit: fp32 accumulation in another order and, where
-the CPU dispatch table picks one, bf16 activations (the report's kernel column names the path).
+the CPU dispatch table picks one, bf16 or int8 activations (``Report.cpu_kernels_table()``
+names the path).
 ``reference_math()`` turns the kernels off for a block, for a check that wants the reference.
 
-Kept out of the kernels (the op runs as it is): calls under a trace or on tensors that are not
-plain CPU tensors (fake, functional, subclasses), and any device other than the CPU (CUDA's
+Kept out of the kernels (the op runs as it is): calls under a trace (Dynamo, export, ``make_fx``,
+``fx.symbolic_trace``) or on tensors that are not plain CPU tensors (fake, functional,
+subclasses), and any device other than the CPU (CUDA's
 lowering is its Triton kernels, which this does not drive yet). Grad mode changes nothing: the
 ops and the native kernels have no derivative formula (a backward through either raises), and
 a composition of aten ops differentiates in x as the reference does.
@@ -65,6 +67,8 @@ def _plain_cpu(t: Tensor) -> bool:
 def _eager(args: Sequence[Any]) -> bool:
     """Whether a call with ``args`` runs eagerly on plain CPU tensors, outside any trace."""
     if getattr(_state, "reference", False) or torch.compiler.is_compiling():
+        return False
+    if any(isinstance(a, fx.Proxy) for a in args):  # fx.symbolic_trace records the op
         return False
     return all(_plain_cpu(a) for a in args if isinstance(a, Tensor))
 
@@ -116,7 +120,7 @@ class EagerKernels:
     """A module's eager calls of its op on the CPU lowering's kernels (see the module docstring).
 
     ``kernels(op, args, constants)`` returns ``op(*args)`` as the lowering computes it, or the op
-    itself where the call is not eager (a trace, another device, autograd). ``constants`` are the
+    itself where the call is not eager (a trace, another device). ``constants`` are the
     module's frozen tensors among ``args`` (its quantized buffers and bias); the graph built for
     them is kept until one of them changes (a new tensor, an in-place update such as
     ``load_state_dict``) or the input dtype does. Never copied or pickled with the module (a copy
@@ -142,7 +146,7 @@ class EagerKernels:
         if torch.is_grad_enabled() and any(t.requires_grad for t in inputs):
             return gm.forward(*inputs)  # recorded: a backward raises at the native ops
         # Nothing to record (the constants need no gradient): below autograd, the native ops
-        # skip their Python autograd wrappers, a quarter of a decode GEMM's eager call.
+        # skip their Python autograd wrappers, a fifth of a decode GEMM's eager call.
         with torch._C._AutoDispatchBelowAutograd():
             return gm.forward(*inputs)
 

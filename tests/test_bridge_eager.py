@@ -75,11 +75,12 @@ def _check(model, floor: float) -> None:
         assert sqnr(want, got) > floor
 
 
+# a scheme per native kernel family (int8, VNNI w8a8, int4 and its W4A8 path, fp8 rows and
+# blocks, HQQ's affine codes), and nf4, which has none (its composition is its reference's)
 @pytest.mark.parametrize(
     "recipe",
-    ["int8wo", "w8a8", "int4wo-64", "w4a8-64", "fp8wo", "fp8-row", "fp8-block", "hqq-int4-64",
-     "nf4"],
-)  # fmt: skip
+    ["int8wo", "w8a8", "int4wo-64", "w4a8-64", "fp8-row", "fp8-block", "hqq-int4-64", "nf4"],
+)
 def test_eager_calls_run_the_lowered_kernels(llama, recipe):
     model = _bridged(llama, recipe)
     linears = [m for m in model.modules() if isinstance(m, QuantizedLinear)]
@@ -135,6 +136,10 @@ def test_a_changed_constant_rebuilds_and_traces_see_the_op():
     ep = torch.export.export(model, (x,))
     targets = {str(n.target) for n in ep.graph.nodes if n.op == "call_function"}
     assert targets == {"fxquant.int4_weight_only_linear.default"}
+    traced = torch.fx.symbolic_trace(model)
+    assert [str(n.target) for n in traced.graph.nodes if n.op == "call_function"] == [
+        "fxquant.int4_weight_only_linear.default"
+    ]
     with reference_math():
         torch.testing.assert_close(ep.module()(x), model(x), rtol=0, atol=0)
 
