@@ -17,6 +17,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
+from test_bmm_experts import llama4  # noqa: E402
 from test_int8_experts import qwen2_moe  # noqa: E402
 
 import fxquant  # noqa: E402
@@ -89,13 +90,19 @@ def test_eager_calls_run_the_lowered_kernels(llama, recipe):
     assert all(m._kernels.built for m in linears)
 
 
-@pytest.mark.parametrize("recipe", ["int8wo", "w8a8", "int4wo-32", "fp8-row"])
-def test_eager_experts_run_the_lowered_grouped_kernels(tmp_path, recipe):
+@pytest.mark.parametrize(
+    "arch, recipe",
+    [("qwen2_moe", "int8wo"), ("qwen2_moe", "w8a8"), ("qwen2_moe", "int4wo-32"),
+     ("qwen2_moe", "fp8-row"), ("llama4", "int8wo")],
+)  # fmt: skip
+def test_eager_experts_run_the_lowered_grouped_kernels(tmp_path, arch, recipe):
+    """Grouped experts (Qwen2-MoE) and Llama 4's every-token experts (E groups of T rows)."""
     config = fxquant.QuantConfig(
         scheme=fxquant.QuantConfig.from_recipe(recipe).scheme,
-        modules_to_not_convert=("lm_head", "gate", "shared_expert_gate"),
+        modules_to_not_convert=("lm_head", "gate", "shared_expert_gate", "router"),
     )
-    model = _bridged(_save(tmp_path, qwen2_moe()), config)
+    float_model = qwen2_moe() if arch == "qwen2_moe" else llama4()
+    model = _bridged(_save(tmp_path, float_model), config)
     experts = [m for m in model.modules() if isinstance(m, ExpertWeights)]
     assert len(experts) == 4
     _check(model, FLOORS.get(recipe, 40) - 10)  # a routing flip moves a whole row
