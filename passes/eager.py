@@ -16,15 +16,15 @@ SmolLM2 decoding with ``generate`` ran int4 at 0.35× the fp32 model it replaced
 The numerics are the compiled backend's (``torch.compile(backend="fxquant")`` runs the same
 compositions), not the reference's bit for bit: fp32 accumulation in another order and, where
 the CPU dispatch table picks one, bf16 or int8 activations (``Report.cpu_kernels_table()``
-names the path).
-``reference_math()`` turns the kernels off for a block, for a check that wants the reference.
+names the path). ``reference_math()`` turns the kernels off for a block, for a check that
+wants the reference.
 
-Kept out of the kernels (the op runs as it is): calls under a trace (Dynamo, export, ``make_fx``,
-``fx.symbolic_trace``) or on tensors that are not plain CPU tensors (fake, functional,
-subclasses), and any device other than the CPU (CUDA's
-lowering is its Triton kernels, which this does not drive yet). Grad mode changes nothing: the
-ops and the native kernels have no derivative formula (a backward through either raises), and
-a composition of aten ops differentiates in x as the reference does.
+Kept out of the kernels (the op runs as it is): calls under a trace (Dynamo, export,
+``make_fx``, ``fx.symbolic_trace``), on tensors that are not plain CPU tensors (fake,
+functional, subclasses) and on any device other than the CPU (CUDA's lowering is its Triton
+kernels, which this does not drive yet). Grad mode changes nothing: the ops and the native
+kernels have no derivative formula (a backward through either raises), and a composition of
+aten ops differentiates in x as the reference does.
 """
 
 from __future__ import annotations
@@ -66,7 +66,8 @@ def _plain_cpu(t: Tensor) -> bool:
 
 def _eager(args: Sequence[Any]) -> bool:
     """Whether a call with ``args`` runs eagerly on plain CPU tensors, outside any trace."""
-    if getattr(_state, "reference", False) or torch.compiler.is_compiling():
+    # is_compiling first: Dynamo folds it to True and never reaches the thread-local
+    if torch.compiler.is_compiling() or getattr(_state, "reference", False):
         return False
     if any(isinstance(a, fx.Proxy) for a in args):  # fx.symbolic_trace records the op
         return False
