@@ -17,12 +17,16 @@ attention over a cache):
   ``torch.compile(backend="fxquant", options={"config": fxquant.QuantConfig()})`` (the graph
   already holds fxquant's ops; the backend, told to quantize nothing more, lowers them onto this
   CPU's native kernels, the experts' grouped ones among them; the head and routers stay float
-  as in the bridged model).
+  as in the bridged model);
+- and under plain ``torch.compile`` (the default backend, Inductor, as a user compiles any
+  model): fxquant's decompositions (``fxquant.passes.stock``) put the CPU lowering's kernels
+  under each op; the "(reference ops)" row compiles the same model without them (Inductor
+  calling each op's reference, what it did before 2026-12-07).
 
 ``moe_decode.py`` measures the exported package with its KV cache; this is the in-process path of
 a transformers user who quantizes at load time.
 
-    python benchmarks/bridge_moe.py            # ~4 min on 2 cores
+    python benchmarks/bridge_moe.py            # ~7 min on 2 cores
     python benchmarks/bridge_moe.py --quick
 
 Writes results/bridge_moe.json (machine, versions, rows, ratios).
@@ -50,11 +54,35 @@ from fxquant.passes.eager import reference_math  # noqa: E402
 
 RECIPES = ("int8wo", "w8a8", "int4wo-64")
 BASELINE = "float Inductor"
-EAGER, REFERENCE, BACKEND = (
+EAGER, REFERENCE, BACKEND, STOCK, STOCK_REFERENCE = (
     " bridge eager",
     " bridge eager (reference math)",
     " bridge + fxquant backend",
+    " bridge + torch.compile",
+    " bridge + torch.compile (reference ops)",
 )
+
+
+@contextlib.contextmanager
+def without_stock_decompositions():
+    """Inductor as it was before fxquant.passes.stock: each op a call of its reference. Off the
+    disk caches too, which key a graph by its code, not by the decompositions it was built with."""
+    from torch._inductor.decomposition import select_decomp_table
+
+    from fxquant.passes.stock import is_stock
+
+    table = select_decomp_table()
+    saved = {op: fn for op, fn in table.items() if is_stock(fn)}
+    for op in saved:
+        del table[op]
+    try:
+        with (
+            torch._inductor.config.patch(fx_graph_cache=False),
+            torch._functorch.config.patch(enable_autograd_cache=False),
+        ):
+            yield
+    finally:
+        table.update(saved)
 
 
 def main() -> None:
@@ -97,14 +125,20 @@ def main() -> None:
             # nothing more to quantize (QuantConfig()): the backend lowers the bridge's ops
             lower_only = {"config": fxquant.QuantConfig()}
             models[recipe + BACKEND] = torch.compile(own, backend="fxquant", options=lower_only)
+            models[recipe + STOCK] = torch.compile(own_forward(copy.deepcopy(bridged)))
+            models[recipe + STOCK_REFERENCE] = torch.compile(own_forward(copy.deepcopy(bridged)))
     rows = {}
     for what, ids in inputs.items():
         fns = {}
         for name, m in models.items():
-            reference = name.endswith(REFERENCE)
+            context = contextlib.nullcontext
+            if name.endswith(REFERENCE):
+                context = reference_math
+            elif name.endswith(STOCK_REFERENCE):
+                context = without_stock_decompositions  # the compile at the first call
 
-            def call(m=m, ids=ids, reference=reference):
-                with torch.no_grad(), reference_math() if reference else contextlib.nullcontext():
+            def call(m=m, ids=ids, context=context):
+                with torch.no_grad(), context():
                     m(ids, use_cache=False)
 
             fns[name] = call
@@ -116,7 +150,7 @@ def main() -> None:
             row[f"{what}_x"] = round(timed[BASELINE]["median_ms"] / t["median_ms"], 2)
     for recipe, rep in reports.items():
         experts = [r for r in rep.rows if r["kind"] == "experts"]
-        for suffix in (EAGER, REFERENCE, BACKEND):
+        for suffix in (EAGER, REFERENCE, BACKEND, STOCK, STOCK_REFERENCE):
             rows[recipe + suffix]["experts_quantized"] = sum(
                 r["status"] == "quantized" for r in experts
             )
@@ -124,9 +158,9 @@ def main() -> None:
     rows["float eager"]["weight_bytes"] = rows[BASELINE]["weight_bytes"] = sum(
         p.numel() * p.element_size() for p in model.parameters()
     )
-    print(f"\n{'row':44} {'prefill ms':>11} {'x':>6} {'decode ms':>10} {'x':>6} {'MB':>7}")
+    print(f"\n{'row':48} {'prefill ms':>11} {'x':>6} {'decode ms':>10} {'x':>6} {'MB':>7}")
     for name, r in rows.items():
-        print(f"{name:44} {r['prefill_ms']:11.2f} {r['prefill_x']:6.2f} {r['decode_ms']:10.2f} "
+        print(f"{name:48} {r['prefill_ms']:11.2f} {r['prefill_x']:6.2f} {r['decode_ms']:10.2f} "
               f"{r['decode_x']:6.2f} {r['weight_bytes'] / 1e6:7.1f}")  # fmt: skip
     res = {
         "what": "from_pretrained bridge on a Qwen2-MoE-shaped model: one forward, no cache",

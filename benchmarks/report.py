@@ -613,7 +613,10 @@ def bridge_moe_section() -> str:
         f"{rec.get('baseline', 'float Inductor')} in the same run. Eager rows run each op on "
         'the CPU lowering\'s kernels (`fxquant.passes.eager`), "reference math" rows under '
         '`reference_math()`; the backend rows (`torch.compile(backend="fxquant")`, quantizing '
-        "nothing more) compile around the same kernels. MB: parameters and buffers.",
+        'nothing more) compile around the same kernels, and so do the "torch.compile" rows '
+        "(the default backend, on fxquant's decompositions: `fxquant.passes.stock`); their "
+        '"reference ops" rows compile without those (each op its reference, as before '
+        "2026-12-07). MB: parameters and buffers.",
         "",
     ]
     rows = [

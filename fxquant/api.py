@@ -39,8 +39,13 @@ from fxquant.passes.lower import (
 )
 from fxquant.passes.pipeline import run_passes
 from fxquant.passes.rewrite import ProgramEditor
+from fxquant.passes.stock import register_decompositions
 
 __all__ = ["aot_compile", "atomic_path", "quantize"]
+
+# a quantized program's module() under torch.compile's default backend runs the lowering's
+# kernels too (passes/stock.py)
+register_decompositions()
 
 
 def quantize(

@@ -40,8 +40,12 @@ from torch import Tensor, nn
 
 from fxquant.passes.lower import lowerings, prepack
 from fxquant.passes.rewrite import DynamoEditor
+from fxquant.passes.stock import register_decompositions
 
 __all__ = ["EagerKernels", "reference_math"]
+
+# a bridged model under torch.compile's default backend: the same kernels (passes/stock.py)
+register_decompositions()
 
 _state = threading.local()
 _CONST = "const"  # the built graph's names of the module's own constants (const0, const1 …)

@@ -1,0 +1,163 @@
+"""Stock Inductor on fxquant ops: decompositions that let ``torch.compile``'s default backend run
+each semantic op on the CPU lowering's kernels instead of the op's eager kernel.
+
+Where it sits: beside ``fxquant.passes.lower``, whose tables it reads; registered once by the
+modules that hand users programs or modules holding ``fxquant::`` ops (``fxquant.api``,
+``fxquant.passes.eager``, which the ``from_pretrained`` bridge's modules call through).
+``torch.compile(model, backend="fxquant")`` and :func:`fxquant.aot_compile` lower the ops
+themselves before Inductor sees them, so nothing here changes what they build.
+
+Without this, ``torch.compile(model)`` of a bridged model (the usual next line after
+``from_pretrained``) or of ``fxquant.quantize(ep).module()`` kept each semantic op as an opaque
+call of its eager kernel, the reference math (dequantize the whole weight, then multiply), on
+every step: slower than the float model compiled the same way
+(``benchmarks/bridge_moe.py``, a Qwen2-MoE-shaped model: 0.46-0.87× float Inductor on a
+32-token forward, 0.19-0.80× on one token; with these entries 2.2-2.9× and 3.0-3.5×, near the
+fxquant backend). Inductor reads its decomposition table while AOTAutograd traces, so an
+entry for the op replaces it, in the compiled graph only, by the composition the lowering
+would run: the native kernels chosen by M (a ``torch.cond`` when M is dynamic), their
+epilogues fused by Inductor. ``torch.export`` and ``run_decompositions()`` use core ATen's
+table, so saved and exported programs keep the semantic ops.
+
+What the lowering's prepack step would do once (an int4 weight into the native kernel's layout)
+has no constants to see here: the weights are graph inputs. An op whose native lowering needs
+that layout (int4 weight-only and W4A8, low-bit and SINQ, int4 experts) becomes its twin
+``fxquant::stock_<op>`` (declared with the ops, ``fxquant.core.ops.STOCK_TWINS``), whose CPU
+kernel, :func:`run_prepacked`, applies the prepack rule to the weights it is called with,
+keeps the result per weight (until the weight changes: a new tensor, an in-place update) and
+runs the device op's composition eagerly inside the compiled graph. Traced into the graph
+instead, the prepack ran on every call, and an int4 layer was no faster than the float one.
+The ops the native lowering runs on the stored layout (int8, fp8, MX, the other grouped
+experts) are decomposed whole. Only CPU tensors are decomposed: on CUDA the op stays as it was
+(its Triton lowering is not driven from here).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.utils import _pytree as pytree
+from torch.utils.weak import WeakIdKeyDictionary
+
+from fxquant.core.ops import STOCK_TWINS
+
+__all__ = ["composition", "is_stock", "register_decompositions", "run_prepacked", "stock_op"]
+
+
+@functools.cache  # once per process: the entries stay for every later compile
+def register_decompositions() -> None:
+    """Put a decomposition of every fxquant semantic op that has a CPU lowering into the table
+    Inductor reads (an entry already there, a user's own, is kept)."""
+    from torch._inductor.decomposition import select_decomp_table
+
+    from fxquant.core.registry import lowering_table
+    from fxquant.passes.cpu.common import NATIVE
+    from fxquant.passes.lower import CPU_LOWERINGS
+
+    native = lowering_table(NATIVE)
+    prepacked = {op._opname for op in CPU_LOWERINGS if op not in native and _rule(op) is not None}
+    if prepacked != set(STOCK_TWINS):
+        raise RuntimeError(
+            "fxquant.core.ops.STOCK_TWINS must name the ops whose native CPU lowering prepacks "
+            f"its weight with no composition on the stored layout: {sorted(prepacked)}; it "
+            f"names {sorted(STOCK_TWINS)}"
+        )
+    table = select_decomp_table()
+    for op in CPU_LOWERINGS:
+        table.setdefault(op, functools.partial(_decompose, op))
+
+
+def is_stock(decomposition: Any) -> bool:
+    """Whether a decomposition table's entry is one :func:`register_decompositions` put there."""
+    return isinstance(decomposition, functools.partial) and decomposition.func is _decompose
+
+
+def _decompose(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
+    tensors = [a for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, Tensor)]
+    if not tensors or any(t.device.type != "cpu" for t in tensors):
+        return NotImplemented  # the op stays: Inductor calls its kernel for that device
+    run = composition(op, args, kwargs)
+    return NotImplemented if run is None else run()
+
+
+def composition(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Callable[[], Any] | None:
+    """What the CPU lowering computes for ``op(*args, **kwargs)`` with the constants unseen:
+    the native composition on the stored layout, ``fxquant::stock_<op>`` where the native
+    lowering prepacks, or the aten composition; None where the table has nothing for ``op``."""
+    from fxquant.core.scheme import named_args
+    from fxquant.passes.lower import lowerings, native_cpu
+
+    if native_cpu() and op._opname in STOCK_TWINS:
+        rule = _rule(op)
+        if rule.when is None or rule.when(named_args(op, args, kwargs)):
+            twin = stock_op(op)
+            return lambda: twin(*args, **kwargs)
+    fn = lowerings("cpu").get(op)
+    return None if fn is None else (lambda: fn(*args, **kwargs))
+
+
+def stock_op(op: torch._ops.OpOverload) -> torch._ops.OpOverload:
+    """``fxquant::stock_<name>`` of a semantic op in ``STOCK_TWINS`` (``fxquant.core.ops``)."""
+    return getattr(torch.ops.fxquant, f"stock_{op._opname}").default
+
+
+@functools.cache  # the tables are complete once fxquant.passes.lower is imported
+def _rule(op: torch._ops.OpOverload):
+    from fxquant.passes.cpu.common import NATIVE
+    from fxquant.passes.cpu.prepack import prepack_table
+
+    return prepack_table(NATIVE).get(op)
+
+
+# weight → {semantic op: (its fingerprint, the device op's composition, its arguments:
+# ("arg", name) | ("const", tensor) | ("value", v))}; dropped with the weight
+_PACKED = WeakIdKeyDictionary()
+
+
+def run_prepacked(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Tensor:
+    """The CPU kernel of ``fxquant::stock_<op>``: ``op`` as its native lowering computes it, the
+    prepack rule applied once per weight (again when a constant changes)."""
+    from fxquant.core.scheme import named_args
+    from fxquant.passes.lower import lowerings
+
+    named = named_args(op, args, kwargs)
+    rule = _rule(op)
+    consts = _consts(rule, named)
+    weight = consts[rule.consts[0]]
+    # the constants as they are now (a new tensor or an in-place update prepacks again), and
+    # the op's other values (group size, bits), which a weight shared by two ops may not share
+    key = (
+        *((id(t), t._version, t.data_ptr()) for t in consts.values()),
+        *(v for v in named.values() if not isinstance(v, Tensor)),
+    )
+    per_op = _PACKED.setdefault(weight, {})
+    held = per_op.get(op)
+    if held is None or held[0] != key:
+        with torch.no_grad():
+            target, new = rule.rule(SimpleNamespace(target=op), named, consts)
+        given = {id(v): k for k, v in named.items() if isinstance(v, Tensor) and k not in consts}
+        plan = [
+            ("const", a[1]) if _is_constant(a)
+            else ("arg", given[id(a)]) if isinstance(a, Tensor) and id(a) in given
+            else ("value", a)
+            for a in new
+        ]  # fmt: skip
+        per_op[op] = held = (key, lowerings("cpu")[target], plan)
+    _, run, plan = held
+    # below autograd, as in passes/eager.py: the native ops skip their Python autograd wrappers
+    with torch._C._AutoDispatchBelowAutograd():
+        return run(*(named[v] if kind == "arg" else v for kind, v in plan))
+
+
+def _consts(rule, named: dict) -> dict[str, Tensor]:
+    return {name: named[name] for name in rule.consts}
+
+
+def _is_constant(a: Any) -> bool:
+    # a rule's new constant: (name, tensor), as fxquant.passes.lower.prepack reads it
+    return isinstance(a, tuple) and len(a) == 2 and isinstance(a[1], Tensor)
