@@ -16,15 +16,24 @@ start of ``lee.cor``, held-out text), nothing compiled. Rows, measured side by s
   ``TorchAoConfig(Int8DynamicActivationInt8WeightConfig())`` through the same
   ``from_pretrained``, eager (what transformers' docs offer for int8 on the CPU).
 
+``--compile``: every row (float included: the baseline is then float Inductor) under plain
+``torch.compile(model.forward)``, Inductor's default backend, with a static cache of
+``--max-cache-len`` positions, as ``hf_generate.py`` compiles (no guards on the modules): the
+bridged rows on fxquant's decompositions (``fxquant.passes.stock``), the torchao rows as
+torchao's docs compile them. No reference rows (``bridge_moe.py`` has the compiled ones).
+
 Timing as ``hf_generate.py``: a decode step is (a generate of 2 + K new tokens - one of 2) / K,
 medians over interleaved rounds, transformers' Python between steps included. Greedy: leading
 new tokens shared with float eager. MB: the state dict as ``torch.save`` writes it; +MB: what
-the eager kernels hold beside it (``EagerKernels.extra_bytes``: prepacked weights).
+the eager kernels hold beside it (``EagerKernels.extra_bytes``: prepacked weights; compiled, what
+the ``stock_*`` ops prepacked: ``fxquant.passes.stock.held_bytes``).
 ``hf_generate.py`` measures the compiled rows (``torch.compile(backend="fxquant")``).
 
     python benchmarks/bridge_generate.py                  # ~4 min on 2 cores
     python benchmarks/bridge_generate.py --dtype bf16 \
         --out benchmarks/results/bridge_generate_bf16.json
+    python benchmarks/bridge_generate.py --compile \
+        --out benchmarks/results/bridge_generate_compiled.json  # ~12 min
 
 Writes results/bridge_generate.json (machine, versions, rows, ratios).
 """
@@ -42,12 +51,13 @@ from pathlib import Path
 import torch
 import transformers
 from hf_generate import PROMPT_TOKENS, time_generate
-from machine import machine_info, write_results
+from machine import machine_info, own_forward, write_results
 
 from fxquant import assets
 from fxquant.hf.bridge import FxquantHfConfig
 from fxquant.packages import DTYPES
 from fxquant.passes.eager import EagerKernels, reference_math
+from fxquant.passes.stock import held_bytes
 
 HERE = Path(__file__).resolve().parent
 RECIPES = ("int8wo", "int8wo+lm_head", "w8a8", "int4wo-64")
@@ -86,6 +96,10 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
     ap.add_argument("--no-reference", action="store_true", help="leave out the reference rows")
+    ap.add_argument(
+        "--compile", action="store_true", help="torch.compile(model.forward), a static cache"
+    )
+    ap.add_argument("--max-cache-len", type=int, default=256, help="with --compile")
     ap.add_argument("--out", default=str(HERE / "results" / "bridge_generate.json"))
     a = ap.parse_args()
     torch.set_num_threads(2)
@@ -97,7 +111,9 @@ def main() -> None:
         model, tokenizer = assets.load_smollm2()
     prompt = tokenizer(assets.lee_text("test"), return_tensors="pt").input_ids[:, :PROMPT_TOKENS]
     kw = dict(do_sample=False, pad_token_id=tokenizer.eos_token_id or 0)
-    baseline = f"{a.dtype} eager"
+    if a.compile:  # one cache length for every generate: one pair of graphs per model
+        kw.update(cache_implementation="static", max_cache_len=a.max_cache_len)
+    baseline = f"{a.dtype} {'inductor' if a.compile else 'eager'}"
     recipes = [r for r in a.recipes.split(",") if r]
     configs = {f"fxquant {r} bridge": FxquantHfConfig(r) for r in recipes}
     peers = _torchao_configs()
@@ -114,7 +130,12 @@ def main() -> None:
                     tmp, quantization_config=config, dtype=dtype
                 ).eval()
             m.generation_config.eos_token_id = None  # every generate runs its full length
-            m.generate(prompt, max_new_tokens=2, **kw)  # builds the bridge's kernels
+            if a.compile:
+                own_forward(m)
+                guards = {"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe}
+                m.forward = torch.compile(m.forward, options=guards)
+            # builds the bridge's kernels (compiled: the prefill and decode graphs)
+            m.generate(prompt, max_new_tokens=2, **kw)
             built[name] = m
             report = getattr(m, "fxquant_report", None)
             rows[name] = {
@@ -125,16 +146,18 @@ def main() -> None:
                     mod._kernels.extra_bytes
                     for mod in m.modules()
                     if isinstance(getattr(mod, "_kernels", None), EagerKernels)
-                ),
+                )
+                + held_bytes(m.buffers()),  # compiled: what the stock_* ops prepacked
                 "quantized_linears": len(report.quantized) if report else None,
             }
-            if report is not None and not a.no_reference:
+            if report is not None and not (a.no_reference or a.compile):
                 built[name + REFERENCE] = _Reference(m)
                 rows[name + REFERENCE] = {**rows[name], "candidate": name + REFERENCE}
             print(f"[{name}] ready in {rows[name]['load_s']} s", flush=True)
         timed = time_generate(built, prompt, kw, a.rounds, a.new_tokens, baseline)
     base = timed[baseline]["decode_ms"]
-    print(f"\nSmolLM2-135M {a.dtype}, prompt {PROMPT_TOKENS}, {a.new_tokens} steps timed, eager")
+    how = f"torch.compile, static cache of {a.max_cache_len}" if a.compile else "eager"
+    print(f"\nSmolLM2-135M {a.dtype}, prompt {PROMPT_TOKENS}, {a.new_tokens} steps timed, {how}")
     head = f"{'decode ms':>10} {'tok/s':>7} {'x float':>8} {'greedy':>7} {'MB':>6} {'+MB':>5}"
     print(f"{'row':48} {head}")
     for name, row in rows.items():
@@ -160,6 +183,8 @@ def main() -> None:
             "machine": machine_info(),
             "model": f"SmolLM2-135M-Instruct ({a.dtype})",
             "dtype": a.dtype,
+            "compiled": a.compile,
+            "max_cache_len": a.max_cache_len if a.compile else None,
             "prompt_tokens": PROMPT_TOKENS,
             "new_tokens_timed": a.new_tokens,
             "rounds": a.rounds,

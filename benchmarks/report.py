@@ -635,7 +635,7 @@ def bridge_moe_section() -> str:
 def bridge_generate_section() -> str:
     """``bridge_generate.json`` (fp32) and each ``bridge_generate_*.json`` (``--dtype``, ``--out``),
     one table each."""
-    title = "### `from_pretrained` with `FxquantHfConfig`, generating eagerly (CPU)"
+    title = "### `from_pretrained` with `FxquantHfConfig`, generating eagerly and compiled (CPU)"
     names = [
         "bridge_generate.json",
         *sorted(p.name for p in RESULTS.glob("bridge_generate_*.json")),
@@ -649,27 +649,50 @@ def _bridge_generate_run(name: str) -> str:
     if rec is None:
         return missing
     dtype = rec.get("dtype", "fp32")
+    compiled = rec.get("compiled", False)
     if dtype != "fp32":
         how += f" --dtype {dtype}"
+    if compiled:
+        how += " --compile"
     if name != "bridge_generate.json":
         how += f" --out benchmarks/results/{name}"
     k = rec.get("new_tokens_timed", 0)
+    baseline = rec.get("baseline", f"{dtype} eager")
+    if compiled:
+        run = (
+            "every row under plain `torch.compile(model.forward)` (Inductor, the default "
+            f"backend; no guards on the modules), `model.generate` with a static cache of "
+            f"{rec.get('max_cache_len', '?')} positions"
+        )
+        rows_say = (
+            "Bridge rows compile their ops onto the CPU lowering's kernels "
+            "(`fxquant.passes.stock`); no reference rows (`bridge_moe.py` has compiled ones). "
+            "torchao rows: `TorchAoConfig` through the same `from_pretrained`, compiled the same "
+            "way."
+        )
+    else:
+        run = "`model.generate` with transformers' default cache, nothing compiled"
+        rows_say = (
+            "Bridge rows run their ops on the CPU lowering's kernels (`fxquant.passes.eager`); "
+            '"reference math" rows the same model under `reference_math()`, as every bridged '
+            "model ran before 2026-12-07. torchao rows: `TorchAoConfig` through the same "
+            "`from_pretrained`."
+        )
+    held, held_api = ("eager kernels", "EagerKernels.extra_bytes")
+    if compiled:
+        held, held_api = ("`stock_*` ops", "fxquant.passes.stock.held_bytes")
     out = [
-        f"#### {dtype} model",
+        f"#### {dtype} model{', compiled' if compiled else ''}",
         "",
         f"From `{how}` → `benchmarks/results/{name}`; {_machine(rec)}.",
         "",
         f"SmolLM2-135M saved and loaded back by `from_pretrained` in {dtype}, float and "
-        "quantized at load time, batch 1, `model.generate` with transformers' default cache, "
-        f"greedy, a {rec.get('prompt_tokens', '?')}-token prompt, nothing compiled. Decode: (a "
-        f"generate of {2 + k} new tokens - one of 2) / {k}, medians of "
-        f"{rec.get('rounds', '?')} interleaved rounds; × is vs {dtype} eager (the model the "
-        "quantized ones replace) in the same run. Bridge rows run their ops on the CPU "
-        'lowering\'s kernels (`fxquant.passes.eager`); "reference math" rows the same model '
-        "under `reference_math()`, as every bridged model ran before 2026-12-07. torchao rows: "
-        "`TorchAoConfig` through the same `from_pretrained`. Greedy: leading new tokens equal to "
-        f"{dtype} eager's. MB: the state dict as `torch.save` writes it; +MB: what the eager "
-        "kernels hold beside it (prepacked weights, `EagerKernels.extra_bytes`).",
+        f"quantized at load time, batch 1, {run}, greedy, a {rec.get('prompt_tokens', '?')}-"
+        f"token prompt. Decode: (a generate of {2 + k} new tokens - one of 2) / {k}, medians "
+        f"of {rec.get('rounds', '?')} interleaved rounds; × is vs {baseline} (the model the "
+        f"quantized ones replace) in the same run. {rows_say} Greedy: leading new tokens equal "
+        f"to {baseline}'s. MB: the state dict as `torch.save` writes it; +MB: what the "
+        f"{held} hold beside it (prepacked weights, `{held_api}`).",
         "",
     ]
     rows = [

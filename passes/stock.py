@@ -35,7 +35,7 @@ experts) are decomposed whole. Only CPU tensors are decomposed: on CUDA the op s
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from types import SimpleNamespace
 from typing import Any
 
@@ -46,13 +46,21 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from fxquant.core.ops import STOCK_TWINS
 
-__all__ = ["composition", "is_stock", "register_decompositions", "run_prepacked", "stock_op"]
+__all__ = [
+    "composition",
+    "held_bytes",
+    "is_stock",
+    "register_decompositions",
+    "run_prepacked",
+    "stock_op",
+]
 
 
 @functools.cache  # once per process: the entries stay for every later compile
 def register_decompositions() -> None:
     """Put a decomposition of every fxquant semantic op that has a CPU lowering into the table
     Inductor reads (an entry already there, a user's own, is kept)."""
+    import torch._inductor.config as inductor_config
     from torch._inductor.decomposition import select_decomp_table
 
     from fxquant.core.registry import lowering_table
@@ -70,6 +78,17 @@ def register_decompositions() -> None:
     table = select_decomp_table()
     for op in CPU_LOWERINGS:
         table.setdefault(op, functools.partial(_decompose, op))
+    # Inductor's disk caches key a graph by its code and Inductor's config, not by the
+    # decompositions it was built with: a process without these entries (one that imported only
+    # the ops) could be served a graph compiled with them, which calls native ops it never
+    # loaded, and the reverse. An entry here (the way Inductor gives custom ops a say in its
+    # keys; no graph calls a function of this name) keys every graph by them and by fxquant's
+    # source.
+    from fxquant.packages import _source_digest
+
+    marked = dict(inductor_config.unsafe_marked_cacheable_functions)
+    marked[__name__] = _source_digest()
+    inductor_config.unsafe_marked_cacheable_functions = marked
 
 
 def is_stock(decomposition: Any) -> bool:
@@ -152,6 +171,19 @@ def run_prepacked(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Tenso
     # below autograd, as in passes/eager.py: the native ops skip their Python autograd wrappers
     with torch._C._AutoDispatchBelowAutograd():
         return run(*(named[v] if kind == "arg" else v for kind, v in plan))
+
+
+def held_bytes(weights: Iterable[Tensor]) -> int:
+    """Bytes of the prepacked constants the ``stock_*`` ops hold for these weights: what a model
+    compiled with the default backend pays for its int4 kernels (an eager one's is
+    ``EagerKernels.extra_bytes``)."""
+    return sum(
+        v.numel() * v.element_size()
+        for w in weights
+        for _, _, plan in _PACKED.get(w, {}).values()
+        for kind, v in plan
+        if kind == "const"
+    )
 
 
 def _consts(rule, named: dict) -> dict[str, Tensor]:

@@ -36,6 +36,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
+import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -305,6 +306,34 @@ _lib = torch.library.Library("fxquant", "FRAGMENT")
 for _name, (_schema, _) in NATIVE_OPS.items():
     if _schema is not None:
         _lib.define(_schema)
+
+_loading = threading.local()
+
+
+def _load_then_call(name: str):
+    """Each op's kernel until the library is loaded (CompositeExplicitAutograd: the library's CPU
+    kernel, once registered, takes precedence). A graph that Inductor compiled in another
+    process and serves from its disk cache calls these ops in a process where nothing traced,
+    so nothing loaded the library: load it here and call the op again."""
+
+    def kernel(*args, **kwargs):
+        if getattr(_loading, "busy", False) or not load():
+            raise NotImplementedError(
+                f"fxquant::{name} has no kernel for these inputs here: the native CPU kernels "
+                f"{'take CPU tensors' if load() else 'did not load: ' + str(_state['reason'])}"
+            )
+        _loading.busy = True
+        try:
+            return getattr(torch.ops.fxquant, name).default(*args, **kwargs)
+        finally:
+            _loading.busy = False
+
+    return kernel
+
+
+for _name, (_schema, _) in NATIVE_OPS.items():
+    if _schema is not None:  # the others are declared, with a kernel, where their schema is
+        _lib.impl(_name, _load_then_call(_name), "CompositeExplicitAutograd")
 
 
 def _out(x: Tensor, weight: Tensor) -> Tensor:
