@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 
 from fxquant.core.config import QuantConfig
+from fxquant.core.paths import source_digest
 
 __all__ = [
     "DTYPES",
@@ -122,13 +123,9 @@ def _source_digest() -> str:
     import fxquant.kernels
     import fxquant.passes
 
-    h = hashlib.sha256()
     here = Path(__file__).resolve().parent  # fxquant/, this module's own package
-    for root in (here, Path(fxquant.passes.__file__).parent, Path(fxquant.kernels.__file__).parent):
-        for f in sorted([*root.rglob("*.py"), *root.rglob("*.json")]):
-            h.update(str(f.relative_to(root)).encode())
-            h.update(f.read_bytes())
-    return h.hexdigest()[:16]
+    roots = (Path(fxquant.passes.__file__).parent, Path(fxquant.kernels.__file__).parent)
+    return source_digest(here, *roots)
 
 
 def _native_key() -> str | None:

@@ -203,20 +203,17 @@ def inductor_decompositions(table: dict) -> Iterator[None]:
     takes no decompositions argument on that path, so the entries go into the table it reads
     (``select_decomp_table()``, a cached dict) and come out again afterwards; they are keyed by
     fxquant's own ops only, so nothing else that compiles meanwhile can see a difference. They
-    replace, for the duration, the standing entries of ``fxquant.passes.stock`` (stock
-    Inductor's, which may call a Python op that a package could not run without fxquant).
+    replace, for the duration, entries already there for those ops (``fxquant.passes.stock``'s,
+    for stock Inductor, may call a Python op that a package could not run without fxquant).
     """
     from torch._inductor.decomposition import select_decomp_table
 
-    from fxquant.passes.stock import is_stock
-
     current = select_decomp_table()
-    added = {k: v for k, v in table.items() if k not in current or is_stock(current[k])}
-    saved = {k: current[k] for k in added if k in current}
-    current.update(added)
+    saved = {k: current[k] for k in table if k in current}
+    current.update(table)
     try:
         yield
     finally:
-        for k in added:
+        for k in table:
             current.pop(k, None)
         current.update(saved)

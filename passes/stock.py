@@ -22,7 +22,7 @@ table, so saved and exported programs keep the semantic ops.
 What the lowering's prepack step would do once (an int4 weight into the native kernel's layout)
 has no constants to see here: the weights are graph inputs. An op whose native lowering needs
 that layout (int4 weight-only and W4A8, low-bit and SINQ, int4 experts) becomes its twin
-``fxquant::stock_<op>`` (declared with the ops, ``fxquant.core.ops.STOCK_TWINS``), whose CPU
+``fxquant::stock_<op>`` (:data:`STOCK_TWINS`), whose CPU
 kernel, :func:`run_prepacked`, applies the prepack rule to the weights it is called with,
 keeps the result per weight (until the weight changes: a new tensor, an in-place update) and
 runs the device op's composition eagerly inside the compiled graph. Traced into the graph
@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -44,7 +45,8 @@ from torch import Tensor
 from torch.utils import _pytree as pytree
 from torch.utils.weak import WeakIdKeyDictionary
 
-from fxquant.core.ops import STOCK_TWINS
+import fxquant.core.ops  # noqa: F401  (the semantic ops the twins copy)
+from fxquant.core.paths import source_digest
 
 __all__ = [
     "composition",
@@ -71,7 +73,7 @@ def register_decompositions() -> None:
     prepacked = {op._opname for op in CPU_LOWERINGS if op not in native and _rule(op) is not None}
     if prepacked != set(STOCK_TWINS):
         raise RuntimeError(
-            "fxquant.core.ops.STOCK_TWINS must name the ops whose native CPU lowering prepacks "
+            "fxquant.passes.stock.STOCK_TWINS must name the ops whose native CPU lowering prepacks "
             f"its weight with no composition on the stored layout: {sorted(prepacked)}; it "
             f"names {sorted(STOCK_TWINS)}"
         )
@@ -84,10 +86,12 @@ def register_decompositions() -> None:
     # loaded, and the reverse. An entry here (the way Inductor gives custom ops a say in its
     # keys; no graph calls a function of this name) keys every graph by them and by fxquant's
     # source.
-    from fxquant.packages import _source_digest
+    import fxquant.core
+    import fxquant.kernels
 
+    roots = (Path(fxquant.core.__file__).parent, Path(fxquant.kernels.__file__).parent)
     marked = dict(inductor_config.unsafe_marked_cacheable_functions)
-    marked[__name__] = _source_digest()
+    marked[__name__] = source_digest(Path(__file__).parent, *roots)
     inductor_config.unsafe_marked_cacheable_functions = marked
 
 
@@ -121,7 +125,7 @@ def composition(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Callabl
 
 
 def stock_op(op: torch._ops.OpOverload) -> torch._ops.OpOverload:
-    """``fxquant::stock_<name>`` of a semantic op in ``STOCK_TWINS`` (``fxquant.core.ops``)."""
+    """``fxquant::stock_<name>`` of a semantic op in :data:`STOCK_TWINS`."""
     return getattr(torch.ops.fxquant, f"stock_{op._opname}").default
 
 
@@ -193,3 +197,25 @@ def _consts(rule, named: dict) -> dict[str, Tensor]:
 def _is_constant(a: Any) -> bool:
     # a rule's new constant: (name, tensor), as fxquant.passes.lower.prepack reads it
     return isinstance(a, tuple) and len(a) == 2 and isinstance(a[1], Tensor)
+
+
+# The twins: the semantic ops whose native CPU lowering has no composition on the stored layout
+# (register_decompositions checks the list against the tables). Defined at this module's import,
+# which registration needs: a process is served a graph calling them from Inductor's disk cache
+# only if it registered (its cache keys carry the registration), so it has them.
+STOCK_TWINS = (
+    "int4_weight_only_linear",
+    "int8_dynamic_int4_linear",
+    "intx_weight_only_linear",
+    "sinq_weight_only_linear",
+    "int4_weight_only_grouped_mm",
+    "int8_dynamic_int4_grouped_mm",
+)
+_LIB = torch.library.Library("fxquant", "FRAGMENT")
+for _name in STOCK_TWINS:
+    _op = getattr(torch.ops.fxquant, _name).default
+    _schema = str(_op._schema)
+    _LIB.define(f"stock_{_name}" + _schema[_schema.index("(") :])
+    _LIB.impl(f"stock_{_name}", functools.partial(run_prepacked, _op), "CPU")
+    # the semantic op's own fake kernel gives the shapes
+    torch.library.register_fake(f"fxquant::stock_{_name}", lib=_LIB)(_op)

@@ -27,8 +27,6 @@ registered when ``fxquant.kernels.cpu`` loads the library).
 
 from __future__ import annotations
 
-import functools
-
 import torch
 from torch import Tensor
 
@@ -328,37 +326,3 @@ def packed_gqa_attention(
     out = torch.stack([out[:, :, g * t : (g + 1) * t].transpose(1, 2) for g in range(groups)], 3)
     out = out.flatten(2, 3)
     return out.transpose(1, 2).contiguous() if heads_first else out
-
-
-# Twins for stock Inductor. torch.compile's default backend reaches the semantic ops below
-# through fxquant.passes.stock, which decomposes each into ``fxquant::stock_<name>``: the same
-# signature, a CPU kernel (``fxquant.passes.stock.run_prepacked``, imported at its first call)
-# that puts the weight in the native kernel's layout once per weight, as the lowering's prepack
-# step would. These are the ops whose native CPU lowering has no composition on the stored
-# layout (passes/stock.py checks the list against the tables). Declared here with the ops, not
-# at a first trace: a graph compiled in another process and served from Inductor's disk cache
-# calls them in a process that never traced one.
-STOCK_TWINS = (
-    "int4_weight_only_linear",
-    "int8_dynamic_int4_linear",
-    "intx_weight_only_linear",
-    "sinq_weight_only_linear",
-    "int4_weight_only_grouped_mm",
-    "int8_dynamic_int4_grouped_mm",
-)
-_stock = torch.library.Library(_LIB, "FRAGMENT")
-
-
-def _stock_kernel(op: torch._ops.OpOverload, *args, **kwargs):
-    from fxquant.passes.stock import run_prepacked  # the passes, at the first call only
-
-    return run_prepacked(op, *args, **kwargs)
-
-
-for _name in STOCK_TWINS:
-    _op = getattr(torch.ops.fxquant, _name).default
-    _schema = str(_op._schema)
-    _stock.define(f"stock_{_name}" + _schema[_schema.index("(") :])
-    _stock.impl(f"stock_{_name}", functools.partial(_stock_kernel, _op), "CPU")
-    # the semantic op's own fake kernel gives the shapes
-    torch.library.register_fake(f"{_LIB}::stock_{_name}", lib=_stock)(_op)
