@@ -35,7 +35,7 @@ experts) are decomposed whole. Only CPU tensors are decomposed: on CUDA the op s
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -104,24 +104,23 @@ def _decompose(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
     tensors = [a for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, Tensor)]
     if not tensors or any(t.device.type != "cpu" for t in tensors):
         return NotImplemented  # the op stays: Inductor calls its kernel for that device
-    run = composition(op, args, kwargs)
-    return NotImplemented if run is None else run()
+    return composition(op, args, kwargs)
 
 
-def composition(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Callable[[], Any] | None:
+def composition(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
     """What the CPU lowering computes for ``op(*args, **kwargs)`` with the constants unseen:
     the native composition on the stored layout, ``fxquant::stock_<op>`` where the native
-    lowering prepacks, or the aten composition; None where the table has nothing for ``op``."""
+    lowering prepacks, or the aten composition; NotImplemented where the table has nothing for
+    ``op``."""
     from fxquant.core.scheme import named_args
     from fxquant.passes.lower import lowerings, native_cpu
 
     if native_cpu() and op._opname in STOCK_TWINS:
         rule = _rule(op)
         if rule.when is None or rule.when(named_args(op, args, kwargs)):
-            twin = stock_op(op)
-            return lambda: twin(*args, **kwargs)
+            return stock_op(op)(*args, **kwargs)
     fn = lowerings("cpu").get(op)
-    return None if fn is None else (lambda: fn(*args, **kwargs))
+    return NotImplemented if fn is None else fn(*args, **kwargs)
 
 
 def stock_op(op: torch._ops.OpOverload) -> torch._ops.OpOverload:
