@@ -153,11 +153,13 @@ def run_prepacked(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Tenso
     weight = consts[rule.consts[0]]
     # the constants as they are now (a new tensor or an in-place update prepacks again), and
     # the op's other values (group size, bits), which a weight shared by two ops may not share
-    key = (
-        *((id(t), t._version, t.data_ptr()) for t in consts.values()),
-        *(v for v in named.values() if not isinstance(v, Tensor)),
+    key = tuple([(id(t), t._version, t.data_ptr()) for t in consts.values()]) + tuple(
+        [v for v in named.values() if not isinstance(v, Tensor)]
     )
-    per_op = _PACKED.setdefault(weight, {})
+    # per call, a decode step's every layer: get first (setdefault makes a weak reference)
+    per_op = _PACKED.get(weight)
+    if per_op is None:
+        per_op = _PACKED.setdefault(weight, {})
     held = per_op.get(op)
     if held is None or held[0] != key:
         with torch.no_grad():

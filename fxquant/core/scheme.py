@@ -356,13 +356,19 @@ def check_layout(scheme: Scheme, weight_name: str, shape: tuple, given: Quantize
 def named_args(target, args: tuple, kwargs: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """An op call's arguments by the op's own argument names (defaults filled in), so passes
     read ``args["group_size"]``, never ``node.args[5]``."""
-    schema = target._schema
-    out = {}
-    for i, a in enumerate(schema.arguments):
-        if i < len(args):
-            out[a.name] = args[i]
-        elif kwargs and a.name in kwargs:
-            out[a.name] = kwargs[a.name]
-        elif a.has_default_value():
-            out[a.name] = a.default_value
+    names, defaults = _signature(target)
+    out = dict(zip(names, args))
+    for name in names[len(args) :]:
+        if kwargs and name in kwargs:
+            out[name] = kwargs[name]
+        elif name in defaults:
+            default = defaults[name]
+            out[name] = list(default) if isinstance(default, list) else default
     return out
+
+
+@functools.cache  # eager kernels bind every call: the schema's accessors cost more than that
+def _signature(target) -> tuple[tuple[str, ...], dict[str, Any]]:
+    arguments = target._schema.arguments
+    defaults = {a.name: a.default_value for a in arguments if a.has_default_value()}
+    return tuple(a.name for a in arguments), defaults
