@@ -63,9 +63,8 @@ def reference_math() -> Iterator[None]:
         _state.reference = before
 
 
-def _plain_cpu(t: Tensor) -> bool:
-    # nn.Parameter is the only subclass that is still a plain tensor underneath
-    return type(t) in (Tensor, nn.Parameter) and t.device.type == "cpu"
+# nn.Parameter is the only subclass that is still a plain tensor underneath
+_PLAIN = (Tensor, nn.Parameter)
 
 
 def _eager(args: Sequence[Any]) -> bool:
@@ -73,9 +72,15 @@ def _eager(args: Sequence[Any]) -> bool:
     # is_compiling first: Dynamo folds it to True and never reaches the thread-local
     if torch.compiler.is_compiling() or getattr(_state, "reference", False):
         return False
-    if any(isinstance(a, fx.Proxy) for a in args):  # fx.symbolic_trace records the op
-        return False
-    return all(_plain_cpu(a) for a in args if isinstance(a, Tensor))
+    # one pass, every call of every layer: an fx.Proxy (fx.symbolic_trace records the op), a
+    # tensor subclass or another device's tensor each leave the op as it is
+    for a in args:
+        if isinstance(a, Tensor):
+            if type(a) not in _PLAIN or not a.is_cpu:
+                return False
+        elif isinstance(a, fx.Proxy):
+            return False
+    return True
 
 
 def _token(a: Any, constants: set[int]) -> Any:
@@ -142,7 +147,7 @@ class EagerKernels:
         if not _eager(args):
             return op(*args)
         ids = {id(t) for t in constants if t is not None}
-        key = (op, *(_token(a, ids) for a in args))
+        key = (op, *[_token(a, ids) for a in args])
         if key != self._key:
             self._built, self._key = None, None  # drop the old prepacked constants first
             self._built, self._key = lower_call(op, args, ids), key

@@ -357,7 +357,7 @@ def named_args(target, args: tuple, kwargs: Mapping[str, Any] | None = None) -> 
     """An op call's arguments by the op's own argument names (defaults filled in), so passes
     read ``args["group_size"]``, never ``node.args[5]``."""
     names, defaults = _signature(target)
-    out = dict(zip(names, args))
+    out = dict(zip(names, args, strict=False))  # the rest: keywords and defaults
     for name in names[len(args) :]:
         if kwargs and name in kwargs:
             out[name] = kwargs[name]
