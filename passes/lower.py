@@ -48,7 +48,7 @@ from fxquant.passes.cpu.attention import share_attention_masks
 from fxquant.passes.cpu.common import NATIVE
 from fxquant.passes.cpu.experts import lower_float_experts
 from fxquant.passes.cpu.float32 import lower_float32_linears
-from fxquant.passes.cpu.prepack import prepack_table, unique_name
+from fxquant.passes.cpu.prepack import is_new_constant, prepack_table, unique_name
 from fxquant.passes.cpu.siblings import fuse_siblings
 from fxquant.passes.plan import node_value
 
@@ -121,7 +121,7 @@ def prepack(editor, *, device: str | torch.device = "cpu") -> int:
         prefix += "cpu_"
         out = []
         for a in new_args:
-            if isinstance(a, tuple) and len(a) == 2 and isinstance(a[1], Tensor):
+            if is_new_constant(a):
                 key = (found[0][0], a[0])
                 if key not in cache:
                     cache[key] = editor.add_constant(unique_name(editor, prefix + a[0]), a[1])

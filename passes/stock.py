@@ -47,6 +47,8 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 import fxquant.core.ops  # noqa: F401  (the semantic ops the twins copy)
 from fxquant.core.paths import source_digest
+from fxquant.core.scheme import named_args
+from fxquant.passes.cpu.prepack import is_new_constant
 
 __all__ = [
     "composition",
@@ -112,7 +114,6 @@ def composition(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
     the native composition on the stored layout, ``fxquant::stock_<op>`` where the native
     lowering prepacks, or the aten composition; NotImplemented where the table has nothing for
     ``op``."""
-    from fxquant.core.scheme import named_args
     from fxquant.passes.lower import lowerings, native_cpu
 
     if native_cpu() and op._opname in STOCK_TWINS:
@@ -144,9 +145,6 @@ _PACKED = WeakIdKeyDictionary()
 def run_prepacked(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Tensor:
     """The CPU kernel of ``fxquant::stock_<op>``: ``op`` as its native lowering computes it, the
     prepack rule applied once per weight (again when a constant changes)."""
-    from fxquant.core.scheme import named_args
-    from fxquant.passes.lower import lowerings
-
     named = named_args(op, args, kwargs)
     rule = _rule(op)
     consts = _consts(rule, named)
@@ -162,11 +160,13 @@ def run_prepacked(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Tenso
         per_op = _PACKED.setdefault(weight, {})
     held = per_op.get(op)
     if held is None or held[0] != key:
+        from fxquant.passes.lower import lowerings  # at the first call: lower imports the tables
+
         with torch.no_grad():
             target, new = rule.rule(SimpleNamespace(target=op), named, consts)
         given = {id(v): k for k, v in named.items() if isinstance(v, Tensor) and k not in consts}
         plan = [
-            ("const", a[1]) if _is_constant(a)
+            ("const", a[1]) if is_new_constant(a)
             else ("arg", given[id(a)]) if isinstance(a, Tensor) and id(a) in given
             else ("value", a)
             for a in new
@@ -193,11 +193,6 @@ def held_bytes(weights: Iterable[Tensor]) -> int:
 
 def _consts(rule, named: dict) -> dict[str, Tensor]:
     return {name: named[name] for name in rule.consts}
-
-
-def _is_constant(a: Any) -> bool:
-    # a rule's new constant: (name, tensor), as fxquant.passes.lower.prepack reads it
-    return isinstance(a, tuple) and len(a) == 2 and isinstance(a[1], Tensor)
 
 
 # The twins: the semantic ops whose native CPU lowering has no composition on the stored layout

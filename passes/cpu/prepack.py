@@ -18,7 +18,14 @@ import torch
 import torch.fx as fx
 from torch import Tensor
 
-__all__ = ["PREPACK", "PrepackRule", "prepack_rule", "prepack_table", "unique_name"]
+__all__ = [
+    "PREPACK",
+    "PrepackRule",
+    "is_new_constant",
+    "prepack_rule",
+    "prepack_table",
+    "unique_name",
+]
 
 
 @dataclass(frozen=True)
@@ -37,6 +44,11 @@ class PrepackRule:
     # None: every node of the op; else only the nodes whose arguments (by name) it accepts (the
     # rest keep the composition)
     when: Callable[[Mapping[str, Any]], bool] | None = None
+
+
+def is_new_constant(arg: Any) -> bool:
+    """Whether a device argument a rule returned is a new constant, ``(name, tensor)``."""
+    return isinstance(arg, tuple) and len(arg) == 2 and isinstance(arg[1], Tensor)
 
 
 # device ("cpu", "cpu-native") → op name (``fxquant::<name>``) → rule
